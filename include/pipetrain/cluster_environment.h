@@ -1,0 +1,139 @@
+// Where a pipeline stage learns who it is. Every stage runs as its own process, and something
+// outside pipetrain (torchrun, srun, or pipetrain's own local launcher) decides how many there
+// are and which one this is. This header turns that launcher's environment variables into one
+// validated answer, following the shape of PyTorch Lightning's ClusterEnvironment so that jobs
+// move between torchrun and SLURM without code changes. It deliberately does not depend on
+// LibTorch: it is needed before any process group exists and must stay cheap to compile and test.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace pipetrain {
+
+// Environment variables as name -> value. Passed around explicitly (instead of calling getenv)
+// so that detection is a pure function of its input and can be tested without touching environ.
+using EnvironmentVariables = std::map<std::string, std::string>;
+
+// A snapshot of this process's environ.
+EnvironmentVariables current_environment();
+
+// Rank and rendezvous information of the current process. Implementations read and validate
+// everything in their constructor, so an object that exists is consistent:
+// 1 <= world_size, 0 <= global_rank < world_size, 0 <= local_rank < local_world_size,
+// local_world_size <= world_size, 0 <= node_rank.
+class ClusterEnvironment {
+ public:
+  virtual ~ClusterEnvironment() = default;
+  // "torchelastic", "slurm" or "local"; meant for log lines.
+  virtual std::string name() const = 0;
+  // Host and port of the rank-0 rendezvous (the TCPStore that process groups are built on).
+  virtual std::string main_address() const = 0;
+  virtual int main_port() const = 0;
+  virtual int64_t world_size() const = 0;
+  virtual int64_t global_rank() const = 0;
+  // Rank among the processes on this machine; used to pick the device.
+  virtual int64_t local_rank() const = 0;
+  virtual int64_t local_world_size() const = 0;
+  virtual int64_t node_rank() const = 0;
+};
+
+// Processes started by torchrun (torch.distributed.elastic) or by pipetrain's own launcher,
+// which sets the same variables: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, GROUP_RANK. A hand-written launch that sets only the four detection
+// variables is treated as a single node: LOCAL_RANK defaults to RANK, LOCAL_WORLD_SIZE to
+// WORLD_SIZE and GROUP_RANK to 0.
+class TorchElasticEnvironment final : public ClusterEnvironment {
+ public:
+  // Throws std::invalid_argument naming the variable when a value is missing or malformed.
+  explicit TorchElasticEnvironment(const EnvironmentVariables& env);
+  // True when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are all set.
+  static bool detect(const EnvironmentVariables& env);
+
+  std::string name() const override { return "torchelastic"; }
+  std::string main_address() const override { return main_address_; }
+  int main_port() const override { return main_port_; }
+  int64_t world_size() const override { return world_size_; }
+  int64_t global_rank() const override { return global_rank_; }
+  int64_t local_rank() const override { return local_rank_; }
+  int64_t local_world_size() const override { return local_world_size_; }
+  int64_t node_rank() const override { return node_rank_; }
+
+ private:
+  std::string main_address_;
+  int main_port_ = 0;
+  int64_t world_size_ = 1;
+  int64_t global_rank_ = 0;
+  int64_t local_rank_ = 0;
+  int64_t local_world_size_ = 1;
+  int64_t node_rank_ = 0;
+};
+
+// Processes started by `srun`. Ranks come from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and
+// SLURM_NODEID. The rendezvous address is MASTER_ADDR if set, else the first host of
+// SLURM_NODELIST (SLURM_JOB_NODELIST as a fallback). The port is MASTER_PORT if set, else
+// 15000 + the last four digits of SLURM_JOB_ID, so that every task of a job derives the same port
+// without talking to the others (Lightning's rule). local_world_size comes from
+// SLURM_NTASKS_PER_NODE (plain "4" or compressed "4(x2),3"), else SLURM_NTASKS / SLURM_NNODES.
+class SLURMEnvironment final : public ClusterEnvironment {
+ public:
+  // Throws std::invalid_argument naming the variable when a value is missing or malformed.
+  explicit SLURMEnvironment(const EnvironmentVariables& env);
+  // True when SLURM_NTASKS and SLURM_PROCID are set and SLURM_JOB_NAME is neither "bash" nor
+  // "interactive": those names mark an salloc/srun --pty shell in which the user starts
+  // processes some other way (Lightning's convention), so its SLURM variables describe the shell,
+  // not the training processes.
+  static bool detect(const EnvironmentVariables& env);
+
+  // First host of a SLURM node list in compressed hostlist form:
+  // "node[01-04,07],gpu7" -> "node01", "a-b[9-11]" -> "a-b9", "host" -> "host".
+  // Throws std::invalid_argument for an empty list or an unbalanced bracket.
+  static std::string first_host(const std::string& nodelist);
+
+  std::string name() const override { return "slurm"; }
+  std::string main_address() const override { return main_address_; }
+  int main_port() const override { return main_port_; }
+  int64_t world_size() const override { return world_size_; }
+  int64_t global_rank() const override { return global_rank_; }
+  int64_t local_rank() const override { return local_rank_; }
+  int64_t local_world_size() const override { return local_world_size_; }
+  int64_t node_rank() const override { return node_rank_; }
+
+ private:
+  std::string main_address_;
+  int main_port_ = 0;
+  int64_t world_size_ = 1;
+  int64_t global_rank_ = 0;
+  int64_t local_rank_ = 0;
+  int64_t local_world_size_ = 1;
+  int64_t node_rank_ = 0;
+};
+
+// A single process that nobody launched: rank 0 of 1 on 127.0.0.1. Port 0 means "none chosen";
+// a world of one needs no rendezvous.
+class LocalEnvironment final : public ClusterEnvironment {
+ public:
+  explicit LocalEnvironment(const EnvironmentVariables& env = {});
+  // Always true: this is the fallback.
+  static bool detect(const EnvironmentVariables& env);
+
+  std::string name() const override { return "local"; }
+  std::string main_address() const override { return "127.0.0.1"; }
+  int main_port() const override { return 0; }
+  int64_t world_size() const override { return 1; }
+  int64_t global_rank() const override { return 0; }
+  int64_t local_rank() const override { return 0; }
+  int64_t local_world_size() const override { return 1; }
+  int64_t node_rank() const override { return 0; }
+};
+
+// The environment of the current process: torchelastic if detected, else slurm, else local.
+// torchelastic goes first because torchrun is often run inside a SLURM allocation, and then its
+// variables, not SLURM's, describe the training processes. Throws std::invalid_argument (naming
+// the variable and its value) when the detected environment is malformed.
+std::unique_ptr<ClusterEnvironment> select_cluster_environment(
+    const EnvironmentVariables& env = current_environment());
+
+}  // namespace pipetrain

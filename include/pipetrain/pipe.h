@@ -1,0 +1,86 @@
+// Pipe: a torch::nn::Sequential split into consecutive stages, one process per stage, each batch
+// cut into micro-batches that flow through the stages in the order of a schedule. Every rank
+// builds the same Sequential and keeps only its own stage's layers (SPMD, as torchrun runs it).
+//
+//   auto world = pipetrain::World::connect(*pipetrain::select_cluster_environment());
+//   pipetrain::Pipe pipe(model, pipetrain::PipeOptions().balance({2, 2}).chunks(8), world);
+//   auto loss = pipe.forward_backward(inputs, [&](const at::Tensor& out, const MicroBatch& mb) {
+//     return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
+//   });
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipetrain/checkpoint.h"
+#include "pipetrain/microbatch.h"
+#include "pipetrain/schedule.h"
+
+namespace pipetrain {
+
+class World;
+class PeerToPeer;
+
+struct PipeOptions {
+  // Layers per stage; empty: split by parameter count (balance_by_size) over the world's ranks.
+  TORCH_ARG(std::vector<int64_t>, balance) = {};
+  // Micro-batches per batch; a batch with fewer rows runs as one-row micro-batches.
+  TORCH_ARG(int64_t, chunks) = 1;
+  // "always" | "except_last" | "never".
+  TORCH_ARG(std::string, checkpoint) = "except_last";
+  // "gpipe" | "1f1b".
+  TORCH_ARG(std::string, schedule) = "gpipe";
+};
+
+// Runs on the last stage once per micro-batch: given the pipeline's output for that micro-batch,
+// returns its loss as a mean over the micro-batch's samples. The pipe scales it by the
+// micro-batch's share of the batch, so gradients equal those of the full-batch mean loss.
+using LossFn = std::function<at::Tensor(const at::Tensor& output, const MicroBatch& microbatch)>;
+
+class Pipe {
+ public:
+  // `world` has one rank per stage; rank s runs stage s.
+  Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_ptr<World> world);
+  ~Pipe();
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+
+  // Forward and backward of one batch through all stages. Stage 0 reads `input`; the others
+  // ignore it (pass an undefined tensor). Returns the batch's loss on the last stage (detached) and
+  // an undefined tensor elsewhere. Gradients accumulate into this stage's parameters.
+  at::Tensor forward_backward(const at::Tensor& input, int64_t batch_size, const LossFn& loss_fn);
+
+  // This process's layers, named by their index in the whole Sequential ("3.weight").
+  const torch::nn::Sequential& stage_module() const { return stage_module_; }
+  std::vector<at::Tensor> parameters() const { return stage_module_->parameters(); }
+
+  int64_t stage() const { return stage_; }
+  int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
+  bool is_first_stage() const { return stage_ == 0; }
+  bool is_last_stage() const { return stage_ == stages() - 1; }
+  const std::vector<int64_t>& balance() const { return balance_; }
+  const PipeOptions& options() const { return options_; }
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  at::Tensor run_stage(const at::Tensor& input, int64_t microbatch);
+
+  PipeOptions options_;
+  std::shared_ptr<World> world_;
+  std::unique_ptr<PeerToPeer> p2p_;
+  std::vector<int64_t> balance_;
+  int64_t stage_ = 0;
+  int64_t first_layer_ = 0;
+  CheckpointMode checkpoint_mode_;
+  Schedule schedule_;
+  std::map<int64_t, Schedule> short_schedules_;
+  torch::nn::Sequential stage_module_;
+};
+
+}  // namespace pipetrain

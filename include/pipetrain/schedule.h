@@ -1,0 +1,81 @@
+// Pipeline schedules as plain data: for each stage, the ordered forwards and backwards it runs in
+// one training step. Keeping them free of torch lets the runtime, the CLI and the tests share one
+// definition of GPipe and 1F1B, and lets a cost-model simulation check a schedule (bubble, step
+// time, deadlocks) before any process is started.
+#ifndef PIPETRAIN_SCHEDULE_H_
+#define PIPETRAIN_SCHEDULE_H_
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+enum class Phase { kForward, kBackward };
+
+struct Action {
+  Phase phase;
+  int64_t microbatch;
+  bool operator==(const Action& other) const;
+  bool operator!=(const Action& other) const { return !(*this == other); }
+};
+
+// Prints "F3" / "B3"; the stage is not part of an Action, so gtest failures show the bare action.
+std::ostream& operator<<(std::ostream& os, const Action& a);
+
+// "<stage><F|B><microbatch>", e.g. "0F3", the notation used in grids and error messages.
+std::string action_name(int64_t stage, const Action& a);
+
+// schedule[stage] = the actions that stage runs, in order.
+using Schedule = std::vector<std::vector<Action>>;
+
+// Every stage runs F0..F(m-1), then B(m-1)..B0. The reverse backward order means the last
+// micro-batch's backward directly follows its forward, which is what lets checkpointing keep that
+// micro-batch's activations instead of recomputing them.
+Schedule gpipe_schedule(int64_t stages, int64_t chunks);
+
+// PipeDream-flush / Megatron / torch.distributed.pipelining Schedule1F1B: stage s runs
+// min(stages - s - 1, chunks) warm-up forwards, then alternates one forward and one backward while
+// forwards remain, then drains the remaining backwards. Backwards run in order 0..m-1, so stage s
+// never holds more than stages - s micro-batches' activations.
+Schedule one_f_one_b_schedule(int64_t stages, int64_t chunks);
+
+// name is one of schedule_names(); anything else throws std::invalid_argument listing them.
+Schedule make_schedule(const std::string& name, int64_t stages, int64_t chunks);
+std::vector<std::string> schedule_names();
+
+// Cost model: per stage, the time of one forward and one backward of one micro-batch, plus a fixed
+// latency for each activation/gradient transfer between neighbouring stages.
+struct ActionCosts {
+  std::vector<double> forward;   // size == stages
+  std::vector<double> backward;  // size == stages
+  double transfer = 0.0;
+  static ActionCosts uniform(int64_t stages, double forward = 1.0, double backward = 1.0);
+};
+
+struct Simulation {
+  double step_time = 0.0;                       // time the last action finishes
+  double bubble_fraction = 0.0;                 // 1 - sum(busy) / (stages * step_time)
+  std::vector<double> busy_time;                // per stage
+  std::vector<std::vector<double>> start_time;  // [stage][action index]
+};
+
+// Runs every action as early as its dependencies and its stage's list order allow:
+//   F(s,m) after F(s-1,m) (+transfer), B(s,m) after B(s+1,m) (+transfer) or, on the last stage,
+//   after F(s,m); and B(s,m) after F(s,m).
+// Throws std::invalid_argument when costs do not match the schedule, and std::runtime_error when
+// the schedule is malformed (an action missing or repeated) or can never finish; those messages
+// carry the schedule's grid with "<-- ERROR HERE" on the offending stage.
+Simulation simulate(const Schedule& schedule, const ActionCosts& costs);
+
+// One row per stage, one column per time slot of the unit-cost simulation, "." for idle slots:
+//           0    1    2    3    4    5
+//   stage 0 0F0  0F1  .    .    0B1  0B0
+//   stage 1 .    1F0  1F1  1B1  1B0  .
+// Throws like simulate() for schedules that cannot run.
+std::string format_schedule(const Schedule& schedule);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_SCHEDULE_H_

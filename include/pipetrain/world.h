@@ -1,0 +1,56 @@
+// The processes taking part in one training run, and the c10d store and process group that join
+// them. A default-constructed World is a single process (rank 0 of 1), so code that runs in one
+// process needs no `if (distributed)`.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pipetrain/compat.h"
+
+namespace pipetrain {
+
+class ClusterEnvironment;
+
+class World {
+ public:
+  // Every blocking wait (store, send, receive) gives up after this long.
+  static constexpr std::chrono::seconds kDefaultTimeout{300};
+
+  World() = default;
+
+  // Joins the run described by `env`: rank 0 serves a TCPStore at the main address and port, every
+  // rank joins a Gloo process group through it.
+  static std::shared_ptr<World> connect(const ClusterEnvironment& env,
+                                        std::chrono::milliseconds timeout = kDefaultTimeout);
+
+  int64_t rank() const { return rank_; }
+  int64_t size() const { return size_; }
+  int64_t local_rank() const { return local_rank_; }
+  bool is_global_zero() const { return rank_ == 0; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Null for a single process.
+  const ProcessGroupPtr& process_group() const { return process_group_; }
+  const StorePtr& store() const { return store_; }
+
+  void barrier() const;
+
+  // Records this rank's failure in the store so the other ranks can report the first error rather
+  // than the "connection closed" they see when this process exits. Never throws.
+  void publish_error(const std::string& message) const;
+  // The first error another rank published, or "" when none did (or the store is gone).
+  std::string published_error() const;
+
+ private:
+  int64_t rank_ = 0;
+  int64_t size_ = 1;
+  int64_t local_rank_ = 0;
+  std::chrono::milliseconds timeout_ = kDefaultTimeout;
+  StorePtr store_;
+  ProcessGroupPtr process_group_;
+};
+
+}  // namespace pipetrain

@@ -1,0 +1,327 @@
+// Reads launcher environment variables (torchrun, srun, or none) into a validated rank layout.
+// A mistyped or inconsistent variable otherwise surfaces much later as a rendezvous that hangs
+// until timeout, so everything is parsed eagerly here and every error names the variable, its
+// value and what to change.
+#include "pipetrain/cluster_environment.h"
+
+#include <cctype>
+#include <charconv>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <vector>
+
+extern char** environ;
+
+namespace pipetrain {
+namespace {
+
+const std::string* find_variable(const EnvironmentVariables& env, const std::string& name) {
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+bool has_variable(const EnvironmentVariables& env, const std::string& name) {
+  return env.count(name) != 0;
+}
+
+// Strict: the whole value must be a base-10 integer. "8 " or "0x8" are rejected rather than
+// guessed at, since a launcher never produces them and a person who typed them made a mistake.
+int64_t parse_integer(const std::string& name, const std::string& value, const std::string& hint) {
+  int64_t result = 0;
+  const char* begin = value.data();
+  const char* end = value.data() + value.size();
+  auto [ptr, error] = std::from_chars(begin, end, result);
+  if (value.empty() || error != std::errc() || ptr != end) {
+    throw std::invalid_argument("pipetrain: environment variable " + name + "='" + value +
+                                "' is not an integer; " + hint);
+  }
+  return result;
+}
+
+const std::string& required_string(const EnvironmentVariables& env, const std::string& name,
+                                   const std::string& hint) {
+  const std::string* value = find_variable(env, name);
+  if (value == nullptr) {
+    throw std::invalid_argument("pipetrain: environment variable " + name + " is not set; " + hint);
+  }
+  return *value;
+}
+
+int64_t required_integer(const EnvironmentVariables& env, const std::string& name,
+                         const std::string& hint) {
+  return parse_integer(name, required_string(env, name, hint), hint);
+}
+
+int64_t optional_integer(const EnvironmentVariables& env, const std::string& name, int64_t fallback,
+                         const std::string& hint) {
+  const std::string* value = find_variable(env, name);
+  return value == nullptr ? fallback : parse_integer(name, *value, hint);
+}
+
+int parse_port(const std::string& name, const std::string& value) {
+  const std::string hint = "set " + name + " to a TCP port in [1, 65535] that is free on the " +
+                           "rank-0 host and the same for every process";
+  const int64_t port = parse_integer(name, value, hint);
+  if (port < 1 || port > 65535) {
+    throw std::invalid_argument("pipetrain: environment variable " + name + "=" + value +
+                                " is not a valid port; " + hint);
+  }
+  return static_cast<int>(port);
+}
+
+std::string nonempty_address(const std::string& name, const std::string& value) {
+  if (value.empty()) {
+    throw std::invalid_argument("pipetrain: environment variable " + name +
+                                " is set but empty; set it to the host name or IP address of "
+                                "the rank-0 process, or unset it");
+  }
+  return value;
+}
+
+// Spelling of each quantity in the environment that produced it, so that a consistency error
+// points at the variables the user can actually fix.
+struct RankVariableNames {
+  std::string world_size;
+  std::string global_rank;
+  std::string local_rank;
+  std::string local_world_size;
+  std::string node_rank;
+};
+
+std::string assignment(const std::string& name, int64_t value) {
+  return name + "=" + std::to_string(value);
+}
+
+void validate_ranks(const RankVariableNames& names, int64_t world_size, int64_t global_rank,
+                    int64_t local_rank, int64_t local_world_size, int64_t node_rank) {
+  if (world_size < 1) {
+    throw std::invalid_argument("pipetrain: " + assignment(names.world_size, world_size) +
+                                " must be at least 1; set it to the total number of processes");
+  }
+  if (global_rank < 0 || global_rank >= world_size) {
+    throw std::invalid_argument("pipetrain: " + assignment(names.global_rank, global_rank) +
+                                " must be in [0, " + assignment(names.world_size, world_size) +
+                                "); every process needs a distinct rank below the world size");
+  }
+  if (local_world_size < 1 || local_world_size > world_size) {
+    throw std::invalid_argument(
+        "pipetrain: " + assignment(names.local_world_size, local_world_size) + " must be in [1, " +
+        assignment(names.world_size, world_size) +
+        "]; set it to the number of processes on this node");
+  }
+  if (local_rank < 0 || local_rank >= local_world_size) {
+    throw std::invalid_argument("pipetrain: " + assignment(names.local_rank, local_rank) +
+                                " must be in [0, " +
+                                assignment(names.local_world_size, local_world_size) +
+                                "); set it to this process's index among the processes on its "
+                                "node");
+  }
+  if (node_rank < 0) {
+    throw std::invalid_argument("pipetrain: " + assignment(names.node_rank, node_rank) +
+                                " must not be negative; set it to this node's index");
+  }
+}
+
+// Expands SLURM's compressed per-node task counts, "4(x2),3" -> {4, 4, 3}.
+std::vector<int64_t> expand_tasks_per_node(const std::string& name, const std::string& value) {
+  const std::string hint = "expected a count per node like '4' or '4(x2),3'";
+  std::vector<int64_t> counts;
+  size_t start = 0;
+  while (start <= value.size()) {
+    size_t comma = value.find(',', start);
+    if (comma == std::string::npos) comma = value.size();
+    const std::string item = value.substr(start, comma - start);
+    int64_t repeat = 1;
+    std::string count_text = item;
+    const size_t paren = item.find("(x");
+    if (paren != std::string::npos) {
+      if (item.back() != ')') {
+        throw std::invalid_argument("pipetrain: environment variable " + name + "='" + value +
+                                    "' has a malformed entry '" + item + "'; " + hint);
+      }
+      count_text = item.substr(0, paren);
+      repeat = parse_integer(name, item.substr(paren + 2, item.size() - paren - 3), hint);
+    }
+    const int64_t count = parse_integer(name, count_text, hint);
+    if (count < 1 || repeat < 1) {
+      throw std::invalid_argument("pipetrain: environment variable " + name + "='" + value +
+                                  "' has a non-positive entry '" + item + "'; " + hint);
+    }
+    counts.insert(counts.end(), static_cast<size_t>(repeat), count);
+    start = comma + 1;
+  }
+  return counts;
+}
+
+}  // namespace
+
+EnvironmentVariables current_environment() {
+  EnvironmentVariables env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string text(*entry);
+    const size_t equals = text.find('=');
+    // Entries without '=' are not variables (execve permits them); nothing could look them up.
+    if (equals == std::string::npos) continue;
+    env.emplace(text.substr(0, equals), text.substr(equals + 1));
+  }
+  return env;
+}
+
+// ---------------------------------------------------------------------------------------------
+// torchelastic
+
+bool TorchElasticEnvironment::detect(const EnvironmentVariables& env) {
+  return has_variable(env, "RANK") && has_variable(env, "WORLD_SIZE") &&
+         has_variable(env, "MASTER_ADDR") && has_variable(env, "MASTER_PORT");
+}
+
+TorchElasticEnvironment::TorchElasticEnvironment(const EnvironmentVariables& env) {
+  const std::string hint =
+      "torchrun sets it; when launching by hand, set it to a non-negative "
+      "integer";
+  main_address_ = nonempty_address(
+      "MASTER_ADDR",
+      required_string(env, "MASTER_ADDR", "set it to the host of the rank-0 process"));
+  main_port_ = parse_port("MASTER_PORT", required_string(env, "MASTER_PORT",
+                                                         "set it to the rendezvous port of the "
+                                                         "rank-0 process"));
+  world_size_ = required_integer(env, "WORLD_SIZE", hint);
+  global_rank_ = required_integer(env, "RANK", hint);
+  local_rank_ = optional_integer(env, "LOCAL_RANK", global_rank_, hint);
+  local_world_size_ = optional_integer(env, "LOCAL_WORLD_SIZE", world_size_, hint);
+  node_rank_ = optional_integer(env, "GROUP_RANK", 0, hint);
+  validate_ranks({"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"},
+                 world_size_, global_rank_, local_rank_, local_world_size_, node_rank_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SLURM
+
+bool SLURMEnvironment::detect(const EnvironmentVariables& env) {
+  if (!has_variable(env, "SLURM_NTASKS") || !has_variable(env, "SLURM_PROCID")) return false;
+  const std::string* job_name = find_variable(env, "SLURM_JOB_NAME");
+  return job_name == nullptr || (*job_name != "bash" && *job_name != "interactive");
+}
+
+std::string SLURMEnvironment::first_host(const std::string& nodelist) {
+  const std::string advice =
+      "; set MASTER_ADDR to the address of the first node to bypass node list parsing";
+  size_t i = 0;
+  while (i < nodelist.size() && std::isspace(static_cast<unsigned char>(nodelist[i]))) ++i;
+  std::string host;
+  while (i < nodelist.size()) {
+    const char c = nodelist[i];
+    if (c == ',' || std::isspace(static_cast<unsigned char>(c))) break;
+    if (c == ']') {
+      throw std::invalid_argument("pipetrain: SLURM_NODELIST='" + nodelist +
+                                  "' has a ']' without a matching '['" + advice);
+    }
+    if (c != '[') {
+      host += c;
+      ++i;
+      continue;
+    }
+    // A bracket holds ranges and single values, "01-04,07": the first host uses the first
+    // value, keeping its zero padding because it is part of the host name.
+    const size_t close = nodelist.find(']', i);
+    const std::string inner =
+        close == std::string::npos ? std::string() : nodelist.substr(i + 1, close - i - 1);
+    const std::string first = inner.substr(0, inner.find_first_of(",-"));
+    if (close == std::string::npos || first.empty() || inner.find('[') != std::string::npos) {
+      throw std::invalid_argument("pipetrain: SLURM_NODELIST='" + nodelist +
+                                  "' has a malformed '[...]' range" + advice);
+    }
+    host += first;
+    i = close + 1;
+  }
+  if (host.empty()) {
+    throw std::invalid_argument("pipetrain: SLURM_NODELIST='" + nodelist +
+                                "' does not start with a host name" + advice);
+  }
+  return host;
+}
+
+SLURMEnvironment::SLURMEnvironment(const EnvironmentVariables& env) {
+  const std::string hint = "srun sets it for every task; launch the processes with srun";
+  world_size_ = required_integer(env, "SLURM_NTASKS", hint);
+  global_rank_ = required_integer(env, "SLURM_PROCID", hint);
+  local_rank_ = required_integer(env, "SLURM_LOCALID", hint);
+  node_rank_ = required_integer(env, "SLURM_NODEID", hint);
+
+  std::string local_world_size_name = "SLURM_NTASKS_PER_NODE";
+  if (const std::string* per_node = find_variable(env, "SLURM_NTASKS_PER_NODE")) {
+    const std::vector<int64_t> counts = expand_tasks_per_node(local_world_size_name, *per_node);
+    // One uncompressed value applies to every node; a list has one entry per node.
+    if (counts.size() == 1) {
+      local_world_size_ = counts.front();
+    } else if (node_rank_ >= 0 && node_rank_ < static_cast<int64_t>(counts.size())) {
+      local_world_size_ = counts[static_cast<size_t>(node_rank_)];
+    } else {
+      throw std::invalid_argument("pipetrain: SLURM_NODEID=" + std::to_string(node_rank_) +
+                                  " has no entry in SLURM_NTASKS_PER_NODE='" + *per_node +
+                                  "'; the two must describe the same allocation");
+    }
+  } else {
+    local_world_size_name = "SLURM_NTASKS/SLURM_NNODES";
+    const int64_t nodes = optional_integer(env, "SLURM_NNODES", 1, hint);
+    if (nodes < 1 || world_size_ % nodes != 0) {
+      throw std::invalid_argument(
+          "pipetrain: SLURM_NTASKS=" + std::to_string(world_size_) +
+          " cannot be split evenly over SLURM_NNODES=" + std::to_string(nodes) +
+          "; request the tasks with --ntasks-per-node so that each node's count is known");
+    }
+    local_world_size_ = world_size_ / nodes;
+  }
+  validate_ranks(
+      {"SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", local_world_size_name, "SLURM_NODEID"},
+      world_size_, global_rank_, local_rank_, local_world_size_, node_rank_);
+
+  if (const std::string* address = find_variable(env, "MASTER_ADDR")) {
+    main_address_ = nonempty_address("MASTER_ADDR", *address);
+  } else if (const std::string* nodes = find_variable(env, "SLURM_NODELIST")) {
+    main_address_ = first_host(*nodes);
+  } else if (const std::string* job_nodes = find_variable(env, "SLURM_JOB_NODELIST")) {
+    main_address_ = first_host(*job_nodes);
+  } else {
+    main_address_ = "127.0.0.1";
+  }
+
+  if (const std::string* port = find_variable(env, "MASTER_PORT")) {
+    main_port_ = parse_port("MASTER_PORT", *port);
+  } else if (const std::string* job_id = find_variable(env, "SLURM_JOB_ID")) {
+    // All tasks of a job see the same job id, so they agree on the port without communicating;
+    // different jobs sharing a node mostly get different ports. The range 15000-24999 is below
+    // Linux's ephemeral ports (32768+), so outgoing connections do not take it first.
+    bool digits = !job_id->empty();
+    for (char c : *job_id) digits = digits && std::isdigit(static_cast<unsigned char>(c));
+    if (!digits) {
+      throw std::invalid_argument("pipetrain: environment variable SLURM_JOB_ID='" + *job_id +
+                                  "' is not a number, so no port can be derived from it; set "
+                                  "MASTER_PORT to a free TCP port instead");
+    }
+    const std::string last_digits = job_id->substr(job_id->size() > 4 ? job_id->size() - 4 : 0);
+    main_port_ = 15000 + std::stoi(last_digits);
+  } else {
+    main_port_ = 12910;  // Lightning's default when SLURM gives no job id.
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// local
+
+LocalEnvironment::LocalEnvironment(const EnvironmentVariables& /*env*/) {}
+
+bool LocalEnvironment::detect(const EnvironmentVariables& /*env*/) { return true; }
+
+std::unique_ptr<ClusterEnvironment> select_cluster_environment(const EnvironmentVariables& env) {
+  if (TorchElasticEnvironment::detect(env)) {
+    return std::make_unique<TorchElasticEnvironment>(env);
+  }
+  if (SLURMEnvironment::detect(env)) {
+    return std::make_unique<SLURMEnvironment>(env);
+  }
+  return std::make_unique<LocalEnvironment>(env);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,505 @@
+// pipetrain's built-in replacement for `torchrun --nproc-per-node N` on one machine. The parent
+// forks N children that exec the program with torchrun's variables, then only supervises: a
+// pipeline stage that dies leaves its neighbours blocked in send/recv forever, so the first
+// failure stops everyone, and nothing here may wait without a bound (waitpid never blocks; a
+// self-pipe written by the signal handlers wakes the loop, with a short poll timeout as a
+// safety net).
+#include "pipetrain/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+
+namespace pipetrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Longest the wait loop sleeps without looking at its children, in case a wake-up from the
+// signal handler is lost (e.g. a handler that another thread installed over ours).
+constexpr int kMaxPollMilliseconds = 200;
+
+// State shared with the signal handler; sig_atomic_t because that is all a handler may touch.
+std::atomic<bool> g_launch_active{false};
+volatile sig_atomic_t g_wake_fd = -1;
+volatile sig_atomic_t g_stop_signal = 0;
+volatile sig_atomic_t g_stop_signal_count = 0;
+
+void on_signal(int signo) {
+  const int saved_errno = errno;
+  if (signo != SIGCHLD) {
+    g_stop_signal = signo;
+    g_stop_signal_count = g_stop_signal_count + 1;
+  }
+  const int fd = g_wake_fd;
+  if (fd >= 0) {
+    const char byte = 0;
+    // A full pipe already guarantees a wake-up, so a failed write needs no handling.
+    const ssize_t ignored = write(fd, &byte, 1);
+    (void)ignored;
+  }
+  errno = saved_errno;
+}
+
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM};
+
+// Installs the handlers and the self-pipe for one launch and restores the previous handlers
+// afterwards, so that the caller's own signal handling survives a launch.
+class SignalScope {
+ public:
+  SignalScope() {
+    bool expected = false;
+    if (!g_launch_active.compare_exchange_strong(expected, true)) {
+      throw std::runtime_error(
+          "pipetrain: launch_local_processes is already running in this process; it owns the "
+          "SIGCHLD/SIGINT/SIGTERM handlers, so launches must not overlap");
+    }
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+      const int error = errno;
+      g_launch_active = false;
+      throw std::runtime_error(std::string("pipetrain: cannot create the launcher's pipe: ") +
+                               std::strerror(error));
+    }
+    read_fd_ = fds[0];
+    write_fd_ = fds[1];
+    g_stop_signal = 0;
+    g_stop_signal_count = 0;
+    g_wake_fd = write_fd_;
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    // SA_RESTART: other threads' system calls should not start failing with EINTR because of us.
+    action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+      sigaction(kHandledSignals[i], &action, &previous_[i]);
+    }
+  }
+
+  ~SignalScope() {
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+      sigaction(kHandledSignals[i], &previous_[i], nullptr);
+    }
+    g_wake_fd = -1;
+    close(read_fd_);
+    close(write_fd_);
+    g_launch_active = false;
+  }
+
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+  // Sleeps until a signal arrives or `timeout_ms` passes, then empties the pipe.
+  void wait(int timeout_ms) const {
+    pollfd fd{read_fd_, POLLIN, 0};
+    // EINTR only means a signal arrived, which is a reason to wake up anyway.
+    poll(&fd, 1, timeout_ms);
+    char buffer[64];
+    while (read(read_fd_, buffer, sizeof(buffer)) > 0) {
+    }
+  }
+
+ private:
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+  struct sigaction previous_[std::size(kHandledSignals)]{};
+};
+
+struct Child {
+  pid_t pid = -1;
+  int64_t rank = 0;
+  bool running = false;
+};
+
+// If anything throws while children exist, they must not outlive the launch unsupervised.
+class ChildrenGuard {
+ public:
+  explicit ChildrenGuard(std::vector<Child>& children) : children_(children) {}
+  ~ChildrenGuard() {
+    for (Child& child : children_) {
+      if (!child.running) continue;
+      kill(child.pid, SIGKILL);
+      int status = 0;
+      while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      child.running = false;
+    }
+  }
+  ChildrenGuard(const ChildrenGuard&) = delete;
+  ChildrenGuard& operator=(const ChildrenGuard&) = delete;
+
+ private:
+  std::vector<Child>& children_;
+};
+
+// Names rather than numbers in messages: "SIGSEGV" says more than "11", and numbers differ
+// between architectures.
+std::string signal_name(int signo) {
+  static const std::pair<int, const char*> kNames[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
+  for (const auto& [number, name] : kNames) {
+    if (number == signo) return name;
+  }
+  return "signal " + std::to_string(signo);
+}
+
+std::string count_ranks(size_t count) {
+  return std::to_string(count) + (count == 1 ? " rank" : " ranks");
+}
+
+void print_line(const std::string& text) {
+  const std::string line = text + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+// CPUs this process may run on (respects taskset and cpusets, unlike the number of CPUs in the
+// machine), so that OMP_NUM_THREADS divides what the children will actually share.
+int64_t usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
+    return CPU_COUNT(&set);
+  }
+  return std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
+
+bool is_executable_file(const std::string& path) {
+  struct stat info {};
+  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+// Resolves the program like execvp, but in the parent: after fork only async-signal-safe calls
+// are allowed, and a missing program is reported once as an exception instead of N times as
+// exit code 127.
+std::string resolve_program(const std::string& program, const EnvironmentVariables& child_env) {
+  if (program.empty()) {
+    throw std::invalid_argument(
+        "pipetrain: LaunchOptions::argv[0] is empty; set it to the program to run");
+  }
+  if (program.find('/') != std::string::npos) {
+    if (!is_executable_file(program)) {
+      throw std::runtime_error("pipetrain: LaunchOptions::argv[0]='" + program +
+                               "' is not an executable file; pass the path of a program");
+    }
+    return program;
+  }
+  auto path_it = child_env.find("PATH");
+  const std::string path = path_it == child_env.end() ? "/bin:/usr/bin" : path_it->second;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t colon = path.find(':', start);
+    if (colon == std::string::npos) colon = path.size();
+    const std::string directory = path.substr(start, colon - start);
+    const std::string candidate = (directory.empty() ? "." : directory) + "/" + program;
+    if (is_executable_file(candidate)) return candidate;
+    start = colon + 1;
+  }
+  throw std::runtime_error("pipetrain: LaunchOptions::argv[0]='" + program +
+                           "' was not found in PATH='" + path +
+                           "'; pass an absolute path or add its directory to PATH");
+}
+
+// Async-signal-safe decimal formatting for the child's exec error message.
+size_t format_decimal(int value, char* out) {
+  char digits[16];
+  size_t count = 0;
+  unsigned magnitude = value < 0 ? 0u - static_cast<unsigned>(value) : static_cast<unsigned>(value);
+  do {
+    digits[count++] = static_cast<char>('0' + magnitude % 10);
+    magnitude /= 10;
+  } while (magnitude != 0 && count < sizeof(digits));
+  size_t length = 0;
+  if (value < 0) out[length++] = '-';
+  while (count > 0) out[length++] = digits[--count];
+  return length;
+}
+
+// Runs in the forked child: only async-signal-safe calls until execve.
+[[noreturn]] void exec_child(const char* path, char* const* argv, char* const* envp, pid_t parent,
+                             const std::string& exec_error_prefix) {
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  sigemptyset(&default_action.sa_mask);
+  for (int signo : kHandledSignals) sigaction(signo, &default_action, nullptr);
+  // Die with the parent: otherwise a killed launcher leaves N processes holding GPUs. SIGKILL
+  // because a child that traps SIGTERM might linger. The getppid check covers a parent that
+  // died before prctl took effect.
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(126);
+  // The parent blocked these signals around fork; the program must start with none blocked.
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  execve(path, argv, envp);
+  char message[512];
+  size_t length = std::min(exec_error_prefix.size(), sizeof(message) - 32);
+  std::memcpy(message, exec_error_prefix.data(), length);
+  length += format_decimal(errno, message + length);
+  message[length++] = '\n';
+  const ssize_t ignored = write(STDERR_FILENO, message, length);
+  (void)ignored;
+  _exit(127);
+}
+
+pid_t spawn_child(const std::string& path, const std::vector<char*>& argv,
+                  const std::vector<char*>& envp, const std::string& exec_error_prefix) {
+  const pid_t parent = getpid();
+  // Blocked across fork so that our handler can never run in the child before it resets it.
+  sigset_t blocked;
+  sigset_t previous;
+  sigemptyset(&blocked);
+  for (int signo : kHandledSignals) sigaddset(&blocked, signo);
+  pthread_sigmask(SIG_BLOCK, &blocked, &previous);
+  const pid_t pid = fork();
+  if (pid == 0) exec_child(path.c_str(), argv.data(), envp.data(), parent, exec_error_prefix);
+  const int fork_error = errno;
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  if (pid < 0) {
+    throw std::runtime_error(std::string("pipetrain: fork failed: ") + std::strerror(fork_error) +
+                             "; reduce LaunchOptions::nprocs or raise the process limit");
+  }
+  return pid;
+}
+
+// Supervises the children until all have exited; see launch_local_processes for the policy.
+int supervise(std::vector<Child>& children, const SignalScope& signals,
+              std::chrono::milliseconds grace_period) {
+  size_t running = 0;
+  for (const Child& child : children) running += child.running ? 1 : 0;
+  int first_failure = 0;
+  int stop_signal = 0;
+  int handled_signal_count = 0;
+  bool stopping = false;
+  bool killed = false;
+  Clock::time_point kill_deadline;
+
+  auto signal_running = [&](int signo) {
+    for (const Child& child : children) {
+      // Only unreaped children: their pids cannot have been reused yet.
+      if (child.running) kill(child.pid, signo);
+    }
+  };
+  auto begin_stopping = [&](int signo) {
+    signal_running(signo);
+    if (!stopping) {
+      stopping = true;
+      kill_deadline = Clock::now() + grace_period;
+    }
+  };
+
+  while (running > 0) {
+    const int signal_count = g_stop_signal_count;
+    if (signal_count > handled_signal_count) {
+      stop_signal = g_stop_signal;
+      if (handled_signal_count == 0) {
+        print_line("pipetrain: received " + signal_name(stop_signal) + "; forwarding it to the " +
+                   count_ranks(running) + " still running");
+        begin_stopping(stop_signal);
+      } else if (!killed) {
+        // Someone pressing Ctrl-C twice wants out now, not after the grace period.
+        print_line("pipetrain: received " + signal_name(stop_signal) + " again; killing the " +
+                   count_ranks(running) + " still running");
+        signal_running(SIGKILL);
+        killed = true;
+      }
+      handled_signal_count = signal_count;
+    }
+
+    // Rank order, so that children found dead in the same pass resolve "first" deterministically.
+    for (Child& child : children) {
+      if (!child.running) continue;
+      int status = 0;
+      pid_t reaped;
+      do {
+        reaped = waitpid(child.pid, &status, WNOHANG);
+      } while (reaped < 0 && errno == EINTR);
+      if (reaped == 0) continue;
+      int code = 0;
+      std::string what;
+      if (reaped < 0) {
+        // ECHILD: someone else reaped it (e.g. another thread's waitpid(-1)). Its outcome is
+        // unknown, and an unknown outcome must not be reported as success.
+        code = 1;
+        what = std::string("exited, but its exit status was lost (") + std::strerror(errno) + ")";
+      } else if (WIFEXITED(status)) {
+        code = WEXITSTATUS(status);
+        what = "failed with exit code " + std::to_string(code);
+      } else if (WIFSIGNALED(status)) {
+        code = 128 + WTERMSIG(status);
+        what = "was killed by signal " + signal_name(WTERMSIG(status));
+      } else {
+        continue;  // Stopped or continued: still alive.
+      }
+      child.running = false;
+      --running;
+      if (code == 0 || first_failure != 0) continue;
+      first_failure = code;
+      if (!stopping) {
+        print_line("pipetrain: rank " + std::to_string(child.rank) + " " + what +
+                   "; stopping the other " + count_ranks(running));
+        begin_stopping(SIGTERM);
+      }
+    }
+    if (running == 0) break;
+
+    int timeout_ms = kMaxPollMilliseconds;
+    if (stopping && !killed) {
+      const auto left = kill_deadline - Clock::now();
+      if (left <= Clock::duration::zero()) {
+        print_line("pipetrain: " + count_ranks(running) + " still running " +
+                   std::to_string(grace_period.count()) + " ms after being asked to stop; " +
+                   "sending SIGKILL");
+        signal_running(SIGKILL);
+        killed = true;
+      } else {
+        const auto left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(left).count();
+        timeout_ms = static_cast<int>(std::min<int64_t>(timeout_ms, left_ms + 1));
+      }
+    }
+    signals.wait(timeout_ms);
+  }
+  if (first_failure != 0) return first_failure;
+  // Also covers a signal that arrived before any child was started, or after the last one exited.
+  if (stop_signal == 0 && g_stop_signal_count > 0) stop_signal = g_stop_signal;
+  if (stop_signal != 0) return 128 + stop_signal;
+  return 0;
+}
+
+}  // namespace
+
+std::vector<std::string> current_command_line() {
+  std::ifstream file("/proc/self/cmdline", std::ios::binary);
+  const std::string content((std::istreambuf_iterator<char>(file)),
+                            std::istreambuf_iterator<char>());
+  if (!file.good() && !file.eof()) {
+    throw std::runtime_error(
+        "pipetrain: cannot read /proc/self/cmdline; pass LaunchOptions::argv explicitly");
+  }
+  std::vector<std::string> arguments;
+  size_t start = 0;
+  while (start < content.size()) {
+    size_t end = content.find('\0', start);
+    if (end == std::string::npos) end = content.size();
+    arguments.push_back(content.substr(start, end - start));
+    start = end + 1;
+  }
+  if (arguments.empty()) {
+    throw std::runtime_error(
+        "pipetrain: /proc/self/cmdline is empty; pass LaunchOptions::argv explicitly");
+  }
+  return arguments;
+}
+
+int find_free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    throw std::runtime_error(std::string("pipetrain: cannot create a TCP socket: ") +
+                             std::strerror(errno) + "; set MASTER_PORT yourself");
+  }
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(0);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const int error = errno;
+    close(fd);
+    throw std::runtime_error(std::string("pipetrain: cannot bind a TCP socket on 127.0.0.1: ") +
+                             std::strerror(error) + "; set MASTER_PORT yourself");
+  }
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+int launch_local_processes(const LaunchOptions& options) {
+  if (options.nprocs < 1) {
+    throw std::invalid_argument(
+        "pipetrain: LaunchOptions::nprocs=" + std::to_string(options.nprocs) +
+        " must be at least 1; set it to the number of processes to run");
+  }
+  if (options.grace_period.count() < 0) {
+    throw std::invalid_argument(
+        "pipetrain: LaunchOptions::grace_period=" + std::to_string(options.grace_period.count()) +
+        " ms must not be negative");
+  }
+  const bool rerun_self = options.argv.empty();
+  const std::vector<std::string> arguments = rerun_self ? current_command_line() : options.argv;
+
+  EnvironmentVariables shared_env = current_environment();
+  for (const auto& [name, value] : options.extra_env) shared_env[name] = value;
+  const std::string program =
+      rerun_self ? std::string("/proc/self/exe") : resolve_program(arguments[0], shared_env);
+  if (shared_env.count("OMP_NUM_THREADS") == 0) {
+    shared_env["OMP_NUM_THREADS"] =
+        std::to_string(std::max<int64_t>(1, usable_cpus() / options.nprocs));
+  }
+  shared_env["MASTER_ADDR"] = "127.0.0.1";
+  shared_env["MASTER_PORT"] = std::to_string(find_free_port());
+  shared_env["WORLD_SIZE"] = std::to_string(options.nprocs);
+  shared_env["LOCAL_WORLD_SIZE"] = std::to_string(options.nprocs);
+  shared_env["GROUP_RANK"] = "0";
+
+  // Everything the children need is built before the first fork, since a forked child of a
+  // possibly multi-threaded parent must not allocate.
+  std::vector<char*> argv_pointers;
+  for (const std::string& argument : arguments) {
+    argv_pointers.push_back(const_cast<char*>(argument.c_str()));
+  }
+  argv_pointers.push_back(nullptr);
+  const size_t nprocs = static_cast<size_t>(options.nprocs);
+  std::vector<std::vector<std::string>> env_strings(nprocs);
+  std::vector<std::vector<char*>> env_pointers(nprocs);
+  for (size_t rank = 0; rank < nprocs; ++rank) {
+    EnvironmentVariables env = shared_env;
+    env["RANK"] = std::to_string(rank);
+    env["LOCAL_RANK"] = std::to_string(rank);
+    for (const auto& [name, value] : env) env_strings[rank].push_back(name + "=" + value);
+    for (const std::string& entry : env_strings[rank]) {
+      env_pointers[rank].push_back(const_cast<char*>(entry.c_str()));
+    }
+    env_pointers[rank].push_back(nullptr);
+  }
+  const std::string exec_error_prefix =
+      "pipetrain: cannot execute " + program + " (" + arguments[0] + "): errno ";
+
+  SignalScope signals;
+  std::vector<Child> children;
+  children.reserve(nprocs);
+  ChildrenGuard guard(children);
+  // Unflushed output would otherwise be interleaved unpredictably with the children's.
+  std::fflush(nullptr);
+  for (size_t rank = 0; rank < nprocs; ++rank) {
+    if (g_stop_signal_count > 0) break;  // Interrupted while starting: start no more.
+    const pid_t pid = spawn_child(program, argv_pointers, env_pointers[rank], exec_error_prefix);
+    children.push_back({pid, static_cast<int64_t>(rank), true});
+  }
+  return supervise(children, signals, options.grace_period);
+}
+
+}  // namespace pipetrain

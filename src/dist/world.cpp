@@ -1,0 +1,93 @@
+// Connecting the ranks: a TCPStore for rendezvous and small messages, a Gloo process group for
+// tensors. Gloo's device binds to loopback when the main address is local, so a run on one machine
+// never listens on an external interface through Gloo.
+#include "pipetrain/world.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <vector>
+
+#include "pipetrain/cluster_environment.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr const char* kErrorKey = "pipetrain/first_error";
+
+bool is_loopback(const std::string& address) {
+  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_address) {
+  if (is_loopback(main_address)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
+                                      std::chrono::milliseconds timeout) {
+  auto world = std::make_shared<World>();
+  world->rank_ = env.global_rank();
+  world->size_ = env.world_size();
+  world->local_rank_ = env.local_rank();
+  world->timeout_ = timeout;
+  if (world->size_ == 1) return world;
+
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(env.main_port());
+  store_options.isServer = world->rank_ == 0;
+  store_options.numWorkers = static_cast<std::size_t>(world->size_);
+  store_options.waitWorkers = true;
+  store_options.timeout = timeout;
+  try {
+    world->store_ = c10::make_intrusive<c10d::TCPStore>(env.main_address(), store_options);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(world->rank_) +
+                             ": could not join the rendezvous at " + env.main_address() + ":" +
+                             std::to_string(env.main_port()) + " (" + e.what() +
+                             "). Check MASTER_ADDR/MASTER_PORT and that every rank was started.");
+  }
+
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->timeout = timeout;
+  options->devices.push_back(gloo_device(env.main_address()));
+  world->process_group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      world->store_, static_cast<int>(world->rank_), static_cast<int>(world->size_), options);
+  return world;
+}
+
+void World::barrier() const {
+  if (!process_group_) return;
+  process_group_->barrier()->wait(timeout_);
+}
+
+void World::publish_error(const std::string& message) const {
+  if (!store_) return;
+  try {
+    // compareSet with an empty expected value keeps the first error only.
+    const std::string text = "rank " + std::to_string(rank_) + ": " + message;
+    store_->compareSet(kErrorKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (...) {
+  }
+}
+
+std::string World::published_error() const {
+  if (!store_) return {};
+  try {
+    if (!store_->check({kErrorKey})) return {};
+    const auto bytes = store_->get(kErrorKey);
+    return std::string(bytes.begin(), bytes.end());
+  } catch (...) {
+    return {};
+  }
+}
+
+}  // namespace pipetrain

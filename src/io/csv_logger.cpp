@@ -1,0 +1,73 @@
+#include "pipetrain/csv_logger.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace pipetrain {
+namespace fs = std::filesystem;
+
+CSVLogger::CSVLogger(std::string root_dir, std::string name) {
+  const fs::path base = fs::path(root_dir) / name;
+  fs::create_directories(base);
+  int64_t version = 0;
+  while (fs::exists(base / ("version_" + std::to_string(version)))) ++version;
+  const fs::path dir = base / ("version_" + std::to_string(version));
+  fs::create_directories(dir);
+  log_dir_ = dir.string();
+}
+
+void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
+  std::ofstream out(log_dir_ + "/hparams.yaml");
+  for (const auto& [key, value] : params) out << key << ": " << value << "\n";
+  if (!out) throw std::runtime_error("could not write " + log_dir_ + "/hparams.yaml");
+}
+
+void CSVLogger::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
+  auto row = metrics;
+  row["step"] = static_cast<double>(step);
+  std::vector<std::string> fresh;
+  for (const auto& [key, value] : row) {
+    if (std::find(columns_.begin(), columns_.end(), key) == columns_.end()) fresh.push_back(key);
+  }
+  columns_.insert(columns_.end(), fresh.begin(), fresh.end());  // std::map keeps them sorted
+  rows_.push_back(std::move(row));
+}
+
+void CSVLogger::save() {
+  const std::string path = metrics_path();
+  const bool rewrite = columns_.size() != saved_columns_;
+  std::ofstream out(path, rewrite ? std::ios::trunc : std::ios::app);
+  auto write_row = [&](const std::map<std::string, double>& row) {
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      if (c) out << ',';
+      const auto it = row.find(columns_[c]);
+      if (it == row.end()) continue;
+      const double v = it->second;
+      if (v == static_cast<double>(static_cast<int64_t>(v)) && std::abs(v) < 1e15) {
+        out << static_cast<int64_t>(v);
+      } else {
+        out << std::setprecision(std::numeric_limits<float>::max_digits10) << v;
+      }
+    }
+    out << '\n';
+  };
+  if (rewrite) {
+    for (size_t c = 0; c < columns_.size(); ++c) out << (c ? "," : "") << columns_[c];
+    out << '\n';
+    for (const auto& row : rows_) write_row(row);
+  } else {
+    for (size_t r = saved_rows_; r < rows_.size(); ++r) write_row(rows_[r]);
+  }
+  out.flush();
+  if (!out) throw std::runtime_error("could not write " + path);
+  saved_rows_ = rows_.size();
+  saved_columns_ = columns_.size();
+}
+
+}  // namespace pipetrain

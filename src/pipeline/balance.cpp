@@ -1,0 +1,113 @@
+#include "pipetrain/balance.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+namespace pipetrain {
+namespace {
+
+std::string join(const std::vector<int64_t>& values) {
+  std::ostringstream out;
+  for (size_t i = 0; i < values.size(); ++i) out << (i ? "," : "") << values[i];
+  return out.str();
+}
+
+}  // namespace
+
+void validate_balance(const std::vector<int64_t>& balance, int64_t layers) {
+  if (balance.empty()) throw std::invalid_argument("balance is empty: give one entry per stage");
+  int64_t sum = 0;
+  for (size_t i = 0; i < balance.size(); ++i) {
+    if (balance[i] <= 0) {
+      throw std::invalid_argument("balance " + join(balance) + " gives stage " + std::to_string(i) +
+                                  " " + std::to_string(balance[i]) +
+                                  " layers: every stage needs at least one layer");
+    }
+    sum += balance[i];
+  }
+  if (sum != layers) {
+    throw std::invalid_argument("balance " + join(balance) + " sums to " + std::to_string(sum) +
+                                " but the model has " + std::to_string(layers) +
+                                " layers: the entries must add up to the number of layers");
+  }
+}
+
+std::vector<int64_t> balance_by_cost(const std::vector<double>& costs, int64_t stages) {
+  const auto n = static_cast<int64_t>(costs.size());
+  if (stages < 1 || stages > n) {
+    throw std::invalid_argument("cannot split " + std::to_string(n) + " layers into " +
+                                std::to_string(stages) +
+                                " stages: every stage needs at least one layer");
+  }
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int64_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+
+  // best[k][i]: the (largest stage cost, largest layer count) of the best split of the first i
+  // layers into k stages; cut[k][i] is where its last stage begins.
+  using Score = std::pair<double, int64_t>;
+  const Score infinite{std::numeric_limits<double>::infinity(), 0};
+  std::vector<std::vector<Score>> best(stages + 1, std::vector<Score>(n + 1, infinite));
+  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(n + 1, 0));
+  best[0][0] = {0.0, 0};
+  for (int64_t k = 1; k <= stages; ++k) {
+    for (int64_t i = k; i <= n; ++i) {
+      for (int64_t j = k - 1; j < i; ++j) {
+        if (best[k - 1][j] == infinite) continue;
+        const Score candidate{std::max(best[k - 1][j].first, prefix[i] - prefix[j]),
+                              std::max(best[k - 1][j].second, i - j)};
+        if (candidate < best[k][i]) {
+          best[k][i] = candidate;
+          cut[k][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int64_t> balance(stages);
+  for (int64_t k = stages, i = n; k >= 1; --k) {
+    balance[k - 1] = i - cut[k][i];
+    i = cut[k][i];
+  }
+  return balance;
+}
+
+std::vector<int64_t> balance_by_size(const torch::nn::Sequential& sequential, int64_t stages) {
+  std::vector<double> costs;
+  for (const auto& layer : sequential->children()) {
+    double elements = 0;
+    for (const auto& p : layer->parameters()) elements += static_cast<double>(p.numel());
+    costs.push_back(elements);
+  }
+  return balance_by_cost(costs, stages);
+}
+
+std::vector<int64_t> balance_by_time(torch::nn::Sequential sequential, const at::Tensor& sample,
+                                     int64_t stages, int repeats) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> costs;
+  at::Tensor input = sample;
+  for (auto& layer : *sequential) {
+    std::vector<double> times;
+    at::Tensor output;
+    for (int r = 0; r <= repeats; ++r) {  // run 0 is a warm-up
+      auto x = input.detach();
+      if (x.is_floating_point()) x.requires_grad_(true);
+      const auto start = Clock::now();
+      output = layer.forward(x);
+      if (output.requires_grad()) output.backward(torch::ones_like(output));
+      if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    costs.push_back(times[times.size() / 2]);
+    input = output.detach();
+  }
+  sequential->zero_grad();
+  return balance_by_cost(costs, stages);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,47 @@
+#include "pipetrain/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+
+#include <mutex>
+#include <stdexcept>
+
+namespace pipetrain {
+
+CheckpointMode parse_checkpoint_mode(const std::string& name) {
+  if (name == "always") return CheckpointMode::kAlways;
+  if (name == "except_last") return CheckpointMode::kExceptLast;
+  if (name == "never") return CheckpointMode::kNever;
+  throw std::invalid_argument("unknown checkpoint mode '" + name +
+                              "': use always, except_last or never");
+}
+
+std::vector<std::string> checkpoint_mode_names() { return {"always", "except_last", "never"}; }
+
+int64_t checkpoint_stop(CheckpointMode mode, int64_t chunks) {
+  switch (mode) {
+    case CheckpointMode::kAlways:
+      return chunks;
+    case CheckpointMode::kExceptLast:
+      return chunks - 1;
+    case CheckpointMode::kNever:
+      return 0;
+  }
+  return 0;
+}
+
+RngState RngState::capture() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  RngState state;
+  state.cpu_state_ = generator.get_state();
+  return state;
+}
+
+void RngState::restore() const {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(cpu_state_);
+}
+
+}  // namespace pipetrain

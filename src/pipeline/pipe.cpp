@@ -1,0 +1,151 @@
+// The executor: runs this stage's actions in schedule order. It is the only code that touches
+// tensors and communication; the order itself comes from schedule.h.
+#include "pipetrain/pipe.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+#include "pipetrain/balance.h"
+#include "pipetrain/error.h"
+#include "pipetrain/p2p.h"
+#include "pipetrain/world.h"
+
+namespace pipetrain {
+namespace {
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+// What a stage keeps between the forward and the backward of one micro-batch.
+struct InFlight {
+  at::Tensor input;   // requires grad on every stage but the first
+  at::Tensor output;  // with its autograd graph, unless checkpointed
+  at::Tensor loss;    // last stage only: scaled loss, graph back to `output`
+  bool checkpointed = false;
+  RngState rng;  // the generator before the forward, for the recompute
+};
+
+}  // namespace
+
+Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_ptr<World> world)
+    : options_(std::move(options)),
+      world_(std::move(world)),
+      checkpoint_mode_(parse_checkpoint_mode(options_.checkpoint())) {
+  const auto layers = static_cast<int64_t>(sequential->size());
+  balance_ =
+      options_.balance().empty() ? balance_by_size(sequential, world_->size()) : options_.balance();
+  validate_balance(balance_, layers);
+  if (stages() != world_->size()) {
+    throw std::invalid_argument("balance has " + std::to_string(stages()) + " stages but " +
+                                std::to_string(world_->size()) +
+                                " processes were started: run one process per stage");
+  }
+  if (options_.chunks() < 1) {
+    throw std::invalid_argument("chunks must be at least 1 (got " +
+                                std::to_string(options_.chunks()) + ")");
+  }
+  schedule_ = make_schedule(options_.schedule(), stages(), options_.chunks());
+  stage_ = world_->rank();
+  for (int64_t s = 0; s < stage_; ++s) first_layer_ += balance_[s];
+  for (int64_t i = first_layer_; i < first_layer_ + balance_[stage_]; ++i) {
+    stage_module_->push_back(std::to_string(i), *(sequential->begin() + i));
+  }
+  if (stages() > 1) p2p_ = std::make_unique<PeerToPeer>(world_);
+}
+
+Pipe::~Pipe() = default;
+
+at::Tensor Pipe::run_stage(const at::Tensor& input, int64_t microbatch) {
+  try {
+    return stage_module_->forward(input);
+  } catch (const std::exception& e) {
+    std::ostringstream message;
+    message << "stage " << stage_ << " (rank " << world_->rank() << ", layers " << first_layer_
+            << ".." << first_layer_ + balance_[stage_] - 1 << ") failed on micro-batch "
+            << microbatch << " with an input of shape " << shape_of(input);
+    if (stage_ > 0) message << " from stage " << stage_ - 1;
+    message << ": " << error_message(e);
+    if (stage_ > 0)
+      message << "\nCheck --balance: stage " << stage_ - 1 << "'s output must fit stage " << stage_
+              << "'s first layer.";
+    throw std::runtime_error(message.str());
+  }
+}
+
+at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
+                                  const LossFn& loss_fn) {
+  // A batch smaller than `chunks` (an epoch's last) runs as one-sample micro-batches.
+  const int64_t chunks = std::min(options_.chunks(), batch_size);
+  const auto microbatches = split_microbatches(batch_size, chunks);
+  const int64_t recompute_below = checkpoint_stop(checkpoint_mode_, chunks);
+  if (chunks != options_.chunks() && !short_schedules_.count(chunks)) {
+    short_schedules_[chunks] = make_schedule(options_.schedule(), stages(), chunks);
+  }
+  const Schedule& schedule = chunks == options_.chunks() ? schedule_ : short_schedules_[chunks];
+  std::map<int64_t, InFlight> in_flight;
+  at::Tensor total_loss;
+
+  for (const Action& action : schedule[stage_]) {
+    const MicroBatch& mb = microbatches[action.microbatch];
+    if (action.phase == Phase::kForward) {
+      InFlight state;
+      state.checkpointed = action.microbatch < recompute_below;
+      if (is_first_stage()) {
+        state.input = input.slice(0, mb.begin, mb.end);
+      } else {
+        state.input = p2p_->recv(stage_ - 1, Flow::kActivation);
+        if (state.input.is_floating_point()) state.input.requires_grad_(true);
+      }
+      if (state.checkpointed) {
+        state.rng = RngState::capture();
+        torch::NoGradGuard no_grad;
+        state.output = run_stage(state.input, mb.index);
+      } else {
+        state.output = run_stage(state.input, mb.index);
+      }
+      if (is_last_stage()) {
+        // The loss head runs with autograd even for a checkpointed stage; its input is a leaf
+        // that collects the gradient the recomputed stage needs.
+        if (state.checkpointed) state.output = state.output.detach().requires_grad_(true);
+        const double share = static_cast<double>(mb.size()) / static_cast<double>(batch_size);
+        state.loss = loss_fn(state.output, mb) * share;
+        total_loss = total_loss.defined() ? total_loss + state.loss.detach() : state.loss.detach();
+      } else {
+        p2p_->send(state.output.detach(), stage_ + 1, Flow::kActivation);
+      }
+      in_flight.emplace(action.microbatch, std::move(state));
+    } else {
+      auto node = in_flight.extract(action.microbatch);
+      InFlight& state = node.mapped();
+      at::Tensor grad_output;
+      if (is_last_stage()) {
+        state.loss.backward();
+        if (state.checkpointed) grad_output = state.output.grad();
+      } else {
+        grad_output = p2p_->recv(stage_ + 1, Flow::kGradient);
+      }
+      if (grad_output.defined()) {
+        at::Tensor output = state.output;
+        if (state.checkpointed) {
+          output = state.rng.replay([&] { return run_stage(state.input, mb.index); });
+        }
+        torch::autograd::backward({output}, {grad_output});
+      }
+      if (!is_first_stage()) {
+        at::Tensor grad_input = state.input.grad();
+        if (!grad_input.defined()) grad_input = torch::zeros_like(state.input);
+        p2p_->send(grad_input, stage_ - 1, Flow::kGradient);
+      }
+    }
+  }
+  if (p2p_) p2p_->wait_for_sends();
+  return total_loss;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,139 @@
+// Pipelined training must equal single-process training on the same initial weights and data:
+// every stage count, chunk count (with uneven micro-batches), checkpoint mode and schedule.
+// Tolerance: fp32, relative 1e-5 and absolute 1e-6 on every loss and parameter element (the only
+// difference allowed is the summation order of per-micro-batch gradients).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "pipetrain/cluster_environment.h"
+#include "pipetrain/pipe.h"
+#include "pipetrain/world.h"
+#include "support/multiprocess.h"
+#include "support/reference.h"
+
+namespace pipetrain::testing {
+namespace {
+
+constexpr uint64_t kSeed = 7;
+const std::vector<int64_t> kChunks = {1, 2, 3, 8};
+const std::vector<std::string> kModes = {"always", "except_last", "never"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
+
+std::string result_path(const std::string& dir, const std::string& run, int64_t rank) {
+  return dir + "/" + run + "_rank" + std::to_string(rank) + ".pt";
+}
+
+std::string run_name(int64_t stages, int64_t chunks, const std::string& mode,
+                     const std::string& schedule, double dropout) {
+  return "s" + std::to_string(stages) + "_c" + std::to_string(chunks) + "_" + mode + "_" +
+         schedule + (dropout > 0 ? "_dropout" : "");
+}
+
+// Trains kSteps through a Pipe and saves [losses (last stage), this stage's parameters...].
+void train_pipe(const std::shared_ptr<World>& world, const std::string& dir, int64_t chunks,
+                const std::string& mode, const std::string& schedule, double dropout) {
+  Pipe pipe(make_reference_model(kSeed, dropout),
+            PipeOptions().chunks(chunks).checkpoint(mode).schedule(schedule), world);
+  torch::manual_seed(99 + world->rank());  // dropout masks: the same for every mode
+  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
+  std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const auto [inputs, targets] = reference_batch(step);
+    optimizer.zero_grad();
+    auto loss =
+        pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
+          return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
+        });
+    optimizer.step();
+    if (loss.defined()) saved[0][step] = loss.item<double>();
+  }
+  for (const auto& p : pipe.parameters()) saved.push_back(p.detach());
+  torch::save(saved, result_path(dir, run_name(world->size(), chunks, mode, schedule, dropout),
+                                 world->rank()));
+}
+
+PIPETRAIN_WORKER(equivalence_worker) {
+  auto world = World::connect(*select_cluster_environment());
+  const std::string dir = env_or("RESULT_DIR", ".");
+  for (int64_t chunks : kChunks) {
+    for (const auto& mode : kModes) {
+      for (const auto& schedule : kSchedules) train_pipe(world, dir, chunks, mode, schedule, 0.0);
+    }
+  }
+  if (world->size() > 1) {
+    for (const auto& mode : kModes) {
+      for (const auto& schedule : kSchedules) train_pipe(world, dir, 3, mode, schedule, 0.5);
+    }
+  }
+}
+
+// Losses (from the last stage) and all parameters, in Sequential order, of one pipelined run.
+TrainingResult load_run(const std::string& dir, const std::string& run, int64_t stages) {
+  TrainingResult result;
+  for (int64_t rank = 0; rank < stages; ++rank) {
+    std::vector<at::Tensor> saved;
+    torch::load(saved, result_path(dir, run, rank));
+    if (rank == stages - 1) {
+      for (int64_t step = 0; step < kSteps; ++step) {
+        result.losses.push_back(saved[0][step].item<double>());
+      }
+    }
+    result.parameters.insert(result.parameters.end(), saved.begin() + 1, saved.end());
+  }
+  return result;
+}
+
+class PipeEquivalence : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(PipeEquivalence, MatchesSingleProcessForEveryChunkCountModeAndSchedule) {
+  const int64_t stages = GetParam();
+  const auto dir = make_temp_dir("pipe-equivalence");
+  ASSERT_EQ(run_ranks(static_cast<int>(stages), "equivalence_worker", {{"RESULT_DIR", dir}}), 0);
+
+  const auto expected = train_single_process(make_reference_model(kSeed));
+  for (int64_t chunks : kChunks) {
+    for (const auto& mode : kModes) {
+      for (const auto& schedule : kSchedules) {
+        const auto run = run_name(stages, chunks, mode, schedule, 0.0);
+        SCOPED_TRACE(run);
+        const auto actual = load_run(dir, run, stages);
+        ASSERT_EQ(actual.losses.size(), expected.losses.size());
+        for (size_t step = 0; step < expected.losses.size(); ++step) {
+          EXPECT_NEAR(actual.losses[step], expected.losses[step],
+                      1e-5 * std::abs(expected.losses[step]))
+              << "step " << step;
+        }
+        ASSERT_EQ(actual.parameters.size(), expected.parameters.size());
+        for (size_t i = 0; i < expected.parameters.size(); ++i) {
+          EXPECT_TRUE(torch::allclose(actual.parameters[i], expected.parameters[i], 1e-5, 1e-6))
+              << "parameter " << i << " differs by "
+              << (actual.parameters[i] - expected.parameters[i]).abs().max().item<double>();
+        }
+      }
+    }
+  }
+
+  if (stages > 1) {
+    // With dropout, recomputation replays the same masks: the modes agree exactly.
+    for (const auto& schedule : kSchedules) {
+      const auto never = load_run(dir, run_name(stages, 3, "never", schedule, 0.5), stages);
+      for (const auto& mode : {"always", "except_last"}) {
+        SCOPED_TRACE(std::string(mode) + " " + schedule);
+        const auto other = load_run(dir, run_name(stages, 3, mode, schedule, 0.5), stages);
+        EXPECT_EQ(other.losses, never.losses);
+        for (size_t i = 0; i < never.parameters.size(); ++i) {
+          EXPECT_TRUE(torch::equal(other.parameters[i], never.parameters[i])) << "parameter " << i;
+        }
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, PipeEquivalence, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "_stages"; });
+
+}  // namespace
+}  // namespace pipetrain::testing

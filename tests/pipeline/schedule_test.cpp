@@ -1,0 +1,281 @@
+// Pins down the exact action orders of GPipe and 1F1B and the behaviour of the cost-model replay.
+// The runtime executes these lists verbatim on every rank, so an order change here would silently
+// change memory use or deadlock a real run; these tests make such a change loud.
+#include "pipetrain/schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+namespace {
+
+// "0F0 0F1 0B0 ..." so expected orders read like the papers' diagrams.
+std::string stage_order(const Schedule& schedule, int64_t stage) {
+  std::string out;
+  for (const Action& a : schedule[stage]) {
+    if (!out.empty()) out += ' ';
+    out += action_name(stage, a);
+  }
+  return out;
+}
+
+// Inverse of stage_order for hand-made schedules: "F0 B0 F1" for one stage.
+std::vector<Action> parse(const std::string& text) {
+  std::vector<Action> actions;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] == ' ') {
+      ++i;
+      continue;
+    }
+    const Phase phase = text[i] == 'F' ? Phase::kForward : Phase::kBackward;
+    size_t end = text.find(' ', i);
+    if (end == std::string::npos) end = text.size();
+    actions.push_back({phase, std::stoll(text.substr(i + 1, end - i - 1))});
+    i = end;
+  }
+  return actions;
+}
+
+// Maximum over the step of (forwards run - backwards run) on one stage: how many micro-batches'
+// activations it has to hold at once.
+int64_t max_in_flight(const std::vector<Action>& actions) {
+  int64_t live = 0, peak = 0;
+  for (const Action& a : actions) {
+    live += a.phase == Phase::kForward ? 1 : -1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+TEST(ScheduleTest, ActionNameAndEquality) {
+  EXPECT_EQ(action_name(0, {Phase::kForward, 3}), "0F3");
+  EXPECT_EQ(action_name(12, {Phase::kBackward, 10}), "12B10");
+  EXPECT_EQ((Action{Phase::kForward, 1}), (Action{Phase::kForward, 1}));
+  EXPECT_NE((Action{Phase::kForward, 1}), (Action{Phase::kBackward, 1}));
+  EXPECT_NE((Action{Phase::kForward, 1}), (Action{Phase::kForward, 2}));
+}
+
+TEST(ScheduleTest, GPipeRunsAllForwardsThenBackwardsInReverse) {
+  const Schedule s = gpipe_schedule(2, 4);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(stage_order(s, 0), "0F0 0F1 0F2 0F3 0B3 0B2 0B1 0B0");
+  EXPECT_EQ(stage_order(s, 1), "1F0 1F1 1F2 1F3 1B3 1B2 1B1 1B0");
+}
+
+TEST(ScheduleTest, OneFOneBTwoStagesFourChunks) {
+  const Schedule s = one_f_one_b_schedule(2, 4);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(stage_order(s, 0), "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3");
+  EXPECT_EQ(stage_order(s, 1), "1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3");
+}
+
+TEST(ScheduleTest, OneFOneBFourStagesEightChunks) {
+  const Schedule s = one_f_one_b_schedule(4, 8);
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(stage_order(s, 0), "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 0B5 0B6 0B7");
+  EXPECT_EQ(stage_order(s, 1), "1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1F5 1B3 1F6 1B4 1F7 1B5 1B6 1B7");
+  EXPECT_EQ(stage_order(s, 2), "2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2F6 2B5 2F7 2B6 2B7");
+  EXPECT_EQ(stage_order(s, 3), "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7");
+}
+
+TEST(ScheduleTest, OneFOneBWithFewerChunksThanStagesIsAllForwardsThenBackwards) {
+  const Schedule s = one_f_one_b_schedule(4, 2);
+  EXPECT_EQ(stage_order(s, 0), "0F0 0F1 0B0 0B1");
+  EXPECT_EQ(stage_order(s, 2), "2F0 2F1 2B0 2B1");
+  EXPECT_EQ(stage_order(s, 3), "3F0 3B0 3F1 3B1");
+}
+
+TEST(ScheduleTest, MakeScheduleDispatchesByName) {
+  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b"}));
+  EXPECT_EQ(make_schedule("gpipe", 3, 5), gpipe_schedule(3, 5));
+  EXPECT_EQ(make_schedule("1f1b", 3, 5), one_f_one_b_schedule(3, 5));
+}
+
+TEST(ScheduleTest, UnknownNameListsKnownNames) {
+  EXPECT_THROW(make_schedule("interleaved", 2, 2), std::invalid_argument);
+  const std::string msg = error_of([] { make_schedule("interleaved", 2, 2); });
+  EXPECT_NE(msg.find("'interleaved'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gpipe, 1f1b"), std::string::npos) << msg;
+}
+
+TEST(ScheduleTest, RejectsInvalidStagesAndChunks) {
+  for (const auto& name : schedule_names()) {
+    EXPECT_THROW(make_schedule(name, 0, 4), std::invalid_argument) << name;
+    EXPECT_THROW(make_schedule(name, -1, 4), std::invalid_argument) << name;
+    EXPECT_THROW(make_schedule(name, 2, 0), std::invalid_argument) << name;
+    EXPECT_THROW(make_schedule(name, 2, -3), std::invalid_argument) << name;
+  }
+  EXPECT_NE(error_of([] { gpipe_schedule(0, 4); }).find("got 0"), std::string::npos);
+  EXPECT_NE(error_of([] { one_f_one_b_schedule(2, -3); }).find("got -3"), std::string::npos);
+  EXPECT_THROW(ActionCosts::uniform(0), std::invalid_argument);
+}
+
+TEST(ScheduleTest, UnitCostBubbleAndStepTimeMatchTheFormula) {
+  for (const auto& name : schedule_names()) {
+    for (int64_t p = 1; p <= 4; ++p) {
+      for (int64_t m : {1, 2, 3, 4, 8, 16}) {
+        SCOPED_TRACE(name + " p=" + std::to_string(p) + " m=" + std::to_string(m));
+        const Simulation sim = simulate(make_schedule(name, p, m), ActionCosts::uniform(p));
+        EXPECT_DOUBLE_EQ(sim.step_time, 2.0 * (m + p - 1));
+        EXPECT_NEAR(sim.bubble_fraction, double(p - 1) / double(m + p - 1), 1e-12);
+        ASSERT_EQ(sim.busy_time.size(), static_cast<size_t>(p));
+        ASSERT_EQ(sim.start_time.size(), static_cast<size_t>(p));
+        for (int64_t s = 0; s < p; ++s) {
+          EXPECT_DOUBLE_EQ(sim.busy_time[s], 2.0 * m);
+          EXPECT_EQ(sim.start_time[s].size(), static_cast<size_t>(2 * m));
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, OneFOneBBoundsActivationsInFlightWhileGPipeHoldsAll) {
+  for (int64_t p = 1; p <= 6; ++p) {
+    for (int64_t m : {1, 2, 3, 4, 8, 16}) {
+      const Schedule f1b1 = one_f_one_b_schedule(p, m);
+      const Schedule gpipe = gpipe_schedule(p, m);
+      for (int64_t s = 0; s < p; ++s) {
+        EXPECT_LE(max_in_flight(f1b1[s]), p - s) << "p=" << p << " m=" << m << " s=" << s;
+        EXPECT_EQ(max_in_flight(f1b1[s]), std::min(p - s, m));
+        EXPECT_EQ(max_in_flight(gpipe[s]), m);
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, StartTimesFollowDependencies) {
+  const Schedule s = one_f_one_b_schedule(2, 3);
+  const Simulation sim = simulate(s, ActionCosts::uniform(2));
+  // 0F0 0F1 0B0 0F2 0B1 0B2 on stage 0; 1F0 1B0 1F1 1B1 1F2 1B2 on stage 1.
+  EXPECT_EQ(sim.start_time[0], (std::vector<double>{0, 1, 3, 4, 5, 7}));
+  EXPECT_EQ(sim.start_time[1], (std::vector<double>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(ScheduleTest, TransferLatencyAddsToEveryHop) {
+  // GPipe's critical path crosses p-1 links on the way down and p-1 on the way back.
+  for (int64_t p = 1; p <= 4; ++p) {
+    for (int64_t m : {1, 4}) {
+      ActionCosts costs = ActionCosts::uniform(p);
+      costs.transfer = 0.5;
+      const Simulation sim = simulate(gpipe_schedule(p, m), costs);
+      EXPECT_DOUBLE_EQ(sim.step_time, 2.0 * (m + p - 1) + 2.0 * (p - 1) * 0.5);
+    }
+  }
+}
+
+TEST(ScheduleTest, UnevenCostsUseEachStagesOwnTimes) {
+  ActionCosts costs;
+  costs.forward = {1.0, 3.0};
+  costs.backward = {2.0, 6.0};
+  const Simulation sim = simulate(one_f_one_b_schedule(2, 2), costs);
+  EXPECT_EQ(sim.busy_time, (std::vector<double>{6.0, 18.0}));
+  // The slow stage 1 is busy from t=1 on: 1F0 1B0 1F1 1B1, then stage 0 finishes 0B1.
+  EXPECT_DOUBLE_EQ(sim.step_time, 1.0 + 18.0 + 2.0);
+  EXPECT_NEAR(sim.bubble_fraction, 1.0 - 24.0 / (2 * 21.0), 1e-12);
+}
+
+TEST(ScheduleTest, RejectsCostsThatDoNotMatchTheSchedule) {
+  const Schedule s = gpipe_schedule(3, 2);
+  EXPECT_THROW(simulate(s, ActionCosts::uniform(2)), std::invalid_argument);
+  ActionCosts negative = ActionCosts::uniform(3);
+  negative.backward[1] = -1.0;
+  EXPECT_NE(error_of([&] { simulate(s, negative); }).find("backward[1]"), std::string::npos);
+  EXPECT_THROW(simulate(Schedule{}, ActionCosts{}), std::invalid_argument);
+}
+
+TEST(ScheduleTest, FormatGPipeGrid) {
+  const std::string expected =
+      "        0    1    2    3    4    5\n"
+      "stage 0 0F0  0F1  .    .    0B1  0B0\n"
+      "stage 1 .    1F0  1F1  1B1  1B0  .\n";
+  EXPECT_EQ(format_schedule(gpipe_schedule(2, 2)), expected);
+}
+
+TEST(ScheduleTest, FormatOneFOneBGrid) {
+  const std::string expected =
+      "        0    1    2    3    4    5    6    7\n"
+      "stage 0 0F0  0F1  .    0B0  0F2  0B1  .    0B2\n"
+      "stage 1 .    1F0  1B0  1F1  1B1  1F2  1B2  .\n";
+  EXPECT_EQ(format_schedule(one_f_one_b_schedule(2, 3)), expected);
+}
+
+TEST(ScheduleTest, FormatWidensCellsForLongNames) {
+  const std::string grid = format_schedule(gpipe_schedule(1, 11));
+  EXPECT_EQ(grid.substr(0, grid.find('\n')),
+            "        0     1     2     3     4     5     6     7     8     9     10    11    12    "
+            "13    14    15    16    17    18    19    20    21");
+  EXPECT_NE(grid.find("stage 0 0F0   0F1   0F2   "), std::string::npos) << grid;
+  EXPECT_NE(grid.find("0F9   0F10  0B10  0B9   "), std::string::npos) << grid;
+}
+
+TEST(ScheduleTest, BackwardBeforeForwardDeadlocksWithMarkedGrid) {
+  Schedule s = gpipe_schedule(3, 2);
+  s[1] = parse("B0 F0 F1 B1");
+  EXPECT_THROW(simulate(s, ActionCosts::uniform(3)), std::runtime_error);
+  const std::string msg = error_of([&] { simulate(s, ActionCosts::uniform(3)); });
+  EXPECT_NE(msg.find("<-- ERROR HERE"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("stage 1 is stuck at 1B0, which waits for 2B0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("stage 1 .    .    | 1B0  1F0  1F1  1B1  <-- ERROR HERE\n"), std::string::npos)
+      << msg;
+  // format_schedule cannot draw a schedule that never finishes either.
+  EXPECT_THROW(format_schedule(s), std::runtime_error);
+}
+
+TEST(ScheduleTest, CrossStageOrderConflictBlamesTheWaitingStage) {
+  // Stage 2 wants 2F1 before 2B0, but stage 1 only sends F1 after it has run 1B0.
+  Schedule s(3);
+  s[0] = parse("F0 F1 B0 B1");
+  s[1] = parse("F0 B0 F1 B1");
+  s[2] = parse("F0 F1 B0 B1");
+  const std::string msg = error_of([&] { simulate(s, ActionCosts::uniform(3)); });
+  EXPECT_NE(msg.find("stage 1 is stuck at 1B0, which waits for 2B0 (stage 2 only gets to it after "
+                     "2F1, which is stuck)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("stage 0 0F0  0F1  .    | 0B0  0B1\n"
+                     "stage 1 .    1F0  .    | 1B0  1F1  1B1  <-- ERROR HERE\n"
+                     "stage 2 .    .    2F0  | 2F1  2B0  2B1\n"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(ScheduleTest, MissingOrRepeatedActionsAreReported) {
+  Schedule missing = one_f_one_b_schedule(2, 3);
+  missing[1].pop_back();  // drops 1B2
+  std::string msg = error_of([&] { simulate(missing, ActionCosts::uniform(2)); });
+  EXPECT_NE(msg.find("stage 1 has no 1B2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("<-- ERROR HERE"), std::string::npos) << msg;
+  EXPECT_THROW(simulate(missing, ActionCosts::uniform(2)), std::runtime_error);
+
+  Schedule repeated = gpipe_schedule(2, 2);
+  repeated[0][1] = {Phase::kForward, 0};
+  msg = error_of([&] { format_schedule(repeated); });
+  EXPECT_NE(msg.find("stage 0 runs 0F0 twice"), std::string::npos) << msg;
+
+  Schedule uneven = gpipe_schedule(2, 2);
+  uneven[1] = parse("F0 F1 F2 B2 B1 B0");  // stage 1 thinks there are 3 chunks
+  msg = error_of([&] { simulate(uneven, ActionCosts::uniform(2)); });
+  EXPECT_NE(msg.find("stage 0 has no 0F2"), std::string::npos) << msg;
+
+  Schedule huge = gpipe_schedule(1, 1);
+  huge[0][0].microbatch = int64_t{1} << 40;
+  EXPECT_THROW(simulate(huge, ActionCosts::uniform(1)), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace pipetrain
