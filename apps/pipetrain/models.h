@@ -13,7 +13,7 @@ namespace pipetrain::cli {
 
 struct ModelOptions {
   std::string name = "mlp";
-  double lr = 0.05;
+  double lr = 0.001;
   double dropout = 0.0;
 };
 

@@ -69,6 +69,7 @@ class Pipe {
   const Schedule& schedule() const { return schedule_; }
 
  private:
+  at::Tensor run_schedule(const at::Tensor& input, int64_t batch_size, const LossFn& loss_fn);
   at::Tensor run_stage(const at::Tensor& input, int64_t microbatch);
 
   PipeOptions options_;

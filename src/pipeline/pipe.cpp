@@ -80,6 +80,16 @@ at::Tensor Pipe::run_stage(const at::Tensor& input, int64_t microbatch) {
 
 at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
                                   const LossFn& loss_fn) {
+  try {
+    return run_schedule(input, batch_size, loss_fn);
+  } catch (const std::exception& e) {
+    // The other stages will only see this process vanish; tell them why.
+    world_->publish_error(error_message(e));
+    throw;
+  }
+}
+
+at::Tensor Pipe::run_schedule(const at::Tensor& input, int64_t batch_size, const LossFn& loss_fn) {
   // A batch smaller than `chunks` (an epoch's last) runs as one-sample micro-batches.
   const int64_t chunks = std::min(options_.chunks(), batch_size);
   const auto microbatches = split_microbatches(batch_size, chunks);

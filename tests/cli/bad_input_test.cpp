@@ -1,0 +1,147 @@
+// Bad input ends the run: a non-zero exit within 60 s and a message naming the value (or the rank)
+// and what to do. Nothing hangs.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "pipetrain/cluster_environment.h"
+#include "pipetrain/launcher.h"
+#include "pipetrain/pipe.h"
+#include "pipetrain/world.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain::testing {
+namespace {
+
+constexpr auto kLimit = std::chrono::seconds(60);
+
+CommandResult fit(std::vector<std::string> flags) {
+  std::vector<std::string> argv{PIPETRAIN_CLI,
+                                "fit",
+                                "--model",
+                                "mlp",
+                                "--max-steps",
+                                "3",
+                                "--default-root-dir",
+                                make_temp_dir("bad-input")};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return run_command(argv, {}, kLimit);
+}
+
+void expect_failure_mentioning(const CommandResult& result, const std::vector<std::string>& parts) {
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.exit_code, 137) << "timed out:\n" << result.output;
+  EXPECT_LT(result.seconds, kLimit.count());
+  for (const auto& part : parts) {
+    EXPECT_NE(result.output.find(part), std::string::npos) << "expected '" << part << "' in:\n"
+                                                           << result.output;
+  }
+}
+
+TEST(BadInput, BalanceSummingToTheWrongLength) {
+  expect_failure_mentioning(fit({"--strategy", "pipe", "--devices", "2", "--balance", "3,3"}),
+                            {"balance 3,3 sums to 6", "15 layers"});
+}
+
+TEST(BadInput, BalanceWithAZeroOrNegativeEntry) {
+  expect_failure_mentioning(fit({"--strategy", "pipe", "--devices", "2", "--balance", "0,15"}),
+                            {"stage 0 0 layers"});
+  expect_failure_mentioning(fit({"--strategy", "pipe", "--devices", "2", "--balance=-1,16"}),
+                            {"stage 0 -1 layers"});
+}
+
+TEST(BadInput, DevicesDisagreeingWithTheBalance) {
+  expect_failure_mentioning(fit({"--strategy", "pipe", "--devices", "3", "--balance", "7,8"}),
+                            {"devices (3) disagrees with balance 7,8"});
+}
+
+TEST(BadInput, ChunksLargerThanTheBatch) {
+  expect_failure_mentioning(
+      fit({"--strategy", "pipe", "--devices", "2", "--chunks", "8", "--batch-size", "4"}),
+      {"chunks (8) is larger than the batch size (4)"});
+}
+
+TEST(BadInput, UnknownStrategyListsTheRegisteredOnes) {
+  expect_failure_mentioning(fit({"--strategy", "dpp"}),
+                            {"unknown strategy 'dpp'", "pipe", "single"});
+}
+
+TEST(BadInput, UnknownCheckpointMode) {
+  expect_failure_mentioning(fit({"--strategy", "pipe", "--checkpoint", "sometimes"}),
+                            {"unknown checkpoint mode 'sometimes'", "except_last"});
+}
+
+TEST(BadInput, UnknownSchedule) {
+  expect_failure_mentioning(fit({"--strategy", "pipe", "--schedule", "zigzag"}),
+                            {"zigzag", "gpipe", "1f1b"});
+}
+
+TEST(BadInput, SingleOnTwoDevices) {
+  expect_failure_mentioning(fit({"--strategy", "single", "--devices", "2"}),
+                            {"strategy 'single' runs on one device"});
+}
+
+// Stage 0 ends in Linear(4, 8) but stage 1 starts with Linear(16, 2).
+PIPETRAIN_WORKER(mismatched_stages) {
+  auto world = World::connect(*select_cluster_environment(), std::chrono::seconds(30));
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::Linear(16, 2));
+  Pipe pipe(model, PipeOptions().balance({1, 1}).chunks(2), world);
+  pipe.forward_backward(torch::randn({6, 4}), 6,
+                        [](const at::Tensor& out, const MicroBatch&) { return out.sum(); });
+}
+
+TEST(BadInput, StageOutputTheNextStageCannotTake) {
+  const auto result = run_command({"/proc/self/exe"},
+                                  {{"PIPETRAIN_TEST_WORKER", "launch_mismatched_stages"}}, kLimit);
+  expect_failure_mentioning(result, {"stage 1", "[3, 8]", "from stage 0", "Check --balance"});
+}
+
+PIPETRAIN_WORKER(launch_mismatched_stages) { std::exit(run_ranks(2, "mismatched_stages")); }
+
+// Two ranks started as torchrun would start them; rank 1 is killed mid-run.
+TEST(BadInput, PeerKilledMidStep) {
+  const auto root = make_temp_dir("killed-peer");
+  const std::vector<std::string> argv{PIPETRAIN_CLI,
+                                      "fit",
+                                      "--model",
+                                      "mlp",
+                                      "--strategy",
+                                      "pipe",
+                                      "--devices",
+                                      "2",
+                                      "--chunks",
+                                      "4",
+                                      "--max-epochs",
+                                      "100000",
+                                      "--log-every-n-steps",
+                                      "1",
+                                      "--default-root-dir",
+                                      root};
+  std::map<std::string, std::string> env{{"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", std::to_string(find_free_port())},
+                                         {"WORLD_SIZE", "2"},
+                                         {"OMP_NUM_THREADS", "1"}};
+  env["RANK"] = env["LOCAL_RANK"] = "0";
+  const auto rank0 = start_command(argv, env);
+  env["RANK"] = env["LOCAL_RANK"] = "1";
+  const auto rank1 = start_command(argv, env);
+
+  const auto deadline = std::chrono::steady_clock::now() + kLimit;
+  while (read_output(rank0).find("step 20 ") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_NE(read_output(rank0).find("step 20 "), std::string::npos) << read_output(rank0);
+  kill(rank1.pid, SIGKILL);
+  wait_command(rank1, kLimit);
+  const auto killed_at = std::chrono::steady_clock::now();
+  const auto result = wait_command(rank0, kLimit);
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, kLimit);
+  expect_failure_mentioning(result, {"rank 0", "from rank 1"});
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
