@@ -1,0 +1,137 @@
+// The Trainer under `single`, a user-registered strategy, and logging reductions.
+#include "pipetrain/trainer.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "pipetrain/module.h"
+#include "pipetrain/strategy.h"
+#include "pipetrain/world.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain {
+namespace {
+
+class Regression : public Module {
+ public:
+  Regression()
+      : Module(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(),
+                                     torch::nn::Linear(8, 1))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    log("train_loss", loss);
+    log("rows", static_cast<double>(batch.data.size(0)));
+    return loss;
+  }
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+
+TensorDataset regression_data() {
+  torch::manual_seed(11);
+  auto x = torch::randn({40, 3});
+  return {x, x.sum(1, true)};
+}
+
+TEST(LoggedMetrics, ReducesToTheSampleWeightedMean) {
+  LoggedMetrics metrics;
+  metrics.add("loss", torch::tensor(1.0), 3);
+  metrics.add("loss", torch::tensor(3.0), 1);
+  EXPECT_DOUBLE_EQ(metrics.means().at("loss"), 1.5);
+  EXPECT_THROW(metrics.add("loss", torch::ones({2}), 1), std::invalid_argument);
+}
+
+TEST(Trainer, SingleStrategyLearnsAndLogsEveryStep) {
+  const auto root = testing::make_temp_dir("trainer");
+  Trainer trainer(TrainerOptions()
+                      .max_epochs(3)
+                      .log_every_n_steps(1)
+                      .default_root_dir(root)
+                      .enable_progress_bar(false));
+  Regression model;
+  DataLoader loader(regression_data(), DataLoaderOptions().batch_size(8).shuffle(true));
+  trainer.fit(model, loader);
+  EXPECT_EQ(trainer.global_step(), 15);
+  const auto losses = testing::read_csv_column(trainer.log_dir() + "/metrics.csv", "train_loss");
+  ASSERT_EQ(losses.size(), 15u);
+  EXPECT_LT(losses.back(), losses.front());
+  const auto epochs = testing::read_csv_column(trainer.log_dir() + "/metrics.csv", "epoch");
+  EXPECT_EQ(epochs.front(), 0);
+  EXPECT_EQ(epochs.back(), 2);
+  std::filesystem::remove_all(root);
+}
+
+TEST(Trainer, MaxStepsStopsMidEpochAndLogEveryNStepsFollowsLightning) {
+  const auto root = testing::make_temp_dir("trainer");
+  Trainer trainer(
+      TrainerOptions().max_steps(7).log_every_n_steps(3).default_root_dir(root).enable_progress_bar(
+          false));
+  Regression model;
+  DataLoader loader(regression_data(), DataLoaderOptions().batch_size(8));
+  trainer.fit(model, loader);
+  EXPECT_EQ(trainer.global_step(), 7);
+  // Lightning logs when (step + 1) % n == 0: steps 2 and 5.
+  EXPECT_EQ(testing::read_csv_column(trainer.log_dir() + "/metrics.csv", "step"),
+            (std::vector<double>{2, 5}));
+  std::filesystem::remove_all(root);
+}
+
+// A strategy of the user's own: single-process, but it counts its steps.
+int64_t counted_steps = 0;
+class CountingStrategy : public Strategy {
+ public:
+  int64_t world_size() const override { return 1; }
+  void setup(Module& module, std::shared_ptr<World>) override {
+    module.place([&module](const at::Tensor& x) { return module.layers()->forward(x); },
+                 module.layers());
+  }
+  void training_step(Module& module, const Batch& batch, int64_t batch_idx,
+                     LoggedMetrics& metrics) override {
+    ++counted_steps;
+    module.set_log_target(&metrics, batch.data.size(0));
+    module.training_step(batch, batch_idx).backward();
+    module.set_log_target(nullptr, 0);
+  }
+  std::map<std::string, double> reduce_metrics(const LoggedMetrics& metrics) override {
+    return metrics.means();
+  }
+  std::string describe() const override { return "counting"; }
+};
+
+TEST(StrategyRegistry, UserStrategiesAreChosenByName) {
+  register_strategy("counting",
+                    [](const TrainerOptions&) { return std::make_unique<CountingStrategy>(); });
+  const auto names = strategy_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "counting"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "pipe"), names.end());
+
+  const auto root = testing::make_temp_dir("trainer");
+  Trainer trainer(TrainerOptions()
+                      .strategy("counting")
+                      .max_steps(4)
+                      .default_root_dir(root)
+                      .enable_progress_bar(false));
+  Regression model;
+  trainer.fit(model, DataLoader(regression_data(), DataLoaderOptions().batch_size(8)));
+  EXPECT_EQ(counted_steps, 4);
+  std::filesystem::remove_all(root);
+}
+
+TEST(StrategyRegistry, UnknownNameListsTheRegisteredOnes) {
+  try {
+    Trainer trainer(TrainerOptions().strategy("dpp"));
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown strategy 'dpp': registered strategies are "),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("pipe, single"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain
