@@ -1,0 +1,45 @@
+// A user's own model trained as a two-stage pipeline. The step code is the same under every
+// strategy: no stage checks, and log() just works.
+//   ./train_regression            # pipetrain starts both ranks itself
+//   torchrun --nproc-per-node 2 ./train_regression
+#include <pipetrain/module.h>
+#include <pipetrain/trainer.h>
+#include <torch/torch.h>
+
+#include <iostream>
+
+class Regression : public pipetrain::Module {
+ public:
+  Regression()
+      : Module(torch::nn::Sequential(torch::nn::Linear(4, 32), torch::nn::Tanh(),
+                                     torch::nn::Linear(32, 32), torch::nn::Tanh(),
+                                     torch::nn::Linear(32, 1))) {}
+
+  at::Tensor training_step(const pipetrain::Batch& batch, int64_t) override {
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    log("train_loss", loss);
+    return loss;
+  }
+
+  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
+    return std::make_unique<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-2));
+  }
+};
+
+int main(int argc, char** argv) {
+  const std::string root = argc > 1 ? argv[1] : ".";
+  pipetrain::Trainer trainer(pipetrain::TrainerOptions()
+                                 .strategy("pipe")
+                                 .devices(2)
+                                 .pipe(pipetrain::PipeOptions().chunks(4).schedule("1f1b"))
+                                 .max_epochs(5)
+                                 .log_every_n_steps(10)
+                                 .default_root_dir(root));
+  Regression model;  // after the Trainer: it seeded the generator on every rank
+
+  torch::manual_seed(0);
+  auto x = torch::randn({512, 4});
+  pipetrain::TensorDataset data{x, (x * torch::tensor({1.0, -2.0, 0.5, 3.0})).sum(1, true)};
+  trainer.fit(model, pipetrain::DataLoader(data, pipetrain::DataLoaderOptions().batch_size(32)));
+  return 0;
+}
