@@ -1,26 +1,34 @@
-// `pipetrain`: trains a built-in model with any strategy, so a first run needs no code.
-//   pipetrain fit --model mlp --strategy pipe --devices 2 --chunks 4
+// `pipetrain`: trains, validates, tests and predicts with a built-in model under any strategy, so
+// a first run needs no code.
+//   pipetrain fit --model gpt --strategy pipe --devices 2 --chunks 4
+//   pipetrain predict --model gpt --ckpt-path last --prompt "The "
+// Every flag has an environment variable (PIPETRAIN_<FLAG>) and a key in --config FILE (JSON);
+// the command line wins over the environment, which wins over the config file.
 #include <CLI/CLI.hpp>
 
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include <pipetrain/checkpoint_io.h>
+#include <pipetrain/early_stopping.h>
 #include <pipetrain/error.h>
-#include <pipetrain/strategy.h>
+#include <pipetrain/lr_monitor.h>
+#include <pipetrain/model_checkpoint.h>
+#include <pipetrain/module.h>
 #include <pipetrain/trainer.h>
 
-#include "models.h"
+#include "models/models.h"
 
 namespace {
 
-std::string join(const std::vector<std::string>& names, const char* sep) {
-  std::ostringstream out;
-  for (size_t i = 0; i < names.size(); ++i) out << (i ? sep : "") << names[i];
-  return out.str();
-}
+using pipetrain::BatchLimit;
 
-struct FitArgs {
+struct Args {
   pipetrain::cli::ModelOptions model;
   std::string strategy = "single";
   int64_t devices = 1;
@@ -29,69 +37,268 @@ struct FitArgs {
   std::string checkpoint = "except_last";
   std::string schedule = "gpipe";
   int64_t max_epochs = 1000;
+  int64_t min_epochs = 0;
   int64_t max_steps = -1;
+  double max_time = 0;
+  std::string limit_train_batches = "1.0";
+  std::string limit_val_batches = "1.0";
+  std::string limit_test_batches = "1.0";
+  std::string limit_predict_batches = "1.0";
+  std::string val_check_interval = "1.0";
+  int64_t check_val_every_n_epoch = 1;
+  int64_t num_sanity_val_steps = 2;
+  int64_t accumulate_grad_batches = 1;
+  double gradient_clip_val = 0;
+  std::string gradient_clip_algorithm = "norm";
+  int64_t fast_dev_run = 0;
+  bool deterministic = false;
+  bool enable_progress_bar = true;
+  bool enable_checkpointing = true;
+  int64_t log_every_n_steps = 50;
+  std::string precision = "32-true";
+  std::vector<std::string> logger{"csv", "tensorboard"};
   int64_t batch_size = 32;
   uint64_t seed = 0;
   std::string default_root_dir = ".";
-  int64_t log_every_n_steps = 50;
+  int64_t timeout = 300;
+  std::string ckpt_path;
+  std::string monitor;
+  std::string mode = "min";
+  int64_t save_top_k = 1;
+  bool save_last = true;
+  int64_t every_n_train_steps = 0;
+  int64_t early_stopping_patience = 0;
+  std::string prompt = "The ";
+  int64_t max_new_tokens = 200;
+  double temperature = 0.8;
+  std::string config;
 };
 
-void add_fit_options(CLI::App& fit, FitArgs& args) {
-  fit.add_option("--model", args.model.name,
-                 "built-in model: " + join(pipetrain::cli::model_names(), ", "))
-      ->envname("PIPETRAIN_MODEL");
-  fit.add_option("--strategy", args.strategy,
-                 "how to place the model: single, pipe, or a registered name")
-      ->envname("PIPETRAIN_STRATEGY");
-  fit.add_option("--devices", args.devices, "processes to run on; under pipe, the number of stages")
-      ->envname("PIPETRAIN_DEVICES");
-  fit.add_option("--balance", args.balance,
-                 "layers per stage, e.g. 2,2 (default: by parameter count)")
-      ->delimiter(',')
-      ->envname("PIPETRAIN_BALANCE");
-  fit.add_option("--chunks", args.chunks, "micro-batches per batch")->envname("PIPETRAIN_CHUNKS");
-  fit.add_option("--checkpoint", args.checkpoint,
-                 "activation checkpointing: always, except_last, never")
-      ->envname("PIPETRAIN_CHECKPOINT");
-  fit.add_option("--schedule", args.schedule, "pipeline schedule: gpipe, 1f1b")
-      ->envname("PIPETRAIN_SCHEDULE");
-  fit.add_option("--max-epochs", args.max_epochs, "stop after this many epochs")
-      ->envname("PIPETRAIN_MAX_EPOCHS");
-  fit.add_option("--max-steps", args.max_steps,
-                 "stop after this many optimizer steps (-1: no limit)")
-      ->envname("PIPETRAIN_MAX_STEPS");
-  fit.add_option("--batch-size", args.batch_size, "samples per step (split into --chunks)")
-      ->envname("PIPETRAIN_BATCH_SIZE");
-  fit.add_option("--lr", args.model.lr, "learning rate")->envname("PIPETRAIN_LR");
-  fit.add_option("--dropout", args.model.dropout, "dropout probability between mlp layers")
-      ->envname("PIPETRAIN_DROPOUT");
-  fit.add_option("--seed", args.seed, "seed for initial weights and shuffling")
-      ->envname("PIPETRAIN_SEED");
-  fit.add_option("--default-root-dir", args.default_root_dir, "where lightning_logs/ goes")
-      ->envname("PIPETRAIN_DEFAULT_ROOT_DIR");
-  fit.add_option("--log-every-n-steps", args.log_every_n_steps, "log metrics every K steps")
-      ->envname("PIPETRAIN_LOG_EVERY_N_STEPS");
+std::string join(const std::vector<std::string>& names, const char* sep) {
+  std::ostringstream out;
+  for (size_t i = 0; i < names.size(); ++i) out << (i ? sep : "") << names[i];
+  return out.str();
 }
 
-int run_fit(const FitArgs& args) {
-  pipetrain::Trainer trainer(pipetrain::TrainerOptions()
-                                 .strategy(args.strategy)
-                                 .devices(args.devices)
-                                 .pipe(pipetrain::PipeOptions()
-                                           .balance(args.balance)
-                                           .chunks(args.chunks)
-                                           .checkpoint(args.checkpoint)
-                                           .schedule(args.schedule))
-                                 .max_epochs(args.max_epochs)
-                                 .max_steps(args.max_steps)
-                                 .seed(args.seed)
-                                 .default_root_dir(args.default_root_dir)
-                                 .log_every_n_steps(args.log_every_n_steps));
-  auto model = pipetrain::cli::make_model(args.model);
-  pipetrain::DataLoader loader(
-      pipetrain::cli::make_train_data(args.model.name),
-      pipetrain::DataLoaderOptions().batch_size(args.batch_size).shuffle(true).seed(args.seed));
-  trainer.fit(*model, loader);
+// "--max-epochs" -> "PIPETRAIN_MAX_EPOCHS".
+std::string env_name(const std::string& flag) {
+  std::string name = "PIPETRAIN_";
+  for (char c : flag.substr(2)) name += c == '-' ? '_' : static_cast<char>(std::toupper(c));
+  return name;
+}
+
+// The flags of every subcommand, declared once.
+void add_flags(CLI::App& app, Args& a) {
+  auto add = [&](const std::string& flag, auto& value, const std::string& help) {
+    return app.add_option(flag, value, help)->envname(env_name(flag));
+  };
+  add("--config", a.config, "JSON file of flag values (keys as the flags, e.g. \"max_epochs\")");
+  add("--model", a.model.name, "built-in model: " + join(pipetrain::cli::model_names(), ", "));
+  add("--lr", a.model.lr, "learning rate");
+  add("--dropout", a.model.dropout, "dropout probability inside the model");
+  add("--corpus", a.model.corpus,
+      "gpt: a text file to train on (default: /usr/share/common-licenses)");
+  add("--strategy", a.strategy, "how to place the model: single, pipe, or a registered name");
+  add("--devices", a.devices, "processes to run on; under pipe, the number of stages");
+  add("--balance", a.balance, "layers per stage, e.g. 2,2 (default: by parameter count)")
+      ->delimiter(',');
+  add("--chunks", a.chunks, "micro-batches per batch");
+  add("--checkpoint", a.checkpoint, "activation checkpointing: always, except_last, never");
+  add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b");
+  add("--max-epochs", a.max_epochs, "stop after this many epochs");
+  add("--min-epochs", a.min_epochs, "train at least this many epochs, even if asked to stop");
+  add("--max-steps", a.max_steps, "stop after this many optimizer steps (-1: no limit)");
+  add("--max-time", a.max_time, "stop after this many seconds of training (0: no limit)");
+  add("--limit-train-batches", a.limit_train_batches, "batches per epoch: a count or a fraction");
+  add("--limit-val-batches", a.limit_val_batches, "validation batches: a count or a fraction");
+  add("--limit-test-batches", a.limit_test_batches, "test batches: a count or a fraction");
+  add("--limit-predict-batches", a.limit_predict_batches, "predict batches: count or fraction");
+  add("--val-check-interval", a.val_check_interval,
+      "validate every this many batches, or this fraction of an epoch");
+  add("--check-val-every-n-epoch", a.check_val_every_n_epoch, "validate every N epochs");
+  add("--num-sanity-val-steps", a.num_sanity_val_steps, "validation batches run before training");
+  add("--accumulate-grad-batches", a.accumulate_grad_batches, "batches per optimizer step");
+  add("--gradient-clip-val", a.gradient_clip_val, "clip gradients at this value (0: off)");
+  add("--gradient-clip-algorithm", a.gradient_clip_algorithm,
+      "norm (global norm over all stages) or value");
+  add("--fast-dev-run", a.fast_dev_run, "run N batches of each loop, no logs or checkpoints");
+  add("--deterministic", a.deterministic, "use deterministic algorithms only");
+  add("--enable-progress-bar", a.enable_progress_bar, "show progress (rank 0)");
+  add("--enable-checkpointing", a.enable_checkpointing, "save checkpoint files");
+  add("--log-every-n-steps", a.log_every_n_steps, "log metrics every K steps");
+  add("--precision", a.precision, "32-true or bf16-mixed");
+  add("--logger", a.logger, "loggers: csv, tensorboard (comma-separated; none: no logs)")
+      ->delimiter(',');
+  add("--batch-size", a.batch_size, "samples per step (split into --chunks)");
+  add("--seed", a.seed, "seed for initial weights and shuffling");
+  add("--default-root-dir", a.default_root_dir, "where lightning_logs/ goes");
+  add("--timeout", a.timeout, "seconds to wait for another rank before failing");
+  add("--ckpt-path", a.ckpt_path, "checkpoint to resume from or evaluate: a path, or last");
+  add("--monitor", a.monitor, "metric that picks the best checkpoints (default: by recency)");
+  add("--mode", a.mode, "min or max: which way --monitor improves");
+  add("--save-top-k", a.save_top_k, "best checkpoints to keep (-1: all)");
+  add("--save-last", a.save_last, "also keep last.ckpt");
+  add("--every-n-train-steps", a.every_n_train_steps, "checkpoint every N steps (0: per epoch)");
+  add("--early-stopping-patience", a.early_stopping_patience,
+      "stop when --monitor has not improved for N validations (0: off)");
+  add("--prompt", a.prompt, "predict, gpt: text to continue");
+  add("--max-new-tokens", a.max_new_tokens, "predict, gpt: characters to generate");
+  add("--temperature", a.temperature, "predict, gpt: sampling temperature");
+}
+
+// Values from --config become the defaults, so the environment and the command line override them.
+void apply_config(CLI::App& app, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("--config " + path + ": cannot read the file");
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument("--config " + path + " is not valid JSON: " + e.what());
+  }
+  if (!json.is_object()) throw std::invalid_argument("--config " + path + " must hold an object");
+  for (const auto& [key, value] : json.items()) {
+    std::string flag = "--" + key;
+    for (auto& c : flag) c = c == '_' ? '-' : c;
+    CLI::Option* option = nullptr;
+    try {
+      option = app.get_option(flag);
+    } catch (const CLI::OptionNotFound&) {
+      throw std::invalid_argument("--config " + path + ": unknown key '" + key + "'");
+    }
+    std::string text;
+    if (value.is_string()) {
+      text = value.get<std::string>();
+    } else if (value.is_array()) {
+      for (size_t i = 0; i < value.size(); ++i) {
+        text +=
+            (i ? "," : "") + (value[i].is_string() ? value[i].get<std::string>() : value[i].dump());
+      }
+    } else {
+      text = value.dump();
+    }
+    option->default_str(text);
+    option->default_val(text);
+  }
+}
+
+// The --config path, before the real parse (so its values can become defaults).
+std::string find_config(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--config" && i + 1 < argc) return argv[i + 1];
+    if (arg.rfind("--config=", 0) == 0) return arg.substr(9);
+  }
+  const char* env = std::getenv("PIPETRAIN_CONFIG");
+  return env ? env : "";
+}
+
+pipetrain::TrainerOptions trainer_options(const Args& a) {
+  std::vector<std::string> loggers;
+  for (const auto& name : a.logger) {
+    if (name != "none") loggers.push_back(name);
+  }
+  std::vector<std::shared_ptr<pipetrain::Callback>> callbacks;
+  if (a.enable_checkpointing) {
+    callbacks.push_back(std::make_shared<pipetrain::ModelCheckpoint>(
+        pipetrain::ModelCheckpointOptions()
+            .monitor(a.monitor)
+            .mode(a.mode)
+            .save_top_k(a.save_top_k)
+            .save_last(a.save_last)
+            .every_n_train_steps(a.every_n_train_steps)));
+  }
+  if (a.early_stopping_patience > 0) {
+    callbacks.push_back(std::make_shared<pipetrain::EarlyStopping>(
+        pipetrain::EarlyStoppingOptions()
+            .monitor(a.monitor.empty() ? "val_loss" : a.monitor)
+            .mode(a.mode)
+            .patience(a.early_stopping_patience)));
+  }
+  if (!loggers.empty()) callbacks.push_back(std::make_shared<pipetrain::LearningRateMonitor>());
+  return pipetrain::TrainerOptions()
+      .strategy(a.strategy)
+      .devices(a.devices)
+      .pipe(pipetrain::PipeOptions()
+                .balance(a.balance)
+                .chunks(a.chunks)
+                .checkpoint(a.checkpoint)
+                .schedule(a.schedule))
+      .max_epochs(a.max_epochs)
+      .min_epochs(a.min_epochs)
+      .max_steps(a.max_steps)
+      .max_time(a.max_time)
+      .limit_train_batches(BatchLimit::parse(a.limit_train_batches))
+      .limit_val_batches(BatchLimit::parse(a.limit_val_batches))
+      .limit_test_batches(BatchLimit::parse(a.limit_test_batches))
+      .limit_predict_batches(BatchLimit::parse(a.limit_predict_batches))
+      .val_check_interval(BatchLimit::parse(a.val_check_interval))
+      .check_val_every_n_epoch(a.check_val_every_n_epoch)
+      .num_sanity_val_steps(a.num_sanity_val_steps)
+      .accumulate_grad_batches(a.accumulate_grad_batches)
+      .gradient_clip_val(a.gradient_clip_val)
+      .gradient_clip_algorithm(a.gradient_clip_algorithm)
+      .fast_dev_run(a.fast_dev_run)
+      .deterministic(a.deterministic)
+      .enable_progress_bar(a.enable_progress_bar)
+      .enable_checkpointing(a.enable_checkpointing)
+      .log_every_n_steps(a.log_every_n_steps)
+      .precision(a.precision)
+      .loggers(loggers)
+      .callbacks(callbacks)
+      .seed(a.seed)
+      .default_root_dir(a.default_root_dir)
+      .timeout_seconds(a.timeout);
+}
+
+pipetrain::DataLoader loader(const pipetrain::TensorDataset& data, const Args& a, bool shuffle) {
+  return pipetrain::DataLoader(
+      data, pipetrain::DataLoaderOptions().batch_size(a.batch_size).shuffle(shuffle).seed(a.seed));
+}
+
+void print_metrics(const pipetrain::Trainer& trainer, const std::string& title,
+                   const std::map<std::string, double>& metrics) {
+  std::ostringstream out;
+  out << title << ":";
+  for (const auto& [name, value] : metrics) out << " " << name << "=" << value;
+  if (!trainer.options().loggers().empty()) out << " (metrics.csv in " << trainer.log_dir() << ")";
+  trainer.print(out.str());
+}
+
+int run(const std::string& command, const Args& a) {
+  pipetrain::Trainer trainer(trainer_options(a));
+  auto model = pipetrain::cli::make_model(a.model);
+  if (command == "fit") {
+    const auto val = loader(model.val, a, false);
+    trainer.fit(*model.module, loader(model.train, a, true), &val, a.ckpt_path);
+  } else if (command == "validate") {
+    print_metrics(trainer, "validate",
+                  trainer.validate(*model.module, loader(model.val, a, false), a.ckpt_path));
+  } else if (command == "test") {
+    print_metrics(trainer, "test",
+                  trainer.test(*model.module, loader(model.val, a, false), a.ckpt_path));
+  } else if (model.vocabulary) {
+    // Sampling is one forward per character: rank 0 runs the whole loaded model itself.
+    if (trainer.is_global_zero()) {
+      if (!a.ckpt_path.empty()) {
+        const auto path = trainer.resolve_checkpoint(a.ckpt_path);
+        auto layers = model.module->layers();
+        pipetrain::load_weights(layers, pipetrain::read_checkpoint_weights(path),
+                                pipetrain::checkpoint_weights_path(path));
+      }
+      std::cout << pipetrain::cli::generate(model.module->layers(), *model.vocabulary, a.prompt,
+                                            a.max_new_tokens, a.temperature, a.seed)
+                << std::endl;
+    }
+  } else {
+    const auto outputs = trainer.predict(*model.module, loader(model.val, a, false), a.ckpt_path);
+    if (trainer.is_global_zero()) {
+      const auto all = torch::cat(outputs);
+      std::cout << "predicted " << all.size(0)
+                << " rows; first: " << all.slice(0, 0, std::min<int64_t>(8, all.size(0))).flatten()
+                << std::endl;
+    }
+  }
   return 0;
 }
 
@@ -102,17 +309,36 @@ int main(int argc, char** argv) {
       "pipetrain: train LibTorch Sequential models on one device or split into a pipeline"};
   app.option_defaults()->always_capture_default();
   app.require_subcommand(1);
-  FitArgs fit_args;
-  CLI::App* fit = app.add_subcommand("fit", "train a built-in model");
-  add_fit_options(*fit, fit_args);
+  Args args;
+  const std::vector<std::pair<std::string, std::string>> commands{
+      {"fit", "train a built-in model"},
+      {"validate", "evaluate on the validation data"},
+      {"test", "evaluate on the test data"},
+      {"predict", "predict (gpt: generate text from --prompt)"}};
+  std::map<std::string, CLI::App*> subcommands;
+  for (const auto& [name, help] : commands) {
+    subcommands[name] = app.add_subcommand(name, help);
+    add_flags(*subcommands[name], args);
+  }
+  const char* rank = std::getenv("RANK");
+  const std::string who = rank ? std::string("rank ") + rank + ": " : "";
+  try {
+    const std::string config = find_config(argc, argv);
+    if (!config.empty()) {
+      for (auto& [name, sub] : subcommands) apply_config(*sub, config);
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "pipetrain: error: " << who << e.what() << std::endl;
+    return 2;
+  }
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (fit->parsed()) return run_fit(fit_args);
+    for (const auto& [name, sub] : subcommands) {
+      if (sub->parsed()) return run(name, args);
+    }
   } catch (const std::exception& e) {
-    const char* rank = std::getenv("RANK");
-    std::cerr << "pipetrain: error: " << (rank ? std::string("rank ") + rank + ": " : "")
-              << pipetrain::error_message(e) << std::endl;
+    std::cerr << "pipetrain: error: " << who << pipetrain::error_message(e) << std::endl;
     return 1;
   }
   return 0;

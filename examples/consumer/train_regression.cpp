@@ -21,7 +21,7 @@ class Regression : public pipetrain::Module {
     return loss;
   }
 
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
+  pipetrain::OptimizerConfig configure_optimizers() override {
     return std::make_unique<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(1e-2));
   }
 };

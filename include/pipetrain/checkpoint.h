@@ -25,6 +25,10 @@ int64_t checkpoint_stop(CheckpointMode mode, int64_t chunks);
 class RngState {
  public:
   static RngState capture();
+  static RngState from(at::Tensor cpu_state);
+  const at::Tensor& cpu_state() const { return cpu_state_; }
+  // Sets the generator to this state.
+  void restore() const;
   // Runs `fn` with the generator as captured, then puts the generator back as it was before.
   template <typename Fn>
   auto replay(Fn&& fn) const {
@@ -38,7 +42,6 @@ class RngState {
   }
 
  private:
-  void restore() const;
   at::Tensor cpu_state_;
 };
 

@@ -5,24 +5,29 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "pipetrain/logger.h"
+
 namespace pipetrain {
 
-class CSVLogger {
+class CSVLogger : public Logger {
  public:
-  // Picks the next free version_<N> under <root_dir>/<name>.
-  explicit CSVLogger(std::string root_dir, std::string name = "lightning_logs");
+  // Writes into version_<version> under <root_dir>/<name>; the next free one when unset.
+  explicit CSVLogger(const std::string& root_dir, const std::string& name = "lightning_logs",
+                     std::optional<int64_t> version = std::nullopt);
 
-  const std::string& log_dir() const { return log_dir_; }
+  std::string name() const override { return "csv"; }
+  std::string log_dir() const override { return log_dir_; }
   std::string metrics_path() const { return log_dir_ + "/metrics.csv"; }
 
-  void log_hyperparams(const std::map<std::string, std::string>& params);
+  void log_hyperparams(const std::map<std::string, std::string>& params) override;
   // Adds a row; `step` becomes the "step" column.
-  void log_metrics(const std::map<std::string, double>& metrics, int64_t step);
+  void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override;
   // Writes metrics.csv (rewritten whole, as Lightning does, when new columns appear).
-  void save();
+  void save() override;
 
  private:
   std::string log_dir_;

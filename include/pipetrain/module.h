@@ -1,37 +1,79 @@
 // The user's side of training, as in Lightning's LightningModule: the model as a Sequential, what
-// one step computes, and which optimizer to use. Step code never asks which stage it runs on: under
-// the `pipe` strategy the Trainer calls training_step on the last stage once per micro-batch and
+// each step computes, and which optimizer to use. Step code never asks which stage it runs on:
+// under the `pipe` strategy the Trainer calls the steps on the last stage once per micro-batch and
 // `forward(batch.data)` there yields the pipeline's output for that micro-batch.
 #pragma once
 
+#include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "pipetrain/data.h"
+#include "pipetrain/lr_scheduler.h"
 
 namespace pipetrain {
 
-// Values logged during one step, kept as sample-weighted sums so that micro-batches (and, later,
-// replicas) reduce to the mean over the whole batch. Tensors stay tensors: no host sync per log().
+// What configure_optimizers() returns: an optimizer and, optionally, a learning-rate scheduler
+// stepped every optimizer step ("step") or every epoch ("epoch").
+struct OptimizerConfig {
+  // Implicit, so that `return std::make_unique<torch::optim::Adam>(...);` is a whole config.
+  template <typename OptimizerType>
+  OptimizerConfig(std::unique_ptr<OptimizerType> optimizer)  // NOLINT(google-explicit-constructor)
+      : optimizer(std::move(optimizer)) {}
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<LRScheduler> lr_scheduler;
+  std::string interval = "epoch";
+};
+
+// Where a logged value goes. Unset on_step/on_epoch take Lightning's defaults: training steps log
+// per step, evaluation steps per epoch.
+struct LogOptions {
+  TORCH_ARG(bool, prog_bar) = false;
+  TORCH_ARG(std::optional<bool>, on_step) = std::nullopt;
+  TORCH_ARG(std::optional<bool>, on_epoch) = std::nullopt;
+};
+
+// A logged value reduced over samples (and micro-batches, and replicas).
+struct ReducedMetric {
+  double value = 0;
+  bool prog_bar = false;
+};
+using ReducedMetrics = std::map<std::string, ReducedMetric>;
+
+// Values logged during one step (or micro-batch), kept as sample-weighted sums so that
+// micro-batches and epochs reduce to means over samples. Tensors stay tensors until means() is
+// read: no host sync per log().
 class LoggedMetrics {
  public:
-  void add(const std::string& name, const at::Tensor& value, int64_t samples);
+  void add(const std::string& name, const at::Tensor& value, int64_t samples,
+           const LogOptions& options = {});
+  // Adds every entry of `other` (used to gather steps into an epoch).
+  void merge(const LoggedMetrics& other);
   // name -> sample-weighted mean.
   std::map<std::string, double> means() const;
+  ReducedMetrics reduce() const;
+  // What a logging row shows, under Lightning's names: per-step values of a training step (a
+  // value logged both per step and per epoch gets "_step"), or the epoch's values ("_epoch").
+  // Evaluation values are per epoch unless asked otherwise.
+  LoggedMetrics step_view(bool training) const;
+  LoggedMetrics epoch_view(bool training) const;
+  const std::map<std::string, LogOptions>& options() const { return options_; }
   bool empty() const { return sums_.empty(); }
 
  private:
   struct Sum {
-    at::Tensor weighted;  // sum of value * samples
+    at::Tensor weighted;  // sum of value * samples, float64
     int64_t samples = 0;
   };
   std::map<std::string, Sum> sums_;
+  std::map<std::string, LogOptions> options_;
 };
 
 class Module {
@@ -41,24 +83,40 @@ class Module {
 
   // One step's loss (mean over the batch's samples).
   virtual at::Tensor training_step(const Batch& batch, int64_t batch_idx) = 0;
+  // Evaluation steps: log() what you measure (mean over the batch's samples).
+  virtual void validation_step(const Batch& batch, int64_t batch_idx);
+  virtual void test_step(const Batch& batch, int64_t batch_idx);
+  // The prediction for the batch's rows; by default forward(batch.data).
+  virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
   // The optimizer over parameters(); called once the strategy has placed the model.
-  virtual std::unique_ptr<torch::optim::Optimizer> configure_optimizers() = 0;
+  virtual OptimizerConfig configure_optimizers() = 0;
+
+  virtual void on_train_epoch_start() {}
+  virtual void on_train_epoch_end() {}
+  virtual void on_validation_epoch_start() {}
+  virtual void on_validation_epoch_end() {}
+  virtual void on_test_epoch_start() {}
+  virtual void on_test_epoch_end() {}
 
   // The model's output for `input` (the current step's batch.data).
   at::Tensor forward(const at::Tensor& input);
   // The parameters this process trains (its stage's, under `pipe`).
   std::vector<at::Tensor> parameters() const;
-  // Logs a scalar for this step; reduced over micro-batches and written by rank 0.
-  void log(const std::string& name, const at::Tensor& value);
-  void log(const std::string& name, double value);
+  // Logs a scalar; reduced over micro-batches (and epochs) and written by rank 0.
+  void log(const std::string& name, const at::Tensor& value, const LogOptions& options = {});
+  void log(const std::string& name, double value, const LogOptions& options = {});
 
   // The whole model as built (every rank builds all of it).
   torch::nn::Sequential layers() const { return layers_; }
+  // True while the Trainer is training (false in validate/test/predict and sanity checks).
+  bool training() const { return layers_->is_training(); }
 
   // --- for strategies -----------------------------------------------------------------------
   using ForwardFn = std::function<at::Tensor(const at::Tensor&)>;
   // How forward() runs and which parameters this process trains.
   void place(ForwardFn forward, torch::nn::Sequential local_layers);
+  // The layers this process runs.
+  torch::nn::Sequential local_layers() const { return local_layers_; }
   // Where log() goes while a step (or micro-batch of `samples` rows) runs; nullptr to drop.
   void set_log_target(LoggedMetrics* metrics, int64_t samples);
 

@@ -15,8 +15,9 @@ namespace pipetrain {
 
 class World;
 
-// The two directions of a pipeline: activations flow to the next stage, gradients to the previous.
-enum class Flow { kActivation, kGradient };
+// The two directions of a pipeline (activations to the next stage, gradients to the previous), and
+// results gathered outside the schedule (predictions, weights), each with tags of its own.
+enum class Flow { kActivation, kGradient, kResult };
 
 class PeerToPeer {
  public:

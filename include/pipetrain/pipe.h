@@ -43,6 +43,9 @@ struct PipeOptions {
 // micro-batch's share of the batch, so gradients equal those of the full-batch mean loss.
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const MicroBatch& microbatch)>;
 
+// Runs on the last stage once per micro-batch of a forward-only pass, with its output.
+using OutputFn = std::function<void(const at::Tensor& output, const MicroBatch& microbatch)>;
+
 class Pipe {
  public:
   // `world` has one rank per stage; rank s runs stage s.
@@ -56,11 +59,21 @@ class Pipe {
   // an undefined tensor elsewhere. Gradients accumulate into this stage's parameters.
   at::Tensor forward_backward(const at::Tensor& input, int64_t batch_size, const LossFn& loss_fn);
 
+  // Forward only, for evaluation: no autograd graph and no recomputation, micro-batches in order.
+  void forward(const at::Tensor& input, int64_t batch_size, const OutputFn& on_output);
+
+  // Sends `tensor` to rank `dst` / receives one from rank `src` outside the schedule (results
+  // and weights gathered on rank 0).
+  void send_to(const at::Tensor& tensor, int64_t dst);
+  at::Tensor recv_from(int64_t src);
+
   // This process's layers, named by their index in the whole Sequential ("3.weight").
   const torch::nn::Sequential& stage_module() const { return stage_module_; }
   std::vector<at::Tensor> parameters() const { return stage_module_->parameters(); }
 
   int64_t stage() const { return stage_; }
+  // Index of this stage's first layer in the whole Sequential.
+  int64_t first_layer() const { return first_layer_; }
   int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
   bool is_first_stage() const { return stage_ == 0; }
   bool is_last_stage() const { return stage_ == stages() - 1; }

@@ -9,11 +9,10 @@
 #include <vector>
 
 #include "pipetrain/data.h"
+#include "pipetrain/module.h"
 
 namespace pipetrain {
 
-class Module;
-class LoggedMetrics;
 class World;
 struct TrainerOptions;
 
@@ -26,12 +25,27 @@ class Strategy {
   // Places `module` on this process: after it, module.forward() and module.parameters() mean what
   // they mean for this rank.
   virtual void setup(Module& module, std::shared_ptr<World> world) = 0;
-  // Forward and backward of one batch, gradients left in parameters(); log() calls go to `metrics`.
+  // Forward and backward of one batch with the loss multiplied by `loss_scale`; gradients
+  // accumulate into parameters(); log() calls go to `metrics`.
   virtual void training_step(Module& module, const Batch& batch, int64_t batch_idx,
-                             LoggedMetrics& metrics) = 0;
-  // The step's logged values as sample-weighted means, on rank 0; empty on the other ranks. Every
-  // rank calls it on the same steps.
-  virtual std::map<std::string, double> reduce_metrics(const LoggedMetrics& metrics) = 0;
+                             double loss_scale, LoggedMetrics& metrics) = 0;
+  // Forward only (no autograd, no recomputation): runs `step` (validation_step or test_step)
+  // wherever the model's output is, with forward() yielding it.
+  using EvaluationStep = std::function<void(const Batch& batch, int64_t batch_idx)>;
+  virtual void evaluation_step(Module& module, const Batch& batch, int64_t batch_idx,
+                               const EvaluationStep& step, LoggedMetrics& metrics) = 0;
+  // predict_step's output for the batch's rows, on rank 0; undefined elsewhere.
+  virtual at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx) = 0;
+  // The sample-weighted means of `metrics` as logged wherever the steps ran, on every rank.
+  // A collective: every rank calls it at the same point.
+  virtual ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) = 0;
+  // The L2 norm of all gradients of the whole model (every stage). A collective.
+  virtual double gradient_norm(Module& module) = 0;
+  // Every parameter and buffer of the whole model under its global name ("3.weight"), on rank 0
+  // (empty elsewhere). A collective.
+  virtual std::map<std::string, at::Tensor> gather_weights(Module& module) = 0;
+  // What a checkpoint's optimizer state depends on, e.g. {"stages": "2", "balance": "7,8"}.
+  virtual std::map<std::string, std::string> layout() const = 0;
   // A line describing the placement, printed once by rank 0.
   virtual std::string describe() const = 0;
 };

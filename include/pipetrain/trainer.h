@@ -1,45 +1,34 @@
-// The Trainer: Lightning's training loop for a pipetrain Module. Options keep Lightning's names.
+// The Trainer: Lightning's loops (fit, validate, test, predict) for a pipetrain Module, under any
+// strategy. Options keep Lightning's names (trainer_options.h).
 //
-//   pipetrain::Trainer
-//   trainer(pipetrain::TrainerOptions().strategy("pipe").devices(2).max_epochs(3)); MyModule model;
-//   // build after the Trainer: it seeds and launches ranks trainer.fit(model, train_loader);
+//   pipetrain::Trainer trainer(
+//       pipetrain::TrainerOptions().strategy("pipe").devices(2).max_epochs(3));
+//   MyModule model;  // build after the Trainer: it seeds and launches ranks
+//   trainer.fit(model, train_loader, &val_loader);
 #pragma once
 
-#include <torch/arg.h>
-
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <torch/optim/optimizer.h>
 
 #include "pipetrain/data.h"
-#include "pipetrain/pipe.h"
+#include "pipetrain/trainer_options.h"
 
 namespace pipetrain {
 
-class CSVLogger;
+class Callback;
+class Logger;
+class LoggedMetrics;
+class LRScheduler;
 class Module;
+class ProgressBar;
 class Strategy;
 class World;
-
-struct TrainerOptions {
-  // "single" | "pipe" | any registered name.
-  TORCH_ARG(std::string, strategy) = "single";
-  // Processes to run on; under `pipe`, the number of stages.
-  TORCH_ARG(int64_t, devices) = 1;
-  // How `pipe` splits the model and schedules micro-batches.
-  TORCH_ARG(PipeOptions, pipe) = {};
-  TORCH_ARG(int64_t, max_epochs) = 1000;
-  // -1: no limit.
-  TORCH_ARG(int64_t, max_steps) = -1;
-  TORCH_ARG(uint64_t, seed) = 0;
-  TORCH_ARG(std::string, default_root_dir) = ".";
-  TORCH_ARG(int64_t, log_every_n_steps) = 50;
-  // Print a line per logging step (rank 0).
-  TORCH_ARG(bool, enable_progress_bar) = true;
-  // Longest wait for another rank before giving up with an error.
-  TORCH_ARG(int64_t, timeout_seconds) = 300;
-};
 
 class Trainer {
  public:
@@ -49,25 +38,72 @@ class Trainer {
   explicit Trainer(TrainerOptions options);
   ~Trainer();
 
-  void fit(Module& module, const DataLoader& train_loader);
+  // `ckpt_path`: a checkpoint file to resume from, or "last" for the newest one of this root dir.
+  void fit(Module& module, const DataLoader& train_loader, const DataLoader* val_loader = nullptr,
+           const std::string& ckpt_path = "");
+  // Each returns the epoch's metrics (on every rank). `ckpt_path` loads weights first.
+  std::map<std::string, double> validate(Module& module, const DataLoader& loader,
+                                         const std::string& ckpt_path = "");
+  std::map<std::string, double> test(Module& module, const DataLoader& loader,
+                                     const std::string& ckpt_path = "");
+  // predict_step's outputs, one tensor per batch in input order, on rank 0 (empty elsewhere).
+  std::vector<at::Tensor> predict(Module& module, const DataLoader& loader,
+                                  const std::string& ckpt_path = "");
+
+  // Writes a checkpoint file (a `.ckpt` folder) atomically. Every rank must call it.
+  void save_checkpoint(const std::string& path);
+  // `ckpt_path` itself, or for "last" the newest last.ckpt under default_root_dir.
+  std::string resolve_checkpoint(const std::string& ckpt_path) const;
+  // Stops fit at the end of this batch (honouring min_epochs), as `trainer.should_stop = True`.
+  void request_stop() { stop_requested_ = true; }
+  // Rank 0 prints `message` without tearing the progress bar; other ranks print nothing.
+  void print(const std::string& message) const;
+  // Rank 0 writes `metrics` at `step` to every logger.
+  void log_metrics(const std::map<std::string, double>& metrics, int64_t step);
 
   int64_t global_step() const { return global_step_; }
   int64_t current_epoch() const { return current_epoch_; }
   bool is_global_zero() const;
   const World& world() const { return *world_; }
-  // version_<N> directory of this run's logs (rank 0; empty elsewhere).
-  std::string log_dir() const;
   const TrainerOptions& options() const { return options_; }
+  // Latest reduced values of every logged metric (the same on every rank).
+  const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
+  // <default_root_dir>/lightning_logs/version_<N> of this run (every rank knows it).
+  const std::string& log_dir() const { return log_dir_; }
+  // The optimizer and scheduler of the running fit (null outside fit).
+  torch::optim::Optimizer* optimizer() const { return optimizer_.get(); }
+  LRScheduler* lr_scheduler() const { return lr_scheduler_.get(); }
 
  private:
-  void log_step(const std::map<std::string, double>& metrics, int64_t batches_per_epoch);
+  struct FitState;
+  void setup(Module& module);
+  void train_epoch(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,
+                   FitState& state);
+  void optimizer_step(Module& module);
+  // `record`: log the metrics and keep them in callback_metrics (not for the sanity check).
+  std::map<std::string, double> run_evaluation(Module& module, const DataLoader& loader,
+                                               int64_t batches, bool test, bool record = true);
+  void restore(Module& module, const std::string& ckpt_path, bool full);
+  bool time_is_up() const;
 
   TrainerOptions options_;
   std::unique_ptr<Strategy> strategy_;
   std::shared_ptr<World> world_;
-  std::unique_ptr<CSVLogger> logger_;
+  std::vector<std::unique_ptr<Logger>> loggers_;
+  std::unique_ptr<ProgressBar> progress_;
+  std::string log_dir_;
+  Module* module_ = nullptr;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<LRScheduler> lr_scheduler_;
+  std::string scheduler_interval_ = "epoch";
+  std::map<std::string, double> callback_metrics_;
   int64_t global_step_ = 0;
   int64_t current_epoch_ = 0;
+  int64_t resume_batch_idx_ = 0;  // first batch of the next epoch run (resuming mid-epoch)
+  int64_t next_batch_idx_ = 0;    // where a checkpoint saved now resumes
+  bool epoch_finished_ = false;
+  bool stop_requested_ = false;
+  bool set_up_ = false;
   double fit_start_seconds_ = 0;
 };
 

@@ -37,6 +37,13 @@ class World {
   const StorePtr& store() const { return store_; }
 
   void barrier() const;
+  // Sum of `value` over all ranks (on every rank).
+  double all_reduce_sum(double value) const;
+  // True on every rank when it is true on any rank: decisions one rank takes alone (a clock ran
+  // out) become everyone's.
+  bool any(bool value) const { return all_reduce_sum(value ? 1.0 : 0.0) > 0; }
+  // `text` as rank `root` has it, on every rank.
+  std::string broadcast(const std::string& text, int64_t root = 0) const;
 
   // Records this rank's failure in the store so the other ranks can report the first error rather
   // than the "connection closed" they see when this process exits. Never throws.

@@ -15,9 +15,19 @@ namespace {
 constexpr int64_t kMaxDims = 8;
 constexpr int64_t kHeaderSize = 2 + kMaxDims;
 
-int header_tag(Flow flow) { return flow == Flow::kActivation ? 0 : 2; }
+int header_tag(Flow flow) { return 2 * static_cast<int>(flow); }
 int payload_tag(Flow flow) { return header_tag(flow) + 1; }
-const char* flow_name(Flow flow) { return flow == Flow::kActivation ? "activation" : "gradient"; }
+const char* flow_name(Flow flow) {
+  switch (flow) {
+    case Flow::kActivation:
+      return "activation";
+    case Flow::kGradient:
+      return "gradient";
+    case Flow::kResult:
+      return "result";
+  }
+  return "tensor";
+}
 
 at::Tensor make_header(const at::Tensor& tensor) {
   if (tensor.dim() > kMaxDims) {

@@ -6,7 +6,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <ATen/ATen.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "pipetrain/cluster_environment.h"
@@ -67,6 +70,25 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
 void World::barrier() const {
   if (!process_group_) return;
   process_group_->barrier()->wait(timeout_);
+}
+
+double World::all_reduce_sum(double value) const {
+  if (!process_group_) return value;
+  std::vector<at::Tensor> tensors{at::full({1}, value, at::kDouble)};
+  process_group_->allreduce(tensors)->wait(timeout_);
+  return tensors[0].item<double>();
+}
+
+std::string World::broadcast(const std::string& text, int64_t root) const {
+  if (!process_group_) return text;
+  std::vector<at::Tensor> size{at::full({1}, static_cast<int64_t>(text.size()), at::kLong)};
+  c10d::BroadcastOptions options;
+  options.rootRank = static_cast<int>(root);
+  process_group_->broadcast(size, options)->wait(timeout_);
+  std::vector<at::Tensor> bytes{at::empty({size[0].item<int64_t>()}, at::kByte)};
+  if (rank_ == root) std::memcpy(bytes[0].data_ptr(), text.data(), text.size());
+  process_group_->broadcast(bytes, options)->wait(timeout_);
+  return std::string(static_cast<const char*>(bytes[0].data_ptr()), bytes[0].numel());
 }
 
 void World::publish_error(const std::string& message) const {

@@ -12,15 +12,10 @@
 namespace pipetrain {
 namespace fs = std::filesystem;
 
-CSVLogger::CSVLogger(std::string root_dir, std::string name) {
-  const fs::path base = fs::path(root_dir) / name;
-  fs::create_directories(base);
-  int64_t version = 0;
-  while (fs::exists(base / ("version_" + std::to_string(version)))) ++version;
-  const fs::path dir = base / ("version_" + std::to_string(version));
-  fs::create_directories(dir);
-  log_dir_ = dir.string();
-}
+CSVLogger::CSVLogger(const std::string& root_dir, const std::string& name,
+                     std::optional<int64_t> version)
+    : log_dir_(
+          make_log_dir(root_dir, name, version ? *version : next_log_version(root_dir, name))) {}
 
 void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
   std::ofstream out(log_dir_ + "/hparams.yaml");

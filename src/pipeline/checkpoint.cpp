@@ -38,6 +38,12 @@ RngState RngState::capture() {
   return state;
 }
 
+RngState RngState::from(at::Tensor cpu_state) {
+  RngState state;
+  state.cpu_state_ = std::move(cpu_state);
+  return state;
+}
+
 void RngState::restore() const {
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());

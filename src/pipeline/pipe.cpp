@@ -159,3 +159,35 @@ at::Tensor Pipe::run_schedule(const at::Tensor& input, int64_t batch_size, const
 }
 
 }  // namespace pipetrain
+
+namespace pipetrain {
+
+void Pipe::forward(const at::Tensor& input, int64_t batch_size, const OutputFn& on_output) {
+  torch::NoGradGuard no_grad;
+  try {
+    for (const MicroBatch& mb :
+         split_microbatches(batch_size, std::min(options_.chunks(), batch_size))) {
+      const at::Tensor x = is_first_stage() ? input.slice(0, mb.begin, mb.end)
+                                            : p2p_->recv(stage_ - 1, Flow::kActivation);
+      const at::Tensor y = run_stage(x, mb.index);
+      if (is_last_stage()) {
+        on_output(y, mb);
+      } else {
+        p2p_->send(y, stage_ + 1, Flow::kActivation);
+      }
+    }
+    if (p2p_) p2p_->wait_for_sends();
+  } catch (const std::exception& e) {
+    world_->publish_error(error_message(e));
+    throw;
+  }
+}
+
+void Pipe::send_to(const at::Tensor& tensor, int64_t dst) {
+  p2p_->send(tensor, dst, Flow::kResult);
+  p2p_->wait_for_sends();
+}
+
+at::Tensor Pipe::recv_from(int64_t src) { return p2p_->recv(src, Flow::kResult); }
+
+}  // namespace pipetrain

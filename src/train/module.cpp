@@ -6,7 +6,8 @@
 
 namespace pipetrain {
 
-void LoggedMetrics::add(const std::string& name, const at::Tensor& value, int64_t samples) {
+void LoggedMetrics::add(const std::string& name, const at::Tensor& value, int64_t samples,
+                        const LogOptions& options) {
   if (value.numel() != 1) {
     throw std::invalid_argument("log('" + name + "') needs a scalar, got a tensor of " +
                                 std::to_string(value.numel()) + " elements");
@@ -15,6 +16,16 @@ void LoggedMetrics::add(const std::string& name, const at::Tensor& value, int64_
   auto& sum = sums_[name];
   sum.weighted = sum.weighted.defined() ? sum.weighted + weighted : weighted;
   sum.samples += samples;
+  options_[name] = options;
+}
+
+void LoggedMetrics::merge(const LoggedMetrics& other) {
+  for (const auto& [name, sum] : other.sums_) {
+    auto& mine = sums_[name];
+    mine.weighted = mine.weighted.defined() ? mine.weighted + sum.weighted : sum.weighted;
+    mine.samples += sum.samples;
+    options_[name] = other.options_.at(name);
+  }
 }
 
 std::map<std::string, double> LoggedMetrics::means() const {
@@ -25,21 +36,69 @@ std::map<std::string, double> LoggedMetrics::means() const {
   return means;
 }
 
+ReducedMetrics LoggedMetrics::reduce() const {
+  ReducedMetrics reduced;
+  for (const auto& [name, mean] : means()) reduced[name] = {mean, options_.at(name).prog_bar()};
+  return reduced;
+}
+
+namespace {
+
+// Lightning's defaults: training steps log per step, evaluation steps per epoch.
+bool logs_on_step(const LogOptions& options, bool training) {
+  return options.on_step().value_or(training);
+}
+bool logs_on_epoch(const LogOptions& options, bool training) {
+  return options.on_epoch().value_or(!training);
+}
+
+}  // namespace
+
+LoggedMetrics LoggedMetrics::step_view(bool training) const {
+  LoggedMetrics view;
+  for (const auto& [name, sum] : sums_) {
+    const auto& options = options_.at(name);
+    if (!logs_on_step(options, training)) continue;
+    const auto key = logs_on_epoch(options, training) ? name + "_step" : name;
+    view.sums_[key] = sum;
+    view.options_[key] = options;
+  }
+  return view;
+}
+
+LoggedMetrics LoggedMetrics::epoch_view(bool training) const {
+  LoggedMetrics view;
+  for (const auto& [name, sum] : sums_) {
+    const auto& options = options_.at(name);
+    if (!logs_on_epoch(options, training)) continue;
+    const auto key = logs_on_step(options, training) ? name + "_epoch" : name;
+    view.sums_[key] = sum;
+    view.options_[key] = options;
+  }
+  return view;
+}
+
 Module::Module(torch::nn::Sequential layers)
     : layers_(std::move(layers)),
       local_layers_(layers_),
       forward_([this](const at::Tensor& x) { return layers_->forward(x); }) {}
 
+void Module::validation_step(const Batch&, int64_t) {}
+
+void Module::test_step(const Batch&, int64_t) {}
+
+at::Tensor Module::predict_step(const Batch& batch, int64_t) { return forward(batch.data); }
+
 at::Tensor Module::forward(const at::Tensor& input) { return forward_(input); }
 
 std::vector<at::Tensor> Module::parameters() const { return local_layers_->parameters(); }
 
-void Module::log(const std::string& name, const at::Tensor& value) {
-  if (log_target_) log_target_->add(name, value, log_samples_);
+void Module::log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
+  if (log_target_) log_target_->add(name, value, log_samples_, options);
 }
 
-void Module::log(const std::string& name, double value) {
-  log(name, torch::tensor(value, torch::kFloat64));
+void Module::log(const std::string& name, double value, const LogOptions& options) {
+  log(name, torch::tensor(value, torch::kFloat64), options);
 }
 
 void Module::place(ForwardFn forward, torch::nn::Sequential local_layers) {

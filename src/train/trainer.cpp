@@ -1,23 +1,34 @@
 // THE TRAINING LOOP MUST READ EASILY. Placement, micro-batching and communication belong to the
-// strategy; this file only says what happens in which order.
+// strategy; logging to the loggers; decisions about saving and stopping to the callbacks. This file
+// only says what happens in which order.
 #include "pipetrain/trainer.h"
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
+#include "pipetrain/callback.h"
+#include "pipetrain/checkpoint_io.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/csv_logger.h"
 #include "pipetrain/error.h"
 #include "pipetrain/launcher.h"
+#include "pipetrain/logger.h"
+#include "pipetrain/lr_scheduler.h"
+#include "pipetrain/model_checkpoint.h"
 #include "pipetrain/module.h"
+#include "pipetrain/progress_bar.h"
 #include "pipetrain/strategy.h"
+#include "pipetrain/tensorboard_logger.h"
 #include "pipetrain/world.h"
+#include "precision.h"
 
 namespace pipetrain {
+namespace fs = std::filesystem;
 namespace {
 
 double now_seconds() {
@@ -25,14 +36,69 @@ double now_seconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
+std::map<std::string, double> values_of(const ReducedMetrics& metrics) {
+  std::map<std::string, double> values;
+  for (const auto& [name, metric] : metrics) values[name] = metric.value;
+  return values;
+}
+
+// Options that turn into other options: fast_dev_run is Lightning's smoke test.
+TrainerOptions resolve(TrainerOptions options) {
+  // Checkpoint callbacks run last (as in Lightning), so a file holds the others' latest state.
+  auto callbacks = options.callbacks();
+  std::stable_partition(callbacks.begin(), callbacks.end(), [](const auto& callback) {
+    return dynamic_cast<const ModelCheckpoint*>(callback.get()) == nullptr;
+  });
+  options.callbacks(callbacks);
+  if (options.fast_dev_run() > 0) {
+    const int64_t n = options.fast_dev_run();
+    options.max_epochs(1).max_steps(n).num_sanity_val_steps(0).enable_checkpointing(false);
+    options.limit_train_batches(BatchLimit::count(n)).limit_val_batches(BatchLimit::count(n));
+    options.limit_test_batches(BatchLimit::count(n)).limit_predict_batches(BatchLimit::count(n));
+    options.val_check_interval(BatchLimit::fraction(1.0)).loggers({});
+  }
+  return options;
+}
+
+void check_options(const TrainerOptions& options) {
+  auto at_least = [](int64_t value, int64_t minimum, const char* name) {
+    if (value < minimum) {
+      throw std::invalid_argument(std::string(name) + " must be at least " +
+                                  std::to_string(minimum) + " (got " + std::to_string(value) + ")");
+    }
+  };
+  at_least(options.log_every_n_steps(), 1, "log_every_n_steps");
+  at_least(options.accumulate_grad_batches(), 1, "accumulate_grad_batches");
+  at_least(options.check_val_every_n_epoch(), 1, "check_val_every_n_epoch");
+  at_least(options.num_sanity_val_steps(), 0, "num_sanity_val_steps");
+  at_least(options.max_epochs(), 0, "max_epochs");
+  at_least(options.max_steps(), -1, "max_steps");
+  validate_precision(options.precision());
+  if (options.gradient_clip_algorithm() != "norm" && options.gradient_clip_algorithm() != "value") {
+    throw std::invalid_argument("unknown gradient_clip_algorithm '" +
+                                options.gradient_clip_algorithm() + "': use norm or value");
+  }
+  for (const auto& name : options.loggers()) {
+    if (name != "csv" && name != "tensorboard") {
+      throw std::invalid_argument("unknown logger '" + name + "': use csv, tensorboard or both");
+    }
+  }
+}
+
 }  // namespace
 
+struct Trainer::FitState {
+  const DataLoader& train;
+  const DataLoader* val;
+  int64_t train_batches;      // per epoch, after limit_train_batches
+  int64_t val_batches;        // per validation run, after limit_val_batches
+  int64_t val_check_batches;  // validate after every this many training batches
+};
+
 Trainer::Trainer(TrainerOptions options)
-    : options_(std::move(options)), strategy_(create_strategy(options_.strategy(), options_)) {
-  if (options_.log_every_n_steps() < 1) {
-    throw std::invalid_argument("log_every_n_steps must be at least 1 (got " +
-                                std::to_string(options_.log_every_n_steps()) + ")");
-  }
+    : options_(resolve(std::move(options))),
+      strategy_(create_strategy(options_.strategy(), options_)) {
+  check_options(options_);
   const auto env = select_cluster_environment();
   const int64_t needed = strategy_->world_size();
   if (env->world_size() == 1 && needed > 1) {
@@ -48,22 +114,57 @@ Trainer::Trainer(TrainerOptions options)
                                 ": make --devices match the number of processes");
   }
   world_ = World::connect(*env, std::chrono::seconds(options_.timeout_seconds()));
+  if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
   torch::manual_seed(options_.seed());
+
+  // Every rank agrees on the log directory (checkpoints go inside it); rank 0 writes to it.
+  std::string version;
+  if (world_->is_global_zero()) {
+    version = std::to_string(next_log_version(options_.default_root_dir()));
+  }
+  version = world_->broadcast(version);
+  log_dir_ =
+      (fs::path(options_.default_root_dir()) / "lightning_logs" / ("version_" + version)).string();
+  if (world_->is_global_zero()) {
+    for (const auto& name : options_.loggers()) {
+      if (name == "csv") {
+        loggers_.push_back(std::make_unique<CSVLogger>(options_.default_root_dir(),
+                                                       "lightning_logs", std::stoll(version)));
+      } else {
+        loggers_.push_back(std::make_unique<TensorBoardLogger>(
+            options_.default_root_dir(), "lightning_logs", std::stoll(version)));
+      }
+    }
+    if (options_.enable_progress_bar()) {
+      progress_ = std::make_unique<ProgressBar>(ProgressBar::stdout_is_tty());
+    }
+  }
 }
 
 Trainer::~Trainer() = default;
 
 bool Trainer::is_global_zero() const { return world_->is_global_zero(); }
 
-std::string Trainer::log_dir() const { return logger_ ? logger_->log_dir() : std::string(); }
+void Trainer::print(const std::string& message) const {
+  if (!world_->is_global_zero()) return;
+  if (progress_) {
+    progress_->print(message);
+  } else {
+    std::cout << message << std::endl;
+  }
+}
 
-void Trainer::fit(Module& module, const DataLoader& train_loader) {
-  const int64_t chunks = options_.pipe().chunks();
-  if (options_.strategy() == "pipe" && chunks > train_loader.batch_size()) {
-    throw std::invalid_argument(
-        "chunks (" + std::to_string(chunks) + ") is larger than the batch size (" +
-        std::to_string(train_loader.batch_size()) +
-        "): every micro-batch needs at least one sample; lower --chunks or raise --batch-size");
+void Trainer::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
+  for (auto& logger : loggers_) {
+    logger->log_metrics(metrics, step);
+    logger->save();
+  }
+}
+
+void Trainer::setup(Module& module) {
+  if (module_ == &module) return;
+  if (module_ != nullptr) {
+    throw std::logic_error("a Trainer serves one Module; make a new Trainer for another model");
   }
   try {
     strategy_->setup(module, world_);
@@ -71,64 +172,380 @@ void Trainer::fit(Module& module, const DataLoader& train_loader) {
     world_->publish_error(error_message(e));
     throw;
   }
-  auto optimizer = module.configure_optimizers();
-  if (is_global_zero()) {
-    logger_ = std::make_unique<CSVLogger>(options_.default_root_dir());
-    if (options_.enable_progress_bar()) std::cout << strategy_->describe() << std::endl;
+  module_ = &module;
+  print(strategy_->describe());
+}
+
+// --- fit -----------------------------------------------------------------------------------------
+
+void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,
+                  const std::string& ckpt_path) {
+  const int64_t chunks = options_.pipe().chunks();
+  if (options_.strategy() == "pipe" && chunks > train_loader.batch_size()) {
+    throw std::invalid_argument(
+        "chunks (" + std::to_string(chunks) + ") is larger than the batch size (" +
+        std::to_string(train_loader.batch_size()) +
+        "): every micro-batch needs at least one sample; lower --chunks or raise --batch-size");
+  }
+  setup(module);
+  auto config = module.configure_optimizers();
+  optimizer_ = std::move(config.optimizer);
+  lr_scheduler_ = std::move(config.lr_scheduler);
+  scheduler_interval_ = config.interval;
+  if (scheduler_interval_ != "step" && scheduler_interval_ != "epoch") {
+    throw std::invalid_argument("lr scheduler interval '" + scheduler_interval_ +
+                                "' is unknown: use step or epoch");
+  }
+  if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/true);
+  for (auto& logger : loggers_) {
+    logger->log_hyperparams({{"strategy", options_.strategy()},
+                             {"devices", std::to_string(options_.devices())},
+                             {"chunks", std::to_string(options_.pipe().chunks())},
+                             {"schedule", options_.pipe().schedule()},
+                             {"checkpoint", options_.pipe().checkpoint()},
+                             {"precision", options_.precision()},
+                             {"seed", std::to_string(options_.seed())}});
   }
 
-  const int64_t batches = train_loader.num_batches();
+  FitState state{train_loader, val_loader,
+                 options_.limit_train_batches().of(train_loader.num_batches()),
+                 val_loader ? options_.limit_val_batches().of(val_loader->num_batches()) : 0, 0};
+  const auto& interval = options_.val_check_interval();
+  state.val_check_batches =
+      interval.is_fraction()
+          ? std::max<int64_t>(1, static_cast<int64_t>(interval.value() * state.train_batches))
+          : static_cast<int64_t>(interval.value());
+
+  for (auto& callback : options_.callbacks()) callback->on_fit_start(*this, module);
+  if (val_loader && state.val_batches > 0 && options_.num_sanity_val_steps() > 0) {
+    run_evaluation(module, *val_loader,
+                   std::min(options_.num_sanity_val_steps(), state.val_batches), false,
+                   /*record=*/false);
+  }
+
   fit_start_seconds_ = now_seconds();
-  bool done = options_.max_steps() == 0;
-  for (current_epoch_ = 0; current_epoch_ < options_.max_epochs() && !done; ++current_epoch_) {
-    for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
-      const Batch batch = train_loader.batch(current_epoch_, batch_idx);
-      LoggedMetrics logged;
-      optimizer->zero_grad();
-      try {
-        strategy_->training_step(module, batch, batch_idx, logged);
-      } catch (const std::exception& e) {
-        world_->publish_error(error_message(e));
-        throw;
-      }
-      optimizer->step();
+  stop_requested_ = false;
+  while (current_epoch_ < options_.max_epochs() && !stop_requested_) {
+    train_epoch(module, train_loader, val_loader, state);
+  }
 
-      if ((global_step_ + 1) % options_.log_every_n_steps() == 0) {
-        log_step(strategy_->reduce_metrics(logged), batches);
-      }
-      ++global_step_;
-      if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) {
-        done = true;
-        break;
-      }
-    }
+  for (auto& callback : options_.callbacks()) callback->on_fit_end(*this, module);
+  for (auto& logger : loggers_) logger->save();
+  if (!loggers_.empty()) {
+    print("trained " + std::to_string(global_step_) + " steps in " +
+          std::to_string(current_epoch_) + " epochs; metrics and checkpoints in " + log_dir_);
   }
-  if (logger_) {
-    logger_->save();
-    if (options_.enable_progress_bar()) {
-      std::cout << "trained " << global_step_ << " steps in " << current_epoch_
-                << " epochs; metrics: " << logger_->metrics_path() << std::endl;
-    }
-  }
+  optimizer_.reset();
+  lr_scheduler_.reset();
   world_->barrier();
 }
 
-void Trainer::log_step(const std::map<std::string, double>& metrics, int64_t batches_per_epoch) {
-  if (!logger_) return;
-  auto row = metrics;
-  row["epoch"] = static_cast<double>(current_epoch_);
-  logger_->log_metrics(row, global_step_);
-  logger_->save();
-  if (!options_.enable_progress_bar()) return;
-  const double elapsed = now_seconds() - fit_start_seconds_;
-  std::printf("epoch %lld | step %lld (%lld/%lld) | %.1f it/s",
-              static_cast<long long>(current_epoch_), static_cast<long long>(global_step_ + 1),
-              static_cast<long long>(global_step_ % batches_per_epoch + 1),
-              static_cast<long long>(batches_per_epoch),
-              elapsed > 0 ? static_cast<double>(global_step_ + 1) / elapsed : 0.0);
-  for (const auto& [name, value] : metrics) std::printf(" | %s %.5g", name.c_str(), value);
-  std::printf("\n");
-  std::fflush(stdout);
+void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
+                          const DataLoader* val_loader, FitState& state) {
+  module.layers()->train();
+  const int64_t first_batch = resume_batch_idx_;
+  resume_batch_idx_ = 0;
+  next_batch_idx_ = first_batch;
+  epoch_finished_ = false;
+  if (first_batch == 0) {
+    module.on_train_epoch_start();
+    for (auto& callback : options_.callbacks()) callback->on_train_epoch_start(*this, module);
+  }
+  if (progress_) {
+    progress_->start("Epoch " + std::to_string(current_epoch_), state.train_batches, first_batch);
+  }
+
+  LoggedMetrics epoch_metrics;   // everything logged this epoch, for on_epoch values
+  LoggedMetrics window_metrics;  // since the last optimizer step
+  const int64_t accumulate = options_.accumulate_grad_batches();
+  for (int64_t batch_idx = first_batch; batch_idx < state.train_batches; ++batch_idx) {
+    const Batch batch = train_loader.batch(current_epoch_, batch_idx);
+    for (auto& callback : options_.callbacks()) {
+      callback->on_train_batch_start(*this, module, batch, batch_idx);
+    }
+
+    LoggedMetrics step_metrics;
+    try {
+      PrecisionGuard precision(options_.precision());
+      strategy_->training_step(module, batch, batch_idx, 1.0 / static_cast<double>(accumulate),
+                               step_metrics);
+    } catch (const std::exception& e) {
+      world_->publish_error(error_message(e));
+      throw;
+    }
+    window_metrics.merge(step_metrics);
+    epoch_metrics.merge(step_metrics);
+
+    const bool last_batch = batch_idx + 1 == state.train_batches;
+    if ((batch_idx + 1) % accumulate == 0 || last_batch) {
+      optimizer_step(module);
+      if ((global_step_ + 1) % options_.log_every_n_steps() == 0) {
+        const auto row = strategy_->reduce_metrics(window_metrics.step_view(true));
+        for (const auto& [name, metric] : row) callback_metrics_[name] = metric.value;
+        auto values = values_of(row);
+        values["epoch"] = static_cast<double>(current_epoch_);
+        log_metrics(values, global_step_);
+        if (progress_) progress_->log_line(batch_idx + 1, values_of(row));
+      }
+      ++global_step_;
+      window_metrics = LoggedMetrics();
+    }
+    next_batch_idx_ = batch_idx + 1;
+    if (progress_) progress_->update(batch_idx + 1, callback_metrics_);
+    for (auto& callback : options_.callbacks()) {
+      callback->on_train_batch_end(*this, module, batch, batch_idx);
+    }
+
+    // As Lightning: every val_check_interval batches of the epoch (so a fraction of 1.0 means
+    // at the epoch's end), in the epochs check_val_every_n_epoch picks.
+    const bool validation_due = val_loader && state.val_batches > 0 &&
+                                (current_epoch_ + 1) % options_.check_val_every_n_epoch() == 0 &&
+                                (batch_idx + 1) % state.val_check_batches == 0;
+    if (validation_due) {
+      run_evaluation(module, *val_loader, state.val_batches, false);
+      for (auto& callback : options_.callbacks()) callback->on_validation_end(*this, module);
+      module.layers()->train();
+    }
+
+    if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) stop_requested_ = true;
+    if (options_.max_time() > 0 && world_->any(time_is_up())) stop_requested_ = true;
+    if (stop_requested_ && current_epoch_ + 1 < options_.min_epochs()) stop_requested_ = false;
+    if (stop_requested_) break;
+  }
+  if (progress_) progress_->finish();
+
+  const auto epoch_row = strategy_->reduce_metrics(epoch_metrics.epoch_view(true));
+  if (!epoch_row.empty()) {
+    for (const auto& [name, metric] : epoch_row) callback_metrics_[name] = metric.value;
+    auto values = values_of(epoch_row);
+    values["epoch"] = static_cast<double>(current_epoch_);
+    log_metrics(values, global_step_ - 1);
+  }
+  epoch_finished_ = true;
+  module.on_train_epoch_end();
+  for (auto& callback : options_.callbacks()) callback->on_train_epoch_end(*this, module);
+  if (lr_scheduler_ && scheduler_interval_ == "epoch") lr_scheduler_->step();
+  ++current_epoch_;
+  if (current_epoch_ < options_.min_epochs()) stop_requested_ = false;
+}
+
+void Trainer::optimizer_step(Module& module) {
+  if (options_.gradient_clip_val() > 0) {
+    const double clip = options_.gradient_clip_val();
+    torch::NoGradGuard no_grad;
+    if (options_.gradient_clip_algorithm() == "norm") {
+      // The norm over every stage, as clip_grad_norm_ over the whole model would compute it.
+      const double norm = strategy_->gradient_norm(module);
+      const double scale = clip / (norm + 1e-6);
+      if (scale < 1.0) {
+        for (auto& p : module.parameters()) {
+          if (p.grad().defined()) p.grad().mul_(scale);
+        }
+      }
+    } else {
+      for (auto& p : module.parameters()) {
+        if (p.grad().defined()) p.grad().clamp_(-clip, clip);
+      }
+    }
+  }
+  for (auto& callback : options_.callbacks()) callback->on_before_optimizer_step(*this, module);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  if (lr_scheduler_ && scheduler_interval_ == "step") lr_scheduler_->step();
+}
+
+bool Trainer::time_is_up() const {
+  return now_seconds() - fit_start_seconds_ >= options_.max_time();
+}
+
+// --- validate, test, predict --------------------------------------------------------------------
+
+std::map<std::string, double> Trainer::run_evaluation(Module& module, const DataLoader& loader,
+                                                      int64_t batches, bool test, bool record) {
+  module.layers()->eval();
+  // The sanity check is invisible to callbacks: nothing it measures may count as a validation.
+  const auto& callbacks = record ? options_.callbacks() : std::vector<std::shared_ptr<Callback>>{};
+  test ? module.on_test_epoch_start() : module.on_validation_epoch_start();
+  for (auto& callback : callbacks) {
+    test ? callback->on_test_epoch_start(*this, module)
+         : callback->on_validation_epoch_start(*this, module);
+  }
+  if (progress_) progress_->start(test ? "Testing" : "Validation", batches);
+  LoggedMetrics epoch_metrics;
+  for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
+    const Batch batch = loader.batch(0, batch_idx);
+    try {
+      PrecisionGuard precision(options_.precision());
+      strategy_->evaluation_step(
+          module, batch, batch_idx,
+          [&](const Batch& b, int64_t i) {
+            test ? module.test_step(b, i) : module.validation_step(b, i);
+          },
+          epoch_metrics);
+    } catch (const std::exception& e) {
+      world_->publish_error(error_message(e));
+      throw;
+    }
+    if (progress_) progress_->update(batch_idx + 1, {});
+  }
+  if (progress_) progress_->finish();
+  const auto reduced = strategy_->reduce_metrics(epoch_metrics.epoch_view(false));
+  test ? module.on_test_epoch_end() : module.on_validation_epoch_end();
+  for (auto& callback : callbacks) {
+    test ? callback->on_test_epoch_end(*this, module)
+         : callback->on_validation_epoch_end(*this, module);
+  }
+  auto values = values_of(reduced);
+  if (!record) return values;  // Lightning logs nothing from the sanity check
+  for (const auto& [name, value] : values) callback_metrics_[name] = value;
+  if (!values.empty()) {
+    auto row = values;
+    row["epoch"] = static_cast<double>(current_epoch_);
+    log_metrics(row, std::max<int64_t>(global_step_ - 1, 0));
+  }
+  return values;
+}
+
+std::map<std::string, double> Trainer::validate(Module& module, const DataLoader& loader,
+                                                const std::string& ckpt_path) {
+  setup(module);
+  if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
+  const auto metrics =
+      run_evaluation(module, loader, options_.limit_val_batches().of(loader.num_batches()), false);
+  for (auto& logger : loggers_) logger->save();
+  return metrics;
+}
+
+std::map<std::string, double> Trainer::test(Module& module, const DataLoader& loader,
+                                            const std::string& ckpt_path) {
+  setup(module);
+  if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
+  const auto metrics =
+      run_evaluation(module, loader, options_.limit_test_batches().of(loader.num_batches()), true);
+  for (auto& logger : loggers_) logger->save();
+  return metrics;
+}
+
+std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loader,
+                                         const std::string& ckpt_path) {
+  setup(module);
+  if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
+  module.layers()->eval();
+  const int64_t batches = options_.limit_predict_batches().of(loader.num_batches());
+  if (progress_) progress_->start("Predicting", batches);
+  std::vector<at::Tensor> outputs;
+  for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
+    PrecisionGuard precision(options_.precision());
+    auto output = strategy_->predict_step(module, loader.batch(0, batch_idx), batch_idx);
+    if (world_->is_global_zero()) outputs.push_back(output);
+    if (progress_) progress_->update(batch_idx + 1, {});
+  }
+  if (progress_) progress_->finish();
+  return outputs;
+}
+
+// --- checkpoint files ----------------------------------------------------------------------------
+
+void Trainer::save_checkpoint(const std::string& path) {
+  if (module_ == nullptr) throw std::logic_error("save_checkpoint needs a fit in progress");
+  TrainingState state;
+  state.epoch = current_epoch_;
+  state.global_step = global_step_;
+  state.batch_idx = next_batch_idx_;
+  state.epoch_finished = epoch_finished_;
+  state.world_size = world_->size();
+  state.layout = strategy_->layout();
+  state.lr_scheduler_steps = lr_scheduler_ ? lr_scheduler_->step_count() : -1;
+  // Saved from on_train_epoch_end, the epoch's scheduler step is still to come: count it, since
+  // the resumed run starts with the next epoch.
+  if (lr_scheduler_ && epoch_finished_ && scheduler_interval_ == "epoch") {
+    ++state.lr_scheduler_steps;
+  }
+  for (const auto& callback : options_.callbacks()) {
+    if (!callback->state_key().empty()) {
+      state.callbacks[callback->state_key()] = callback->state_dict();
+    }
+  }
+  write_checkpoint(*world_, path, strategy_->gather_weights(*module_), state,
+                   [&](const std::string& rank_file) {
+                     torch::serialize::OutputArchive archive;
+                     if (optimizer_) {
+                       torch::serialize::OutputArchive optimizer_archive;
+                       optimizer_->save(optimizer_archive);
+                       archive.write("optimizer", optimizer_archive);
+                     }
+                     archive.write("cpu_rng_state", RngState::capture().cpu_state());
+                     archive.save_to(rank_file);
+                   });
+}
+
+std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
+  if (ckpt_path != "last") return ckpt_path;
+  // The newest last.ckpt under this root's versions, as Lightning's ckpt_path="last".
+  std::string newest;
+  fs::file_time_type newest_time;
+  const fs::path logs = fs::path(options_.default_root_dir()) / "lightning_logs";
+  if (fs::exists(logs)) {
+    for (const auto& entry : fs::recursive_directory_iterator(logs)) {
+      if (entry.is_directory() && entry.path().filename() == "last.ckpt") {
+        const auto time = fs::last_write_time(entry.path());
+        if (newest.empty() || time > newest_time) {
+          newest = entry.path().string();
+          newest_time = time;
+        }
+      }
+    }
+  }
+  if (newest.empty()) {
+    throw std::runtime_error("--ckpt-path last: no last.ckpt under " + logs.string() +
+                             " (save one with ModelCheckpoint's save_last, or pass a path)");
+  }
+  return newest;
+}
+
+void Trainer::restore(Module& module, const std::string& path, bool full) {
+  // Everything is read and checked before anything is changed.
+  const TrainingState state = read_training_state(path);
+  const auto weights = read_checkpoint_weights(path);
+  if (full && (state.layout != strategy_->layout() || state.world_size != world_->size())) {
+    std::string saved, now;
+    for (const auto& [k, v] : state.layout) saved += " " + k + "=" + v;
+    for (const auto& [k, v] : strategy_->layout()) now += " " + k + "=" + v;
+    throw std::runtime_error("checkpoint " + path + " was saved with" + saved +
+                             " and cannot resume training with" + now +
+                             " (optimizer state is per stage); its weights load into any layout "
+                             "with validate, test or predict");
+  }
+  torch::serialize::InputArchive archive;
+  if (full) {
+    const auto rank_file = checkpoint_rank_path(path, world_->rank());
+    try {
+      archive.load_from(rank_file);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("checkpoint " + path + ": cannot read " + rank_file + " (" +
+                               error_message(e) + ")");
+    }
+  }
+  auto layers = module.layers();
+  load_weights(layers, weights, checkpoint_weights_path(path));
+  if (!full) return;
+
+  torch::serialize::InputArchive optimizer_archive;
+  if (optimizer_ && archive.try_read("optimizer", optimizer_archive)) {
+    optimizer_->load(optimizer_archive);
+  }
+  at::Tensor rng_state;
+  if (archive.try_read("cpu_rng_state", rng_state)) RngState::from(rng_state).restore();
+  if (lr_scheduler_ && state.lr_scheduler_steps >= 0) {
+    lr_scheduler_->set_step_count(state.lr_scheduler_steps);
+  }
+  for (auto& callback : options_.callbacks()) {
+    const auto it = state.callbacks.find(callback->state_key());
+    if (it != state.callbacks.end()) callback->load_state_dict(it->second);
+  }
+  global_step_ = state.global_step;
+  current_epoch_ = state.epoch_finished ? state.epoch + 1 : state.epoch;
+  resume_batch_idx_ = state.epoch_finished ? 0 : state.batch_idx;
 }
 
 }  // namespace pipetrain

@@ -130,11 +130,12 @@ TEST(BadInput, PeerKilledMidStep) {
   const auto rank1 = start_command(argv, env);
 
   const auto deadline = std::chrono::steady_clock::now() + kLimit;
-  while (read_output(rank0).find("step 20 ") == std::string::npos &&
+  const std::string progress = "Epoch 0: 20/";
+  while (read_output(rank0).find(progress) == std::string::npos &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ASSERT_NE(read_output(rank0).find("step 20 "), std::string::npos) << read_output(rank0);
+  ASSERT_NE(read_output(rank0).find(progress), std::string::npos) << read_output(rank0);
   kill(rank1.pid, SIGKILL);
   wait_command(rank1, kLimit);
   const auto killed_at = std::chrono::steady_clock::now();

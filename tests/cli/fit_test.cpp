@@ -39,7 +39,7 @@ TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
     EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
   }
   EXPECT_EQ(read_csv_column(metrics_csv(root + "/pipe"), "step").back(), 11);
-  EXPECT_NE(pipe.output.find("metrics.csv"), std::string::npos) << pipe.output;
+  EXPECT_NE(pipe.output.find("lightning_logs/version_0"), std::string::npos) << pipe.output;
   std::filesystem::remove_all(root);
 }
 

@@ -33,10 +33,11 @@ TEST(BalanceBySize, CountsParameterElements) {
 
 TEST(BalanceByTime, GivesTheSlowLayerAStageOfItsOwn) {
   torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(512, 512), torch::nn::Linear(512, 512),
-                              torch::nn::Linear(512, 512), torch::nn::Linear(512, 8),
-                              torch::nn::Linear(8, 8), torch::nn::Linear(8, 8));
-  const auto balance = balance_by_time(model, torch::randn({256, 512}), 3);
+  torch::nn::Sequential model(torch::nn::Linear(1024, 1024), torch::nn::Linear(1024, 1024),
+                              torch::nn::Linear(1024, 1024), torch::nn::Linear(1024, 4),
+                              torch::nn::Linear(4, 4), torch::nn::Linear(4, 4));
+  // Each wide layer costs ~1000x a narrow one, far beyond timing noise on a busy machine.
+  const auto balance = balance_by_time(model, torch::randn({256, 1024}), 3, /*repeats=*/9);
   ASSERT_EQ(balance.size(), 3u);
   EXPECT_EQ(balance[0] + balance[1] + balance[2], 6);
   // The three wide layers dominate: they must not share a stage.

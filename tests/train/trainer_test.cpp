@@ -26,7 +26,7 @@ class Regression : public Module {
     log("rows", static_cast<double>(batch.data.size(0)));
     return loss;
   }
-  std::unique_ptr<torch::optim::Optimizer> configure_optimizers() override {
+  OptimizerConfig configure_optimizers() override {
     return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
   }
 };
@@ -80,31 +80,46 @@ TEST(Trainer, MaxStepsStopsMidEpochAndLogEveryNStepsFollowsLightning) {
   std::filesystem::remove_all(root);
 }
 
-// A strategy of the user's own: single-process, but it counts its steps.
+// A strategy of the user's own: `single`, counting its steps.
 int64_t counted_steps = 0;
 class CountingStrategy : public Strategy {
  public:
-  int64_t world_size() const override { return 1; }
-  void setup(Module& module, std::shared_ptr<World>) override {
-    module.place([&module](const at::Tensor& x) { return module.layers()->forward(x); },
-                 module.layers());
+  explicit CountingStrategy(const TrainerOptions& options)
+      : inner_(create_strategy("single", options)) {}
+  int64_t world_size() const override { return inner_->world_size(); }
+  void setup(Module& module, std::shared_ptr<World> world) override {
+    inner_->setup(module, std::move(world));
   }
-  void training_step(Module& module, const Batch& batch, int64_t batch_idx,
+  void training_step(Module& module, const Batch& batch, int64_t batch_idx, double loss_scale,
                      LoggedMetrics& metrics) override {
     ++counted_steps;
-    module.set_log_target(&metrics, batch.data.size(0));
-    module.training_step(batch, batch_idx).backward();
-    module.set_log_target(nullptr, 0);
+    inner_->training_step(module, batch, batch_idx, loss_scale, metrics);
   }
-  std::map<std::string, double> reduce_metrics(const LoggedMetrics& metrics) override {
-    return metrics.means();
+  void evaluation_step(Module& module, const Batch& batch, int64_t batch_idx,
+                       const EvaluationStep& step, LoggedMetrics& metrics) override {
+    inner_->evaluation_step(module, batch, batch_idx, step, metrics);
   }
-  std::string describe() const override { return "counting"; }
+  at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx) override {
+    return inner_->predict_step(module, batch, batch_idx);
+  }
+  ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) override {
+    return inner_->reduce_metrics(metrics);
+  }
+  double gradient_norm(Module& module) override { return inner_->gradient_norm(module); }
+  std::map<std::string, at::Tensor> gather_weights(Module& module) override {
+    return inner_->gather_weights(module);
+  }
+  std::map<std::string, std::string> layout() const override { return inner_->layout(); }
+  std::string describe() const override { return "counting " + inner_->describe(); }
+
+ private:
+  std::unique_ptr<Strategy> inner_;
 };
 
 TEST(StrategyRegistry, UserStrategiesAreChosenByName) {
-  register_strategy("counting",
-                    [](const TrainerOptions&) { return std::make_unique<CountingStrategy>(); });
+  register_strategy("counting", [](const TrainerOptions& options) {
+    return std::make_unique<CountingStrategy>(options);
+  });
   const auto names = strategy_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "counting"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "pipe"), names.end());

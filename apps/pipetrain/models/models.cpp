@@ -1,0 +1,140 @@
+#include "models/models.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <stdexcept>
+
+namespace pipetrain::cli {
+namespace {
+
+// Data comes from its own generator so it never depends on --seed or on what ran before.
+at::Generator data_generator(uint64_t seed) {
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+// Lightning's BoringModel: a linear layer regressed towards ones on random inputs (with one hidden
+// layer here, so that it has something to split into two stages).
+class BoringModel : public Module {
+ public:
+  explicit BoringModel(double lr)
+      : Module(torch::nn::Sequential(torch::nn::Linear(32, 32), torch::nn::ReLU(),
+                                     torch::nn::Linear(32, 2))),
+        lr_(lr) {}
+
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    log("train_loss", loss, LogOptions().prog_bar(true));
+    return loss;
+  }
+
+  void validation_step(const Batch& batch, int64_t) override {
+    log("val_loss", torch::mse_loss(forward(batch.data), batch.target),
+        LogOptions().prog_bar(true));
+  }
+
+  void test_step(const Batch& batch, int64_t) override {
+    log("test_loss", torch::mse_loss(forward(batch.data), batch.target));
+  }
+
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(lr_));
+  }
+
+ private:
+  double lr_;
+};
+
+constexpr int64_t kMlpFeatures = 32;
+constexpr int64_t kMlpHidden = 128;
+constexpr int64_t kMlpClasses = 10;
+constexpr int64_t kMlpLinears = 8;
+
+// Eight Linear layers with ReLU (and optional dropout) between them, classifying points labelled
+// by a fixed random linear teacher.
+class MlpModel : public Module {
+ public:
+  MlpModel(double lr, double dropout) : Module(build(dropout)), lr_(lr) {}
+
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = torch::cross_entropy_loss(forward(batch.data), batch.target);
+    log("train_loss", loss, LogOptions().prog_bar(true));
+    return loss;
+  }
+
+  void validation_step(const Batch& batch, int64_t) override { evaluate(batch, "val"); }
+  void test_step(const Batch& batch, int64_t) override { evaluate(batch, "test"); }
+
+  at::Tensor predict_step(const Batch& batch, int64_t) override {
+    return forward(batch.data).argmax(1);
+  }
+
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(lr_));
+  }
+
+ private:
+  void evaluate(const Batch& batch, const std::string& prefix) {
+    const auto logits = forward(batch.data);
+    log(prefix + "_loss", torch::cross_entropy_loss(logits, batch.target),
+        LogOptions().prog_bar(true));
+    log(prefix + "_acc", logits.argmax(1).eq(batch.target).to(torch::kFloat32).mean());
+  }
+
+  static torch::nn::Sequential build(double dropout) {
+    torch::nn::Sequential seq;
+    for (int64_t i = 0; i < kMlpLinears; ++i) {
+      const int64_t in = i == 0 ? kMlpFeatures : kMlpHidden;
+      const int64_t out = i == kMlpLinears - 1 ? kMlpClasses : kMlpHidden;
+      seq->push_back(torch::nn::Linear(in, out));
+      if (i == kMlpLinears - 1) break;
+      seq->push_back(torch::nn::ReLU());
+      if (dropout > 0) seq->push_back(torch::nn::Dropout(dropout));
+    }
+    return seq;
+  }
+
+  double lr_;
+};
+
+TensorDataset rows(const TensorDataset& data, int64_t begin, int64_t end) {
+  return {data.inputs.slice(0, begin, end), data.targets.slice(0, begin, end)};
+}
+
+}  // namespace
+
+std::vector<std::string> model_names() { return {"boring", "mlp", "gpt"}; }
+
+BuiltInModel make_model(const ModelOptions& options) {
+  torch::NoGradGuard no_grad;
+  BuiltInModel built;
+  if (options.name == "boring") {
+    built.module = std::make_unique<BoringModel>(options.lr);
+    auto inputs = torch::randn({128, 32}, data_generator(42));
+    const TensorDataset all{inputs, torch::ones({128, 2})};
+    built.train = rows(all, 0, 64);
+    built.val = rows(all, 64, 128);
+  } else if (options.name == "mlp") {
+    built.module = std::make_unique<MlpModel>(options.lr, options.dropout);
+    auto gen = data_generator(1234);
+    auto inputs = torch::randn({5120, kMlpFeatures}, gen);
+    auto teacher = torch::randn({kMlpFeatures, kMlpClasses}, gen);
+    const TensorDataset all{inputs, inputs.matmul(teacher).argmax(1)};
+    built.train = rows(all, 0, 4096);
+    built.val = rows(all, 4096, 5120);
+  } else if (options.name == "gpt") {
+    auto corpus = load_corpus(options.corpus);
+    GptConfig config;
+    config.vocab_size = corpus.vocab.size();
+    config.dropout = options.dropout;
+    built.module = std::make_unique<GptModel>(config, options.lr);
+    built.train = make_char_windows(corpus.train_tokens, config.block_size, config.block_size / 2);
+    built.val = make_char_windows(corpus.val_tokens, config.block_size, config.block_size);
+    built.vocabulary = corpus.vocab;
+  } else {
+    throw std::invalid_argument("unknown model '" + options.name + "': use boring, mlp or gpt");
+  }
+  return built;
+}
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,51 @@
+// Checkpoint files: a `<name>.ckpt` folder holding everything needed to resume training exactly.
+//   model.safetensors    every weight of the whole Sequential under its global name ("3.weight"),
+//                        so a file saved by any layout loads into any other
+//   trainer_state.json   epoch, step and loop position, scheduler steps, layout, callback state
+//   rank-<r>.pt          rank r's optimizer state and random generator state (same layout only)
+// The folder is written under a temporary name and renamed into place (an atomic exchange when
+// it already exists), so a crash mid-save never leaves a broken checkpoint at the final name.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+namespace pipetrain {
+
+class World;
+
+struct TrainingState {
+  int64_t epoch = 0;
+  int64_t global_step = 0;
+  int64_t batch_idx = 0;            // the next training batch of `epoch` to run
+  bool epoch_finished = false;      // the epoch's end-of-epoch work is done
+  int64_t lr_scheduler_steps = -1;  // -1: no scheduler
+  int64_t world_size = 1;
+  std::map<std::string, std::string> layout;
+  std::map<std::string, std::map<std::string, std::string>> callbacks;
+};
+
+std::string checkpoint_weights_path(const std::string& checkpoint);
+std::string checkpoint_rank_path(const std::string& checkpoint, int64_t rank);
+
+// Collective. Rank 0 writes `weights` and `state`; every rank calls `write_rank_state` with the
+// path of its own file; then rank 0 moves the folder into place.
+void write_checkpoint(const World& world, const std::string& path,
+                      const std::map<std::string, at::Tensor>& weights, const TrainingState& state,
+                      const std::function<void(const std::string& rank_file)>& write_rank_state);
+
+TrainingState read_training_state(const std::string& checkpoint);
+std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& checkpoint);
+
+// Copies `weights` into `model` after checking that every parameter and buffer is there with its
+// shape and no name is unknown; on any mismatch throws before touching the model. `source` names
+// the file in messages.
+void load_weights(torch::nn::Sequential& model, const std::map<std::string, at::Tensor>& weights,
+                  const std::string& source);
+
+}  // namespace pipetrain

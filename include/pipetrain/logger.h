@@ -1,0 +1,28 @@
+// Where metrics go, as Lightning's Logger: several may be active at once, each writing into the
+// run's version_<N> directory in its own format. Only rank 0 has loggers.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace pipetrain {
+
+class Logger {
+ public:
+  virtual ~Logger() = default;
+  virtual std::string name() const = 0;
+  // <root>/lightning_logs/version_<N>.
+  virtual std::string log_dir() const = 0;
+  virtual void log_hyperparams(const std::map<std::string, std::string>& params) = 0;
+  virtual void log_metrics(const std::map<std::string, double>& metrics, int64_t step) = 0;
+  // Makes what was logged durable (called at each logging step and at the end).
+  virtual void save() = 0;
+};
+
+// The next free version number under <root_dir>/<name> (0 when there is none).
+int64_t next_log_version(const std::string& root_dir, const std::string& name = "lightning_logs");
+// <root_dir>/<name>/version_<version>, created.
+std::string make_log_dir(const std::string& root_dir, const std::string& name, int64_t version);
+
+}  // namespace pipetrain

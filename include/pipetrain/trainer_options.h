@@ -1,0 +1,81 @@
+// Everything a Trainer can be told, under Lightning's names.
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipetrain/pipe.h"
+
+namespace pipetrain {
+
+class Callback;
+
+// How many batches of a loader to use (or, for val_check_interval, how often): Lightning's
+// int-or-float arguments. A fraction of 1.0 means all of them.
+class BatchLimit {
+ public:
+  static BatchLimit fraction(double f);
+  static BatchLimit count(int64_t n);
+  // "0.25" -> fraction, "10" -> count; throws std::invalid_argument naming `text`.
+  static BatchLimit parse(const std::string& text);
+  BatchLimit() = default;
+
+  // The number of batches out of `available`.
+  int64_t of(int64_t available) const;
+  bool is_fraction() const { return is_fraction_; }
+  double value() const { return value_; }
+  std::string to_string() const;
+
+ private:
+  bool is_fraction_ = true;
+  double value_ = 1.0;
+};
+
+struct TrainerOptions {
+  // "single" | "pipe" | any registered name.
+  TORCH_ARG(std::string, strategy) = "single";
+  // Processes to run on; under `pipe`, the number of stages.
+  TORCH_ARG(int64_t, devices) = 1;
+  // How `pipe` splits the model and schedules micro-batches.
+  TORCH_ARG(PipeOptions, pipe) = {};
+
+  TORCH_ARG(int64_t, max_epochs) = 1000;
+  TORCH_ARG(int64_t, min_epochs) = 0;
+  // -1: no limit.
+  TORCH_ARG(int64_t, max_steps) = -1;
+  // Seconds of training after which fit stops; <= 0: no limit.
+  TORCH_ARG(double, max_time) = 0;
+  TORCH_ARG(BatchLimit, limit_train_batches) = {};
+  TORCH_ARG(BatchLimit, limit_val_batches) = {};
+  TORCH_ARG(BatchLimit, limit_test_batches) = {};
+  TORCH_ARG(BatchLimit, limit_predict_batches) = {};
+  // Validate after this fraction of an epoch, or every this many training batches.
+  TORCH_ARG(BatchLimit, val_check_interval) = {};
+  TORCH_ARG(int64_t, check_val_every_n_epoch) = 1;
+  TORCH_ARG(int64_t, num_sanity_val_steps) = 2;
+  TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
+  // 0: no clipping. "norm" clips by the global norm over all stages; "value" clamps elements.
+  TORCH_ARG(double, gradient_clip_val) = 0;
+  TORCH_ARG(std::string, gradient_clip_algorithm) = "norm";
+  // N > 0: run N batches of train/val/test once, with no loggers or checkpoints (a smoke test).
+  TORCH_ARG(int64_t, fast_dev_run) = 0;
+  TORCH_ARG(bool, deterministic) = false;
+  TORCH_ARG(bool, enable_progress_bar) = true;
+  TORCH_ARG(bool, enable_checkpointing) = true;
+  TORCH_ARG(int64_t, log_every_n_steps) = 50;
+  // "32-true" | "bf16-mixed" (autocast to bfloat16, fp32 weights).
+  TORCH_ARG(std::string, precision) = "32-true";
+  // Which loggers rank 0 writes: "csv", "tensorboard"; empty: none.
+  TORCH_ARG(std::vector<std::string>, loggers) = std::vector<std::string>{"csv", "tensorboard"};
+  TORCH_ARG(std::vector<std::shared_ptr<Callback>>, callbacks) = {};
+  TORCH_ARG(uint64_t, seed) = 0;
+  TORCH_ARG(std::string, default_root_dir) = ".";
+  // Longest wait for another rank before giving up with an error.
+  TORCH_ARG(int64_t, timeout_seconds) = 300;
+};
+
+}  // namespace pipetrain

@@ -1,0 +1,65 @@
+#include "pipetrain/trainer_options.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace pipetrain {
+
+BatchLimit BatchLimit::fraction(double f) {
+  if (!(f >= 0.0 && f <= 1.0)) {
+    throw std::invalid_argument("a fraction of batches must be between 0.0 and 1.0 (got " +
+                                std::to_string(f) + "); give a whole number for a count");
+  }
+  BatchLimit limit;
+  limit.is_fraction_ = true;
+  limit.value_ = f;
+  return limit;
+}
+
+BatchLimit BatchLimit::count(int64_t n) {
+  if (n < 0) {
+    throw std::invalid_argument("a number of batches cannot be negative (got " + std::to_string(n) +
+                                ")");
+  }
+  BatchLimit limit;
+  limit.is_fraction_ = false;
+  limit.value_ = static_cast<double>(n);
+  return limit;
+}
+
+BatchLimit BatchLimit::parse(const std::string& text) {
+  try {
+    size_t used = 0;
+    if (text.find_first_of(".eE") != std::string::npos) {
+      const double f = std::stod(text, &used);
+      if (used == text.size()) return fraction(f);
+    } else {
+      const long long n = std::stoll(text, &used);
+      if (used == text.size()) return count(n);
+    }
+  } catch (const std::invalid_argument&) {
+  } catch (const std::out_of_range&) {
+  }
+  throw std::invalid_argument("'" + text +
+                              "' is neither a count of batches (e.g. 10) nor a fraction (e.g. "
+                              "0.25)");
+}
+
+int64_t BatchLimit::of(int64_t available) const {
+  if (!is_fraction_) return std::min(available, static_cast<int64_t>(value_));
+  return static_cast<int64_t>(std::floor(value_ * static_cast<double>(available)));
+}
+
+std::string BatchLimit::to_string() const {
+  std::ostringstream out;
+  if (is_fraction_) {
+    out << value_;
+    if (value_ == std::floor(value_)) out << ".0";
+  } else {
+    out << static_cast<int64_t>(value_);
+  }
+  return out.str();
+}
+
+}  // namespace pipetrain

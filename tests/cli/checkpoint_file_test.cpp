@@ -1,0 +1,197 @@
+// Checkpoint files through the command: exact resume, loading across layouts, and damaged files
+// rejected with a clear error that changes nothing.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "pipetrain/safetensors.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> command(const std::string& subcommand, const std::string& root,
+                                 std::vector<std::string> extra) {
+  std::vector<std::string> argv{PIPETRAIN_CLI,
+                                subcommand,
+                                "--model",
+                                "mlp",
+                                "--batch-size",
+                                "32",
+                                "--seed",
+                                "5",
+                                "--default-root-dir",
+                                root,
+                                "--log-every-n-steps",
+                                "1",
+                                "--num-sanity-val-steps",
+                                "0",
+                                "--limit-val-batches",
+                                "4",
+                                "--logger",
+                                "csv"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+CommandResult run_ok(const std::vector<std::string>& argv) {
+  auto result = run_command(argv);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  return result;
+}
+
+std::string csv(const std::string& root, int version) {
+  return root + "/lightning_logs/version_" + std::to_string(version) + "/metrics.csv";
+}
+
+std::string last_checkpoint(const std::string& root) {
+  return root + "/lightning_logs/version_0/checkpoints/last.ckpt";
+}
+
+// Losses of the steps a resumed run logged equal those of the same steps run without a stop.
+void expect_exact_resume(const std::vector<std::string>& layout) {
+  const auto root = make_temp_dir("resume");
+  auto flags = layout;
+  flags.insert(flags.end(), {"--every-n-train-steps", "10"});
+  auto with = [&](std::vector<std::string> more) {
+    auto all = flags;
+    all.insert(all.end(), more.begin(), more.end());
+    return all;
+  };
+  run_ok(command("fit", root + "/straight", with({"--max-steps", "30"})));
+  run_ok(command("fit", root + "/stopped", with({"--max-steps", "20"})));
+  run_ok(command("fit", root + "/stopped", with({"--max-steps", "30", "--ckpt-path", "last"})));
+
+  const auto straight = read_csv_column(csv(root + "/straight", 0), "train_loss");
+  const auto resumed = read_csv_column(csv(root + "/stopped", 1), "train_loss");
+  const auto resumed_steps = read_csv_column(csv(root + "/stopped", 1), "step");
+  ASSERT_EQ(straight.size(), 30u);
+  ASSERT_EQ(resumed.size(), 10u);
+  EXPECT_EQ(resumed_steps.front(), 20);
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_EQ(resumed[i], straight[20 + i]) << "step " << 20 + i;  // exact: fp32 on CPU
+  }
+  fs::remove_all(root);
+}
+
+TEST(CheckpointFile, ResumeIsExactUnderSingle) { expect_exact_resume({"--strategy", "single"}); }
+
+TEST(CheckpointFile, ResumeIsExactUnderPipeWithDropoutAndRecomputation) {
+  expect_exact_resume({"--strategy", "pipe", "--devices", "2", "--chunks", "2", "--checkpoint",
+                       "always", "--dropout", "0.2", "--schedule", "1f1b"});
+}
+
+TEST(CheckpointFile, SavedWithTwoStagesLoadsIntoOneAndThreeWithTheSameValidationLoss) {
+  const auto root = make_temp_dir("layouts");
+  run_ok(command("fit", root, {"--strategy", "pipe", "--devices", "2", "--max-steps", "8"}));
+  const auto ckpt = last_checkpoint(root);
+  ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors"));
+
+  auto val_loss = [&](std::vector<std::string> layout) {
+    layout.insert(layout.end(), {"--ckpt-path", ckpt});
+    const auto eval_root = make_temp_dir("layouts-eval");
+    run_ok(command("validate", eval_root, layout));
+    const auto values = read_csv_column(csv(eval_root, 0), "val_loss");
+    EXPECT_EQ(values.size(), 1u);
+    return values.empty() ? -1.0 : values[0];
+  };
+  const double two = val_loss({"--strategy", "pipe", "--devices", "2"});
+  const double one = val_loss({"--strategy", "single"});
+  const double three = val_loss({"--strategy", "pipe", "--devices", "3", "--chunks", "2"});
+  EXPECT_NEAR(one, two, 1e-6 * two);
+  EXPECT_NEAR(three, two, 1e-6 * two);
+  // And a run with a different layout cannot resume its optimizer state.
+  const auto refused = run_command(
+      command("fit", root, {"--strategy", "pipe", "--devices", "3", "--ckpt-path", ckpt}));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("cannot resume training with"), std::string::npos)
+      << refused.output;
+  fs::remove_all(root);
+}
+
+class DamagedCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root = make_temp_dir("damaged");
+    run_ok(command("fit", root, {"--max-steps", "3"}));
+    ckpt = last_checkpoint(root);
+    weights = ckpt + "/model.safetensors";
+    original = read_bytes(weights);
+  }
+  void TearDown() override { fs::remove_all(root); }
+
+  static std::string read_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  static void write_bytes(const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  // Resuming from the damaged file fails with `phrase` in the message and writes nothing.
+  void expect_rejected(const std::string& phrase) {
+    const auto damaged = read_bytes(weights);
+    const auto before = fs::last_write_time(ckpt + "/trainer_state.json");
+    const auto result =
+        run_command(command("fit", root, {"--max-steps", "6", "--ckpt-path", ckpt}));
+    EXPECT_EQ(result.exit_code, 1) << result.output;
+    EXPECT_NE(result.output.find(phrase), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find(weights), std::string::npos) << result.output;
+    EXPECT_EQ(read_bytes(weights), damaged);
+    EXPECT_EQ(fs::last_write_time(ckpt + "/trainer_state.json"), before);
+    EXPECT_FALSE(fs::exists(root + "/lightning_logs/version_1/checkpoints"));
+  }
+
+  std::string root, ckpt, weights, original;
+};
+
+TEST_F(DamagedCheckpoint, Truncated) {
+  write_bytes(weights, original.substr(0, original.size() / 2));
+  expect_rejected("truncated");
+}
+
+TEST_F(DamagedCheckpoint, MissingTensor) {
+  auto tensors = load_safetensors(weights);
+  tensors.erase("2.weight");
+  save_safetensors(weights, tensors);
+  expect_rejected("has no tensor '2.weight'");
+}
+
+TEST_F(DamagedCheckpoint, WrongShape) {
+  auto tensors = load_safetensors(weights);
+  tensors["2.weight"] = tensors["2.weight"].slice(0, 0, 3).clone();
+  save_safetensors(weights, tensors);
+  expect_rejected("holds '2.weight' with shape [3, 128]");
+}
+
+TEST_F(DamagedCheckpoint, MissingFolder) {
+  const auto result = run_command(command("validate", root, {"--ckpt-path", root + "/nope.ckpt"}));
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.output.find("nope.ckpt does not exist"), std::string::npos) << result.output;
+}
+
+TEST(CheckpointFile, GradientClippingAndAccumulationUnderPipeEqualSingle) {
+  const auto root = make_temp_dir("clip");
+  const std::vector<std::string> common{
+      "--max-steps", "12", "--gradient-clip-val", "0.05", "--accumulate-grad-batches", "2"};
+  auto single = common;
+  single.insert(single.end(), {"--strategy", "single"});
+  auto pipe = common;
+  pipe.insert(pipe.end(), {"--strategy", "pipe", "--devices", "3", "--chunks", "4"});
+  run_ok(command("fit", root + "/single", single));
+  run_ok(command("fit", root + "/pipe", pipe));
+  const auto expected = read_csv_column(csv(root + "/single", 0), "train_loss");
+  const auto actual = read_csv_column(csv(root + "/pipe", 0), "train_loss");
+  ASSERT_EQ(expected.size(), 12u);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * expected[i]) << "step " << i;
+  }
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
