@@ -294,9 +294,10 @@ int run(const std::string& command, const Args& a) {
     const auto outputs = trainer.predict(*model.module, loader(model.val, a, false), a.ckpt_path);
     if (trainer.is_global_zero()) {
       const auto all = torch::cat(outputs);
-      std::cout << "predicted " << all.size(0)
-                << " rows; first: " << all.slice(0, 0, std::min<int64_t>(8, all.size(0))).flatten()
-                << std::endl;
+      const auto first = all.slice(0, 0, std::min<int64_t>(16, all.size(0))).flatten();
+      std::cout << "predicted " << all.size(0) << " rows; first:";
+      for (int64_t i = 0; i < first.numel(); ++i) std::cout << " " << first[i].item<double>();
+      std::cout << std::endl;
     }
   }
   return 0;
@@ -309,7 +310,9 @@ int main(int argc, char** argv) {
       "pipetrain: train LibTorch Sequential models on one device or split into a pipeline"};
   app.option_defaults()->always_capture_default();
   app.require_subcommand(1);
-  Args args;
+  // One Args per subcommand: CLI11 applies environment variables to every subcommand's options,
+  // so shared storage would let another subcommand's environment value win over a flag.
+  std::map<std::string, Args> args;
   const std::vector<std::pair<std::string, std::string>> commands{
       {"fit", "train a built-in model"},
       {"validate", "evaluate on the validation data"},
@@ -318,7 +321,7 @@ int main(int argc, char** argv) {
   std::map<std::string, CLI::App*> subcommands;
   for (const auto& [name, help] : commands) {
     subcommands[name] = app.add_subcommand(name, help);
-    add_flags(*subcommands[name], args);
+    add_flags(*subcommands[name], args[name]);
   }
   const char* rank = std::getenv("RANK");
   const std::string who = rank ? std::string("rank ") + rank + ": " : "";
@@ -335,7 +338,7 @@ int main(int argc, char** argv) {
 
   try {
     for (const auto& [name, sub] : subcommands) {
-      if (sub->parsed()) return run(name, args);
+      if (sub->parsed()) return run(name, args[name]);
     }
   } catch (const std::exception& e) {
     std::cerr << "pipetrain: error: " << who << pipetrain::error_message(e) << std::endl;

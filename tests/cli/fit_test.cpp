@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "support/command.h"
 #include "support/multiprocess.h"
@@ -56,6 +57,68 @@ TEST(FitCommand, HelpListsEveryFlagWithItsDefault) {
   const auto top = run_command({PIPETRAIN_CLI, "--help"});
   EXPECT_EQ(top.exit_code, 0);
   EXPECT_NE(top.output.find("fit"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
+
+namespace pipetrain::testing {
+namespace {
+
+TEST(FitCommand, ConfigFileEnvironmentAndFlagsInThatOrderOfStrength) {
+  const auto root = make_temp_dir("config");
+  const auto config = root + "/config.json";
+  std::ofstream(config) << R"({"model": "boring", "max_steps": 3, "log_every_n_steps": 1,
+                               "logger": ["csv"], "batch_size": 16})";
+  // The config says 3 steps, the environment 5, the command line 4.
+  const auto result = run_command(
+      {PIPETRAIN_CLI, "fit", "--config", config, "--max-steps", "4", "--default-root-dir", root},
+      {{"PIPETRAIN_MAX_STEPS", "5"}, {"PIPETRAIN_SEED", "9"}});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(read_csv_column(root + "/lightning_logs/version_0/metrics.csv", "train_loss").size(),
+            4u);
+  const auto from_env =
+      run_command({PIPETRAIN_CLI, "fit", "--config", config, "--default-root-dir", root},
+                  {{"PIPETRAIN_MAX_STEPS", "5"}});
+  ASSERT_EQ(from_env.exit_code, 0) << from_env.output;
+  EXPECT_EQ(read_csv_column(root + "/lightning_logs/version_1/metrics.csv", "train_loss").size(),
+            5u);
+
+  std::ofstream(config) << R"({"max_stepz": 3})";
+  const auto bad = run_command({PIPETRAIN_CLI, "fit", "--config", config});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("unknown key 'max_stepz'"), std::string::npos) << bad.output;
+  std::filesystem::remove_all(root);
+}
+
+TEST(PredictCommand, PipeReturnsTheSamePredictionsInTheSameOrderAsSingle) {
+  const auto root = make_temp_dir("predict");
+  const std::vector<std::string> base{PIPETRAIN_CLI,
+                                      "predict",
+                                      "--model",
+                                      "mlp",
+                                      "--seed",
+                                      "4",
+                                      "--default-root-dir",
+                                      root,
+                                      "--logger",
+                                      "none",
+                                      "--limit-predict-batches",
+                                      "3"};
+  auto single = base;
+  const auto one = run_command(single);
+  auto pipe = base;
+  pipe.insert(pipe.end(), {"--strategy", "pipe", "--devices", "3", "--chunks", "5"});
+  const auto three = run_command(pipe);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  auto predictions = [](const std::string& output) {
+    const auto at = output.find("predicted ");
+    return at == std::string::npos ? std::string() : output.substr(at, output.find('\n', at) - at);
+  };
+  EXPECT_NE(predictions(one.output).find("predicted 96 rows"), std::string::npos) << one.output;
+  EXPECT_EQ(predictions(three.output), predictions(one.output));
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
