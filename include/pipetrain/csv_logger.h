@@ -32,8 +32,7 @@ class CSVLogger : public Logger {
  private:
   std::string log_dir_;
   std::vector<std::string> columns_;
-  std::vector<std::map<std::string, double>> rows_;
-  size_t saved_rows_ = 0;
+  std::vector<std::map<std::string, double>> pending_;  // logged, not yet in the file
   size_t saved_columns_ = 0;
 };
 

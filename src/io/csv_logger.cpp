@@ -31,14 +31,29 @@ void CSVLogger::log_metrics(const std::map<std::string, double>& metrics, int64_
     if (std::find(columns_.begin(), columns_.end(), key) == columns_.end()) fresh.push_back(key);
   }
   columns_.insert(columns_.end(), fresh.begin(), fresh.end());  // std::map keeps them sorted
-  rows_.push_back(std::move(row));
+  pending_.push_back(std::move(row));
 }
 
+// Saved rows live only in the file (a long run keeps no history in memory); new columns are
+// appended, so widening the file only means extending its header and padding the old lines.
 void CSVLogger::save() {
   const std::string path = metrics_path();
-  const bool rewrite = columns_.size() != saved_columns_;
-  std::ofstream out(path, rewrite ? std::ios::trunc : std::ios::app);
-  auto write_row = [&](const std::map<std::string, double>& row) {
+  std::vector<std::string> old_lines;
+  const bool widen = columns_.size() != saved_columns_;
+  if (widen && saved_columns_ > 0) {
+    std::ifstream in(path);
+    std::string line;
+    std::getline(in, line);  // the old header
+    while (std::getline(in, line)) old_lines.push_back(line);
+  }
+  std::ofstream out(path, widen ? std::ios::trunc : std::ios::app);
+  if (widen) {
+    for (size_t c = 0; c < columns_.size(); ++c) out << (c ? "," : "") << columns_[c];
+    out << '\n';
+    const std::string padding(columns_.size() - saved_columns_, ',');
+    for (const auto& line : old_lines) out << line << padding << '\n';
+  }
+  for (const auto& row : pending_) {
     for (size_t c = 0; c < columns_.size(); ++c) {
       if (c) out << ',';
       const auto it = row.find(columns_[c]);
@@ -51,17 +66,10 @@ void CSVLogger::save() {
       }
     }
     out << '\n';
-  };
-  if (rewrite) {
-    for (size_t c = 0; c < columns_.size(); ++c) out << (c ? "," : "") << columns_[c];
-    out << '\n';
-    for (const auto& row : rows_) write_row(row);
-  } else {
-    for (size_t r = saved_rows_; r < rows_.size(); ++r) write_row(rows_[r]);
   }
   out.flush();
   if (!out) throw std::runtime_error("could not write " + path);
-  saved_rows_ = rows_.size();
+  pending_.clear();
   saved_columns_ = columns_.size();
 }
 

@@ -128,6 +128,13 @@ TEST(BadInput, PeerKilledMidStep) {
   const auto rank0 = start_command(argv, env);
   env["RANK"] = env["LOCAL_RANK"] = "1";
   const auto rank1 = start_command(argv, env);
+  // Whatever happens below, neither rank outlives the test.
+  struct Reaper {
+    std::vector<int> pids;
+    ~Reaper() {
+      for (int pid : pids) kill(-pid, SIGKILL);
+    }
+  } reaper{{rank0.pid, rank1.pid}};
 
   const auto deadline = std::chrono::steady_clock::now() + kLimit;
   const std::string progress = "Epoch 0: 20/";

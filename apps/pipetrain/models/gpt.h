@@ -64,7 +64,7 @@ TensorDataset make_char_windows(const at::Tensor& tokens, int64_t block_size, in
 //              MLP of 4 * n_embd with GELU
 //   n_layer+1  final LayerNorm
 //   n_layer+2  linear head -> logits [B, T, vocab_size]
-// Draws its initial weights (normal, std 0.02, as GPT-2) from the default generator.
+// Draws its initial weights (LibTorch's defaults) from the default generator.
 torch::nn::Sequential make_gpt(const GptConfig& config);
 
 // Next-character prediction: cross-entropy of every position, AdamW.
