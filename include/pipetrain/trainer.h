@@ -27,6 +27,7 @@ class LoggedMetrics;
 class LRScheduler;
 class Module;
 class ProgressBar;
+struct ReducedMetric;
 class Strategy;
 class World;
 
@@ -85,6 +86,8 @@ class Trainer {
                                                int64_t batches, bool test, bool record = true);
   void restore(Module& module, const std::string& ckpt_path, bool full);
   bool time_is_up() const;
+  // Keeps reduced metrics for callbacks (all) and the progress bar (those logged with prog_bar).
+  void remember(const std::map<std::string, ReducedMetric>& metrics);
 
   TrainerOptions options_;
   std::unique_ptr<Strategy> strategy_;
@@ -97,6 +100,7 @@ class Trainer {
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::string scheduler_interval_ = "epoch";
   std::map<std::string, double> callback_metrics_;
+  std::map<std::string, double> progress_metrics_;
   int64_t global_step_ = 0;
   int64_t current_epoch_ = 0;
   int64_t resume_batch_idx_ = 0;  // first batch of the next epoch run (resuming mid-epoch)

@@ -281,17 +281,17 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
       optimizer_step(module);
       if ((global_step_ + 1) % options_.log_every_n_steps() == 0) {
         const auto row = strategy_->reduce_metrics(window_metrics.step_view(true));
-        for (const auto& [name, metric] : row) callback_metrics_[name] = metric.value;
+        remember(row);
         auto values = values_of(row);
         values["epoch"] = static_cast<double>(current_epoch_);
         log_metrics(values, global_step_);
-        if (progress_) progress_->log_line(batch_idx + 1, values_of(row));
+        if (progress_) progress_->log_line(batch_idx + 1, progress_metrics_);
       }
       ++global_step_;
       window_metrics = LoggedMetrics();
     }
     next_batch_idx_ = batch_idx + 1;
-    if (progress_) progress_->update(batch_idx + 1, callback_metrics_);
+    if (progress_) progress_->update(batch_idx + 1, progress_metrics_);
     for (auto& callback : options_.callbacks()) {
       callback->on_train_batch_end(*this, module, batch, batch_idx);
     }
@@ -305,6 +305,10 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
       run_evaluation(module, *val_loader, state.val_batches, false);
       for (auto& callback : options_.callbacks()) callback->on_validation_end(*this, module);
       module.layers()->train();
+      if (progress_ && batch_idx + 1 < state.train_batches) {
+        progress_->start("Epoch " + std::to_string(current_epoch_), state.train_batches,
+                         batch_idx + 1);
+      }
     }
 
     if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) stop_requested_ = true;
@@ -316,7 +320,7 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
 
   const auto epoch_row = strategy_->reduce_metrics(epoch_metrics.epoch_view(true));
   if (!epoch_row.empty()) {
-    for (const auto& [name, metric] : epoch_row) callback_metrics_[name] = metric.value;
+    remember(epoch_row);
     auto values = values_of(epoch_row);
     values["epoch"] = static_cast<double>(current_epoch_);
     log_metrics(values, global_step_ - 1);
@@ -354,6 +358,13 @@ void Trainer::optimizer_step(Module& module) {
   if (lr_scheduler_ && scheduler_interval_ == "step") lr_scheduler_->step();
 }
 
+void Trainer::remember(const ReducedMetrics& metrics) {
+  for (const auto& [name, metric] : metrics) {
+    callback_metrics_[name] = metric.value;
+    if (metric.prog_bar) progress_metrics_[name] = metric.value;
+  }
+}
+
 bool Trainer::time_is_up() const {
   return now_seconds() - fit_start_seconds_ >= options_.max_time();
 }
@@ -388,8 +399,11 @@ std::map<std::string, double> Trainer::run_evaluation(Module& module, const Data
     }
     if (progress_) progress_->update(batch_idx + 1, {});
   }
-  if (progress_) progress_->finish();
   const auto reduced = strategy_->reduce_metrics(epoch_metrics.epoch_view(false));
+  if (progress_) {
+    progress_->log_line(batches, values_of(reduced));
+    progress_->finish();
+  }
   test ? module.on_test_epoch_end() : module.on_validation_epoch_end();
   for (auto& callback : callbacks) {
     test ? callback->on_test_epoch_end(*this, module)
@@ -397,7 +411,7 @@ std::map<std::string, double> Trainer::run_evaluation(Module& module, const Data
   }
   auto values = values_of(reduced);
   if (!record) return values;  // Lightning logs nothing from the sanity check
-  for (const auto& [name, value] : values) callback_metrics_[name] = value;
+  remember(reduced);
   if (!values.empty()) {
     auto row = values;
     row["epoch"] = static_cast<double>(current_epoch_);
