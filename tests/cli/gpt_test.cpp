@@ -136,6 +136,8 @@ TEST(GptModel, ShortTrainingLowersTheLoss) {
   const auto data = make_char_windows(vocab.encode(kText), 8, 4);
   GptModel model(tiny_config(vocab.size()), 1e-2);
   auto optimizer = model.configure_optimizers().optimizer;
+  // Matrices decay, biases and LayerNorm parameters do not.
+  ASSERT_EQ(optimizer->param_groups().size(), 2u);
   const Batch batch(data.inputs, data.targets);
   std::vector<double> losses;
   for (int step = 0; step < 60; ++step) {

@@ -1,7 +1,6 @@
 // The character-level GPT: its vocabulary and corpus, the Sequential a pipeline splits, the
 // Module the Trainer drives, and sampling. Attention is written out by hand because Debian's
-// libtorch 1.13 has no scaled_dot_product_attention (and a CPU model this small gains nothing
-// from a fused kernel).
+// libtorch 1.13 has no scaled_dot_product_attention.
 #include "models/gpt.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -296,10 +295,22 @@ void GptModel::validation_step(const Batch& batch, int64_t) {
 }
 
 OptimizerConfig GptModel::configure_optimizers() {
-  // nanoGPT's small-model settings: beta2 0.99 because few tokens pass per step.
-  return std::make_unique<torch::optim::AdamW>(
-      parameters(),
-      torch::optim::AdamWOptions(lr_).betas(std::make_tuple(0.9, 0.99)).weight_decay(0.1));
+  // As nanoGPT: weight decay on the matrices (linear weights, embeddings) only, since decaying
+  // biases and LayerNorm gains only fights the normalization; beta2 0.99 because a step sees few
+  // tokens, which makes the squared-gradient average noisy.
+  std::vector<at::Tensor> matrices, others;
+  for (const auto& p : parameters()) (p.dim() >= 2 ? matrices : others).push_back(p);
+  const auto options = torch::optim::AdamWOptions(lr_).betas(std::make_tuple(0.9, 0.99));
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!matrices.empty()) {
+    groups.emplace_back(matrices, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(options).weight_decay(0.1)));
+  }
+  if (!others.empty()) {
+    groups.emplace_back(others, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(options).weight_decay(0.0)));
+  }
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
 }
 
 std::string generate(torch::nn::Sequential gpt, const CharVocabulary& vocab,
@@ -318,41 +329,39 @@ std::string generate(torch::nn::Sequential gpt, const CharVocabulary& vocab,
   const auto device = parameters.empty() ? torch::Device(torch::kCPU) : parameters[0].device();
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
 
-  const bool was_training = gpt->is_training();
+  // Dropout off while sampling; the caller's mode comes back however this returns.
+  struct EvalMode {
+    torch::nn::Sequential gpt;
+    bool was_training;
+    ~EvalMode() { gpt->train(was_training); }
+  } eval_mode{gpt, gpt->is_training()};
   gpt->eval();
   torch::NoGradGuard no_grad;
   auto ids = vocab.encode(prompt);
   std::vector<int64_t> context(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
   std::string text = prompt;
-  try {
-    for (int64_t i = 0; i < max_new_tokens; ++i) {
-      // The model sees at most block_size characters: the latest ones.
-      const auto begin = context.size() > static_cast<size_t>(block_size)
-                             ? context.end() - block_size
-                             : context.begin();
-      const auto input = torch::tensor(std::vector<int64_t>(begin, context.end()), torch::kInt64)
-                             .unsqueeze(0)
-                             .to(device);
-      auto logits = gpt->forward(input).select(1, -1).squeeze(0).to(torch::kCPU, torch::kFloat32);
-      int64_t next;
-      if (temperature == 0) {
-        next = logits.argmax().item<int64_t>();
-      } else {
-        logits = logits / temperature;
-        if (top_k > 0 && top_k < logits.size(0)) {
-          const auto kth = std::get<0>(logits.topk(top_k)).min();
-          logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
-        }
-        next = torch::multinomial(torch::softmax(logits, -1), 1, false, generator).item<int64_t>();
+  for (int64_t i = 0; i < max_new_tokens; ++i) {
+    // The model sees at most block_size characters: the latest ones.
+    const auto begin = context.size() > static_cast<size_t>(block_size) ? context.end() - block_size
+                                                                        : context.begin();
+    const auto input = torch::tensor(std::vector<int64_t>(begin, context.end()), torch::kInt64)
+                           .unsqueeze(0)
+                           .to(device);
+    auto logits = gpt->forward(input).select(1, -1).squeeze(0).to(torch::kCPU, torch::kFloat32);
+    int64_t next;
+    if (temperature == 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      logits = logits / temperature;
+      if (top_k > 0 && top_k < logits.size(0)) {
+        const auto kth = std::get<0>(logits.topk(top_k)).min();
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
       }
-      context.push_back(next);
-      text.push_back(vocab.chars()[static_cast<size_t>(next)]);
+      next = torch::multinomial(torch::softmax(logits, -1), 1, false, generator).item<int64_t>();
     }
-  } catch (...) {
-    gpt->train(was_training);
-    throw;
+    context.push_back(next);
+    text.push_back(vocab.chars()[static_cast<size_t>(next)]);
   }
-  gpt->train(was_training);
   return text;
 }
 
