@@ -16,8 +16,10 @@ namespace pipetrain {
 class CSVLogger : public Logger {
  public:
   // Writes into version_<version> under <root_dir>/<name>; the next free one when unset.
+  // Rows are written every `flush_logs_every_n_steps` logging calls and at save().
   explicit CSVLogger(const std::string& root_dir, const std::string& name = "lightning_logs",
-                     std::optional<int64_t> version = std::nullopt);
+                     std::optional<int64_t> version = std::nullopt,
+                     int64_t flush_logs_every_n_steps = 100);
 
   std::string name() const override { return "csv"; }
   std::string log_dir() const override { return log_dir_; }
@@ -34,6 +36,7 @@ class CSVLogger : public Logger {
   std::vector<std::string> columns_;
   std::vector<std::map<std::string, double>> pending_;  // logged, not yet in the file
   size_t saved_columns_ = 0;
+  int64_t flush_every_ = 100;
 };
 
 }  // namespace pipetrain

@@ -13,9 +13,9 @@ namespace pipetrain {
 namespace fs = std::filesystem;
 
 CSVLogger::CSVLogger(const std::string& root_dir, const std::string& name,
-                     std::optional<int64_t> version)
-    : log_dir_(
-          make_log_dir(root_dir, name, version ? *version : next_log_version(root_dir, name))) {}
+                     std::optional<int64_t> version, int64_t flush_logs_every_n_steps)
+    : log_dir_(make_log_dir(root_dir, name, version ? *version : next_log_version(root_dir, name))),
+      flush_every_(std::max<int64_t>(1, flush_logs_every_n_steps)) {}
 
 void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
   std::ofstream out(log_dir_ + "/hparams.yaml");
@@ -32,6 +32,7 @@ void CSVLogger::log_metrics(const std::map<std::string, double>& metrics, int64_
   }
   columns_.insert(columns_.end(), fresh.begin(), fresh.end());  // std::map keeps them sorted
   pending_.push_back(std::move(row));
+  if (static_cast<int64_t>(pending_.size()) >= flush_every_) save();
 }
 
 // Saved rows live only in the file (a long run keeps no history in memory); new columns are

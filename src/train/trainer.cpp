@@ -155,10 +155,9 @@ void Trainer::print(const std::string& message) const {
 }
 
 void Trainer::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
-  for (auto& logger : loggers_) {
-    logger->log_metrics(metrics, step);
-    logger->save();
-  }
+  // Loggers buffer rows and write them in batches (as Lightning's flush_logs_every_n_steps);
+  // the Trainer makes them durable at epoch ends, checkpoints and the end of each loop.
+  for (auto& logger : loggers_) logger->log_metrics(metrics, step);
 }
 
 void Trainer::setup(Module& module) {
@@ -326,6 +325,7 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
     log_metrics(values, global_step_ - 1);
   }
   epoch_finished_ = true;
+  for (auto& logger : loggers_) logger->save();
   module.on_train_epoch_end();
   for (auto& callback : options_.callbacks()) callback->on_train_epoch_end(*this, module);
   if (lr_scheduler_ && scheduler_interval_ == "epoch") lr_scheduler_->step();
@@ -462,6 +462,7 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
 
 void Trainer::save_checkpoint(const std::string& path) {
   if (module_ == nullptr) throw std::logic_error("save_checkpoint needs a fit in progress");
+  for (auto& logger : loggers_) logger->save();  // the logs are at least as new as the checkpoint
   TrainingState state;
   state.epoch = current_epoch_;
   state.global_step = global_step_;
