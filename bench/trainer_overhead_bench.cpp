@@ -2,7 +2,7 @@
 // TensorBoard), the progress bar and callbacks (learning-rate monitor, early stopping, a
 // checkpoint callback that never fires during the timed steps), against a bare fit with all of
 // them off. Goal: at most 2% more time per step, with metrics logged every step (the worst case).
-//   build/bench/trainer_overhead_bench [steps=400] [rounds=5]
+//   build/bench/trainer_overhead_bench [steps=400] [rounds=5] [log_every_n_steps=1]
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -30,10 +30,10 @@ class Mlp : public pipetrain::Module {
   }
 };
 
-double seconds_per_step(bool machinery, int64_t steps, const std::string& root) {
+double seconds_per_step(bool machinery, int64_t steps, int64_t log_every, const std::string& root) {
   auto options = pipetrain::TrainerOptions()
                      .max_steps(steps)
-                     .log_every_n_steps(1)
+                     .log_every_n_steps(log_every)
                      .default_root_dir(root)
                      .num_sanity_val_steps(0);
   if (machinery) {
@@ -63,6 +63,7 @@ double seconds_per_step(bool machinery, int64_t steps, const std::string& root) 
 int main(int argc, char** argv) {
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 400;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 5;
+  const int64_t log_every = argc > 3 ? std::atoll(argv[3]) : 1;
   at::set_num_threads(1);
   const auto root = std::filesystem::temp_directory_path() / "pipetrain-trainer-overhead";
   std::vector<double> bare, full;
@@ -71,13 +72,13 @@ int main(int argc, char** argv) {
   FILE* table = fdopen(dup(fileno(stdout)), "w");
   (void)!freopen("/dev/null", "w", stdout);
   for (int r = 0; r < rounds; ++r) {
-    bare.push_back(seconds_per_step(false, steps, root.string()));
-    full.push_back(seconds_per_step(true, steps, root.string()));
+    bare.push_back(seconds_per_step(false, steps, log_every, root.string()));
+    full.push_back(seconds_per_step(true, steps, log_every, root.string()));
   }
   std::filesystem::remove_all(root);
   const double b = pipetrain::bench::median(bare), f = pipetrain::bench::median(full);
-  std::fprintf(table, "steps %lld x %d rounds, 1 thread, log_every_n_steps 1\n",
-               static_cast<long long>(steps), rounds);
+  std::fprintf(table, "steps %lld x %d rounds, 1 thread, log_every_n_steps %lld\n",
+               static_cast<long long>(steps), rounds, static_cast<long long>(log_every));
   std::fprintf(table, "| fit | ms/step (median) |\n|---|---|\n");
   std::fprintf(table, "| bare (no loggers, progress or callbacks) | %.3f |\n", 1e3 * b);
   std::fprintf(table, "| loggers + progress bar + callbacks | %.3f |\n", 1e3 * f);
