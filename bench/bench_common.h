@@ -5,10 +5,16 @@
 
 #include <torch/torch.h>
 
+#include <dlfcn.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -33,6 +39,50 @@ inline double median(std::vector<double> values) {
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// One thread for ATen's intra-op pool and for BLAS. at::set_num_threads does not reach OpenBLAS's
+// own pthreads (Debian's libtorch calls BLAS through libblas.so.3), so call OpenBLAS directly
+// when it is the BLAS in this process; OMP_NUM_THREADS / OPENBLAS_NUM_THREADS are then not needed.
+inline void use_one_thread() {
+  at::set_num_threads(1);
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(1);
+  }
+}
+
+// CPU time of this process, all its threads (Gloo's included).
+inline double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// CPU time of the calling thread.
+inline double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// CPU time every process of the machine has used since boot (/proc/stat: user, nice, system,
+// irq, softirq, steal). Its growth minus the benchmark's own CPU time is what other processes
+// took from the machine while the benchmark ran: a benchmark on a busy machine says so.
+inline double machine_busy_seconds() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  return (user + nice + system + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// The first three fields of /proc/loadavg, e.g. "0.12 0.30 0.41".
+inline std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
 }
 
 inline std::string env_or(const char* name, const std::string& fallback) {

@@ -5,8 +5,10 @@
 // T_single / T_pipe, efficiency T_single / (p * T_pipe); the bubble allows at most m / (m + p - 1),
 // so the table also shows efficiency / bound (goal: >= 0.85 at m = 8). A "simulated" column feeds
 // the schedule simulator (schedule.h) the measured single-process cost per micro-batch and the
-// measured one-way transfer time, to tell the bubble and communication apart from everything else.
-// Needs 2 free cores. Run without torchrun; it starts its two stages itself:
+// measured one-way transfer time, to tell the bubble and communication apart from everything else;
+// the CPU time each stage used per step tells waiting apart from work. Needs 2 otherwise idle
+// cores: the header line says how much CPU other processes took while it ran. Run without torchrun;
+// it starts its two stages itself:
 //
 //   cmake -S . -B build-bench -G Ninja -DPIPETRAIN_BUILD_TESTS=OFF && ninja -C build-bench
 //   build-bench/bench/efficiency_bench
@@ -29,9 +31,14 @@
 namespace {
 
 using pipetrain::bench::env_or;
+using pipetrain::bench::load_average;
+using pipetrain::bench::machine_busy_seconds;
 using pipetrain::bench::make_mlp;
 using pipetrain::bench::median;
+using pipetrain::bench::process_cpu_seconds;
 using pipetrain::bench::seconds_since;
+using pipetrain::bench::thread_cpu_seconds;
+using pipetrain::bench::use_one_thread;
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kStages = 2;
@@ -99,14 +106,23 @@ class Pipelined {
   torch::optim::SGD optimizer_;
 };
 
-// Seconds per step on this rank, between barriers, so that every stage's work is inside.
+struct Timing {
+  double wall = 0;       // seconds per step, between barriers, so that every stage's work is inside
+  double main_cpu = 0;   // CPU seconds per step of this thread (where forward and backward run)
+  double other_cpu = 0;  // CPU seconds per step of this process's other threads (Gloo's)
+};
+
 template <typename Fn>
-double time_steps(const pipetrain::World& world, Fn&& step) {
+Timing time_steps(const pipetrain::World& world, Fn&& step) {
   world.barrier();
+  const double process = process_cpu_seconds(), thread = thread_cpu_seconds();
   const auto start = Clock::now();
   for (int i = 0; i < kStepsPerTiming; ++i) step();
+  const double main_cpu = thread_cpu_seconds() - thread;
+  const double all_cpu = process_cpu_seconds() - process;
   world.barrier();
-  return seconds_since(start) / kStepsPerTiming;
+  return {seconds_since(start) / kStepsPerTiming, main_cpu / kStepsPerTiming,
+          (all_cpu - main_cpu) / kStepsPerTiming};
 }
 
 // One-way time of one micro-batch's activation between the two stages (ping-pong / 2).
@@ -141,7 +157,7 @@ double simulated_seconds(const std::string& schedule, int64_t chunks, double sin
 }
 
 void run_stage() {
-  at::set_num_threads(1);
+  use_one_thread();
   auto world = pipetrain::World::connect(*pipetrain::select_cluster_environment());
   if (world->size() != kStages) throw std::runtime_error("efficiency_bench needs 2 ranks");
   const bool rank0 = world->rank() == 0;
@@ -151,7 +167,7 @@ void run_stage() {
   std::map<int64_t, std::unique_ptr<Accumulation>> singles;
   std::map<std::pair<int64_t, std::string>, std::unique_ptr<Pipelined>> pipes;
   for (int64_t m : kChunks) {
-    if (rank0) singles[m] = std::make_unique<Accumulation>(m);
+    singles[m] = std::make_unique<Accumulation>(m);
     for (const auto& s : kSchedules) pipes[{m, s}] = std::make_unique<Pipelined>(m, s, world);
   }
   std::map<int64_t, double> transfer;
@@ -167,59 +183,124 @@ void run_stage() {
 
   // Rounds: the single-process baseline runs on rank 0 while rank 1 waits in a barrier, then the
   // pipelines run on both, so drift falls on all of them alike.
-  std::map<int64_t, std::vector<double>> single_s;
-  std::map<std::pair<int64_t, std::string>, std::vector<double>> pipe_s;
+  using Config = std::pair<int64_t, std::string>;
+  std::map<int64_t, std::vector<double>> single_s, both_s;
+  std::map<Config, std::vector<double>> pipe_s, main_cpu, other_cpu;
+  const std::string load_before = load_average();
+  const double busy = machine_busy_seconds(), own = process_cpu_seconds();
   const auto start = Clock::now();
   for (int round = 0; round < kRounds; ++round) {
     for (int64_t m : kChunks) {
       single_s[m].push_back(time_steps(*world, [&] {
-        if (rank0) singles[m]->step(batch);
-      }));
+                              if (rank0) singles[m]->step(batch);
+                            }).wall);
+      // Both ranks at once, each its own copy: what two busy cores deliver on this machine.
+      both_s[m].push_back(time_steps(*world, [&] { singles[m]->step(batch); }).wall);
       for (const auto& s : kSchedules) {
         auto& pipe = *pipes[{m, s}];
-        pipe_s[{m, s}].push_back(time_steps(*world, [&] { pipe.step(batch); }));
+        const auto t = time_steps(*world, [&] { pipe.step(batch); });
+        pipe_s[{m, s}].push_back(t.wall);
+        main_cpu[{m, s}].push_back(t.main_cpu);
+        other_cpu[{m, s}].push_back(t.other_cpu);
       }
     }
   }
   const double total = seconds_since(start);
-  if (!rank0) return;
+  const double busy_total = machine_busy_seconds() - busy;
+  const double own_total = process_cpu_seconds() - own;
+
+  // Rank 1 hands its CPU figures to rank 0 through the store.
+  const auto publish = [&](const std::string& key, const std::string& text) {
+    world->store()->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+  };
+  const auto fetch = [&](const std::string& key) {
+    const auto bytes = world->store()->get(key);
+    return std::stod(std::string(bytes.begin(), bytes.end()));
+  };
+  const auto cpu_key = [](const Config& c, const char* which) {
+    return "efficiency_bench/" + std::string(which) + "/" + std::to_string(c.first) + "/" +
+           c.second;
+  };
+  if (!rank0) {
+    for (const auto& [config, cpu] : main_cpu) {
+      publish(cpu_key(config, "main"), std::to_string(median(cpu)));
+      publish(cpu_key(config, "other"), std::to_string(median(other_cpu[config])));
+    }
+    publish("efficiency_bench/cpu_total", std::to_string(own_total));
+    world->barrier();
+    return;
+  }
+  const double others = busy_total - own_total - fetch("efficiency_bench/cpu_total");
+  std::map<Config, double> stage1_main, stage1_other;
+  for (const auto& [config, cpu] : main_cpu) {
+    stage1_main[config] = fetch(cpu_key(config, "main"));
+    stage1_other[config] = fetch(cpu_key(config, "other"));
+  }
+  world->barrier();
 
   std::printf(
       "efficiency_bench: %lld x (Linear(%lld,%lld)+ReLU), batch %lld, fp32, %lld stages "
-      "(balance {%lld, %lld}), 1 thread per process, checkpoint never, SGD\n",
+      "(balance {%lld, %lld} layers), 1 thread per process, checkpoint never, SGD\n",
       static_cast<long long>(kBlocks), static_cast<long long>(kWidth),
       static_cast<long long>(kWidth), static_cast<long long>(kBatch),
       static_cast<long long>(kStages), static_cast<long long>(kBlocks),
       static_cast<long long>(kBlocks));
   std::printf(
-      "median of %d rounds x %d steps per configuration (timed part: %.0f s); "
-      "OMP_NUM_THREADS=%s, at::get_num_threads()=%d\n\n",
-      kRounds, kStepsPerTiming, total, env_or("OMP_NUM_THREADS", "unset").c_str(),
-      at::get_num_threads());
+      "median of %d rounds x %d steps per configuration; OMP_NUM_THREADS=%s, "
+      "at::get_num_threads()=%d\n",
+      kRounds, kStepsPerTiming, env_or("OMP_NUM_THREADS", "unset").c_str(), at::get_num_threads());
   std::printf(
-      "| m  | schedule | T_single ms | T_pipe ms | speedup | efficiency | bound m/(m+p-1) "
-      "| eff/bound | simulated eff/bound | transfer ms |\n");
+      "load average before %s, after %s; other processes used %.1f CPU-s during the "
+      "%.0f s timed part (%ld CPUs)\n\n",
+      load_before.c_str(), load_average().c_str(), others, total, sysconf(_SC_NPROCESSORS_ONLN));
   std::printf(
-      "|----|----------|-------------|-----------|---------|------------|-----------------"
-      "|-----------|---------------------|-------------|\n");
+      "| m  | schedule | T_single ms | T_pipe ms | speedup | efficiency | bound m/(m+p-1) | "
+      "eff/bound |\n");
+  std::printf(
+      "|----|----------|-------------|-----------|---------|------------|-----------------|"
+      "-----------|\n");
   for (int64_t m : kChunks) {
     const double t_single = median(single_s[m]);
     const double bound = static_cast<double>(m) / static_cast<double>(m + kStages - 1);
     for (const auto& s : kSchedules) {
       const double t_pipe = median(pipe_s[{m, s}]);
       const double efficiency = t_single / (kStages * t_pipe);
+      std::printf("| %2lld | %-8s | %11.1f | %9.1f | %7.2f | %10.3f | %15.3f | %9.3f |\n",
+                  static_cast<long long>(m), s.c_str(), 1e3 * t_single, 1e3 * t_pipe,
+                  t_single / t_pipe, efficiency, bound, efficiency / bound);
+    }
+  }
+  std::printf("\ngoal: eff/bound >= 0.85 at m = 8\n\nwhere the time goes:\n\n");
+  std::printf(
+      "| m  | schedule | simulated eff/bound | 2-core ceiling | transfer ms | T_single / 2 ms | "
+      "stage 0 CPU ms: main + other threads | stage 1 CPU ms: main + other threads |\n");
+  std::printf(
+      "|----|----------|---------------------|----------------|-------------|-----------------|"
+      "--------------------------------------|--------------------------------------|\n");
+  for (int64_t m : kChunks) {
+    const double t_single = median(single_s[m]);
+    const double bound = static_cast<double>(m) / static_cast<double>(m + kStages - 1);
+    for (const auto& s : kSchedules) {
+      const Config c{m, s};
       const double simulated =
           t_single / (kStages * simulated_seconds(s, m, t_single, transfer[m])) / bound;
       std::printf(
-          "| %2lld | %-8s | %11.1f | %9.1f | %7.2f | %10.3f | %15.3f | %9.3f | %19.3f | "
-          "%11.2f |\n",
-          static_cast<long long>(m), s.c_str(), 1e3 * t_single, 1e3 * t_pipe, t_single / t_pipe,
-          efficiency, bound, efficiency / bound, simulated, 1e3 * transfer[m]);
+          "| %2lld | %-8s | %19.3f | %14.3f | %11.2f | %15.1f | %20.1f + %13.1f | %20.1f + "
+          "%13.1f |\n",
+          static_cast<long long>(m), s.c_str(), simulated, t_single / median(both_s[m]),
+          1e3 * transfer[m], 1e3 * t_single / 2, 1e3 * median(main_cpu[c]),
+          1e3 * median(other_cpu[c]), 1e3 * stage1_main[c], 1e3 * stage1_other[c]);
     }
   }
   std::printf(
-      "\ngoal: eff/bound >= 0.85 at m = 8. \"simulated\" = schedule simulator with the "
-      "measured per-micro-batch cost and transfer time (bubble + transfer only).\n");
+      "\nsimulated: eff/bound the schedule simulator predicts from the measured single-process "
+      "cost per micro-batch (half per stage, backward = 2 x forward) and transfer time, i.e. with "
+      "bubble and transfer latency as the only losses. 2-core ceiling: T_single over the time of "
+      "the same single-process step run by both ranks at once (1.0 when two busy cores are as "
+      "fast as one). transfer: one-way time of one micro-batch's activation (ping-pong / 2). "
+      "stage CPU ms: CPU time per pipelined step of the stage's main thread (forward, backward, "
+      "optimizer; ideal T_single / 2) and of its other threads (Gloo's I/O loop), which compete "
+      "with the main threads for the 2 cores.\n");
 }
 
 }  // namespace

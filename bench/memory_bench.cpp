@@ -31,9 +31,10 @@ using pipetrain::bench::env_or;
 using pipetrain::bench::make_mlp;
 
 constexpr int64_t kStages = 2;
-constexpr int64_t kBlocks = 8;
-constexpr int64_t kWidth = 1024;
-constexpr int64_t kBatch = 512;
+// Activations, not weights, should dominate: 8 blocks per stage, narrow layers, a large batch.
+constexpr int64_t kBlocks = 16;
+constexpr int64_t kWidth = 256;
+constexpr int64_t kBatch = 2048;
 constexpr int64_t kChunks = 8;
 const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
 const std::vector<std::string> kModes = {"never", "except_last", "always"};
@@ -132,7 +133,7 @@ std::string key(const std::string& schedule, const std::string& mode) {
 }
 
 void run_stage() {
-  at::set_num_threads(1);
+  pipetrain::bench::use_one_thread();
   auto world = pipetrain::World::connect(*pipetrain::select_cluster_environment());
   if (world->size() != kStages) throw std::runtime_error("memory_bench needs 2 ranks");
 
@@ -163,7 +164,7 @@ void run_stage() {
   const int64_t rows = kBatch / kChunks;
   std::printf(
       "memory_bench: %lld x (Linear(%lld,%lld)+ReLU), batch %lld, fp32, %lld stages "
-      "(balance {%lld, %lld}), chunks %lld\n",
+      "(balance {%lld, %lld} layers), chunks %lld\n",
       static_cast<long long>(kBlocks), static_cast<long long>(kWidth),
       static_cast<long long>(kWidth), static_cast<long long>(kBatch),
       static_cast<long long>(kStages), static_cast<long long>(kBlocks),
@@ -171,6 +172,10 @@ void run_stage() {
   std::printf("one micro-batch activation (%lld x %lld fp32) = %.2f MiB; whole batch = %.2f MiB\n",
               static_cast<long long>(rows), static_cast<long long>(kWidth), mib(rows * kWidth * 4),
               mib(kBatch * kWidth * 4));
+  std::printf(
+      "largest parameter = %.2f MiB: its gradient is computed into a new tensor and then added "
+      "to .grad, so one such temporary can be part of any peak\n",
+      mib(kWidth * kWidth * 4));
   std::printf(
       "peak = max live CPU tensor bytes during one forward_backward minus live bytes "
       "before it; retained = live after minus before\n\n");

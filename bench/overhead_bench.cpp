@@ -2,7 +2,8 @@
 // once through a one-stage Pipe (chunks 1, checkpoint "never", single-process World) and once with
 // a plain hand-written libtorch loop, and prints ms/step for both and their ratio (goal: <= 1.03).
 // The two loops alternate over several rounds, first one then the other, and the table reports
-// medians, so that clock and cache drift fall on both alike.
+// medians, so that clock and cache drift fall on both alike. CPU time per step is shown beside
+// wall time, and the CPU time other processes took meanwhile, so a run on a busy machine shows it.
 //
 //   cmake -S . -B build-bench -G Ninja -DPIPETRAIN_BUILD_TESTS=OFF && ninja -C build-bench
 //   OMP_NUM_THREADS=1 build-bench/bench/overhead_bench
@@ -18,8 +19,11 @@
 
 namespace {
 
+using pipetrain::bench::load_average;
+using pipetrain::bench::machine_busy_seconds;
 using pipetrain::bench::make_mlp;
 using pipetrain::bench::median;
+using pipetrain::bench::process_cpu_seconds;
 using pipetrain::bench::seconds_since;
 using Clock = std::chrono::steady_clock;
 
@@ -74,18 +78,24 @@ class PipeLoop {
   torch::optim::SGD optimizer_;
 };
 
-// Milliseconds per step over kStepsPerRound steps.
+struct Timing {
+  double wall_ms = 0;  // per step
+  double cpu_ms = 0;   // per step, this process's CPU time
+};
+
 template <typename Loop>
-double time_round(Loop& loop, const Batch& batch) {
+Timing time_round(Loop& loop, const Batch& batch) {
+  const double cpu = process_cpu_seconds();
   const auto start = Clock::now();
   for (int i = 0; i < kStepsPerRound; ++i) loop.step(batch);
-  return 1e3 * seconds_since(start) / kStepsPerRound;
+  return {1e3 * seconds_since(start) / kStepsPerRound,
+          1e3 * (process_cpu_seconds() - cpu) / kStepsPerRound};
 }
 
 }  // namespace
 
 int main() {
-  at::set_num_threads(1);
+  pipetrain::bench::use_one_thread();
   torch::manual_seed(0);
   const Batch batch{torch::randn({kBatch, kWidth}), torch::randn({kBatch, kWidth})};
   PlainLoop plain;
@@ -95,40 +105,63 @@ int main() {
     pipe.step(batch);
   }
 
-  std::vector<double> plain_ms, pipe_ms, ratios;
+  const std::string load_before = load_average();
+  const double busy = machine_busy_seconds(), own = process_cpu_seconds();
+  const auto start = Clock::now();
+  std::vector<Timing> plain_t, pipe_t;
   for (int round = 0; round < kRounds; ++round) {
-    double p = 0, q = 0;
     if (round % 2 == 0) {
-      p = time_round(plain, batch);
-      q = time_round(pipe, batch);
+      plain_t.push_back(time_round(plain, batch));
+      pipe_t.push_back(time_round(pipe, batch));
     } else {
-      q = time_round(pipe, batch);
-      p = time_round(plain, batch);
+      pipe_t.push_back(time_round(pipe, batch));
+      plain_t.push_back(time_round(plain, batch));
     }
-    plain_ms.push_back(p);
-    pipe_ms.push_back(q);
-    ratios.push_back(q / p);
   }
+  const double wall = seconds_since(start);
+  const double others = (machine_busy_seconds() - busy) - (process_cpu_seconds() - own);
 
+  const auto column = [](const std::vector<Timing>& t, double Timing::*field) {
+    std::vector<double> v;
+    for (const auto& x : t) v.push_back(x.*field);
+    return v;
+  };
+  const auto ratios = [&](double Timing::*field) {
+    std::vector<double> r;
+    for (int i = 0; i < kRounds; ++i) r.push_back(pipe_t[i].*field / plain_t[i].*field);
+    return r;
+  };
   std::printf(
       "overhead_bench: %lld x (Linear(%lld,%lld)+ReLU), batch %lld, fp32, %d thread(s), "
       "SGD\n",
       static_cast<long long>(kBlocks), static_cast<long long>(kWidth),
       static_cast<long long>(kWidth), static_cast<long long>(kBatch), at::get_num_threads());
-  std::printf("%d rounds of %d steps each, alternating; medians over rounds\n\n", kRounds,
+  std::printf("%d rounds of %d steps each, alternating; medians over rounds\n", kRounds,
               kStepsPerRound);
-  std::printf("| loop                         | ms/step (median) | min     | max     |\n");
-  std::printf("|------------------------------|------------------|---------|---------|\n");
-  const auto row = [](const char* name, const std::vector<double>& v) {
-    std::printf("| %-28s | %16.2f | %7.2f | %7.2f |\n", name, median(v),
-                *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
-  };
-  row("plain libtorch loop", plain_ms);
-  row("Pipe, 1 stage, chunks 1", pipe_ms);
   std::printf(
-      "\nratio pipe/plain: median of per-round ratios %.3f (min %.3f, max %.3f); "
-      "goal <= 1.03\n",
-      median(ratios), *std::min_element(ratios.begin(), ratios.end()),
-      *std::max_element(ratios.begin(), ratios.end()));
+      "load average before %s, after %s; other processes used %.1f CPU-s during the "
+      "%.1f s timed part (%ld CPUs)\n\n",
+      load_before.c_str(), load_average().c_str(), others, wall, sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf(
+      "| loop                     | wall ms/step median | min     | max     | CPU ms/step "
+      "median |\n");
+  std::printf(
+      "|--------------------------|---------------------|---------|---------|-----------"
+      "--------|\n");
+  const auto row = [&](const char* name, const std::vector<Timing>& t) {
+    const auto wall_ms = column(t, &Timing::wall_ms);
+    std::printf("| %-24s | %19.2f | %7.2f | %7.2f | %18.2f |\n", name, median(wall_ms),
+                *std::min_element(wall_ms.begin(), wall_ms.end()),
+                *std::max_element(wall_ms.begin(), wall_ms.end()),
+                median(column(t, &Timing::cpu_ms)));
+  };
+  row("plain libtorch loop", plain_t);
+  row("Pipe, 1 stage, chunks 1", pipe_t);
+  const auto wall_ratio = ratios(&Timing::wall_ms);
+  std::printf(
+      "\nratio pipe/plain, median of per-round ratios: wall %.3f (min %.3f, max %.3f), "
+      "CPU time %.3f; goal <= 1.03\n",
+      median(wall_ratio), *std::min_element(wall_ratio.begin(), wall_ratio.end()),
+      *std::max_element(wall_ratio.begin(), wall_ratio.end()), median(ratios(&Timing::cpu_ms)));
   return 0;
 }
