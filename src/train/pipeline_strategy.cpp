@@ -78,37 +78,32 @@ class PipelineStrategy : public Strategy {
 
   void training_step(Module& module, const Batch& batch, int64_t batch_idx, double loss_scale,
                      LoggedMetrics& metrics) override {
+    auto step = [&](const Batch& micro) { return module.training_step(micro, batch_idx); };
     pipe_->forward_backward(
         batch.data, batch.data.size(0), [&](const at::Tensor& output, const MicroBatch& mb) {
-          return run_user_step(
-                     module, output, mb, metrics,
-                     [&](const Batch& b) { return module.training_step(b, batch_idx); }, batch) *
-                 loss_scale;
+          return run_user_step(module, batch, mb, output, metrics, step) * loss_scale;
         });
   }
 
   void evaluation_step(Module& module, const Batch& batch, int64_t batch_idx,
                        const EvaluationStep& step, LoggedMetrics& metrics) override {
+    auto evaluate = [&](const Batch& micro) {
+      step(micro, batch_idx);
+      return at::Tensor();
+    };
     pipe_->forward(batch.data, batch.data.size(0),
                    [&](const at::Tensor& output, const MicroBatch& mb) {
-                     run_user_step(
-                         module, output, mb, metrics,
-                         [&](const Batch& b) {
-                           step(b, batch_idx);
-                           return at::Tensor();
-                         },
-                         batch);
+                     run_user_step(module, batch, mb, output, metrics, evaluate);
                    });
   }
 
   at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx) override {
     std::vector<at::Tensor> outputs;
     LoggedMetrics ignored;
+    auto predict = [&](const Batch& micro) { return module.predict_step(micro, batch_idx); };
     pipe_->forward(batch.data, batch.data.size(0),
                    [&](const at::Tensor& output, const MicroBatch& mb) {
-                     outputs.push_back(run_user_step(
-                         module, output, mb, ignored,
-                         [&](const Batch& b) { return module.predict_step(b, batch_idx); }, batch));
+                     outputs.push_back(run_user_step(module, batch, mb, output, ignored, predict));
                    });
     if (pipe_->stages() == 1) return torch::cat(outputs);
     if (pipe_->is_last_stage()) pipe_->send_to(torch::cat(outputs), 0);
@@ -170,11 +165,11 @@ class PipelineStrategy : public Strategy {
   }
 
  private:
-  // Runs one of the user's steps on a micro-batch, forward() yielding `output` and log() going to
-  // `metrics` weighted by the micro-batch's rows.
+  // Runs one of the user's steps on micro-batch `mb` of `batch`, forward() yielding `output` and
+  // log() going to `metrics` weighted by the micro-batch's rows.
   template <typename Step>
-  at::Tensor run_user_step(Module& module, const at::Tensor& output, const MicroBatch& mb,
-                           LoggedMetrics& metrics, const Step& step, const Batch& batch) {
+  at::Tensor run_user_step(Module& module, const Batch& batch, const MicroBatch& mb,
+                           const at::Tensor& output, LoggedMetrics& metrics, const Step& step) {
     const Batch micro{batch.data.slice(0, mb.begin, mb.end),
                       batch.target.slice(0, mb.begin, mb.end)};
     current_output_ = output;
