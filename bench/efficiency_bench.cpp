@@ -173,11 +173,9 @@ void run_stage() {
   std::map<int64_t, double> transfer;
   for (int64_t m : kChunks) transfer[m] = transfer_seconds(world, kBatch / m);
 
-  // Warm-up: one step of everything.
+  // Warm-up: one step of everything (each rank's own single-process copy included).
   for (int64_t m : kChunks) {
-    time_steps(*world, [&] {
-      if (rank0) singles[m]->step(batch);
-    });
+    time_steps(*world, [&] { singles[m]->step(batch); });
     for (const auto& s : kSchedules) pipes[{m, s}]->step(batch);
   }
 

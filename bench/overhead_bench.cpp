@@ -6,7 +6,7 @@
 // wall time, and the CPU time other processes took meanwhile, so a run on a busy machine shows it.
 //
 //   cmake -S . -B build-bench -G Ninja -DPIPETRAIN_BUILD_TESTS=OFF && ninja -C build-bench
-//   OMP_NUM_THREADS=1 build-bench/bench/overhead_bench
+//   build-bench/bench/overhead_bench
 #include <torch/torch.h>
 
 #include <cstdio>
