@@ -6,6 +6,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace pipetrain {
@@ -20,6 +21,9 @@ std::vector<int64_t> balance_by_size(const torch::nn::Sequential& sequential, in
 // after one warm-up), the output of each layer feeding the next as in training.
 std::vector<int64_t> balance_by_time(torch::nn::Sequential sequential, const at::Tensor& sample,
                                      int64_t stages, int repeats = 5);
+
+// "7,8": a balance as --balance takes it.
+std::string format_balance(const std::vector<int64_t>& balance);
 
 // Throws std::invalid_argument naming the value when `balance` does not describe `layers` layers
 // in non-empty stages.

@@ -10,30 +10,29 @@
 #include <utility>
 
 namespace pipetrain {
-namespace {
+namespace {}  // namespace
 
-std::string join(const std::vector<int64_t>& values) {
+std::string format_balance(const std::vector<int64_t>& balance) {
   std::ostringstream out;
-  for (size_t i = 0; i < values.size(); ++i) out << (i ? "," : "") << values[i];
+  for (size_t i = 0; i < balance.size(); ++i) out << (i ? "," : "") << balance[i];
   return out.str();
 }
-
-}  // namespace
 
 void validate_balance(const std::vector<int64_t>& balance, int64_t layers) {
   if (balance.empty()) throw std::invalid_argument("balance is empty: give one entry per stage");
   int64_t sum = 0;
   for (size_t i = 0; i < balance.size(); ++i) {
     if (balance[i] <= 0) {
-      throw std::invalid_argument("balance " + join(balance) + " gives stage " + std::to_string(i) +
-                                  " " + std::to_string(balance[i]) +
+      throw std::invalid_argument("balance " + format_balance(balance) + " gives stage " +
+                                  std::to_string(i) + " " + std::to_string(balance[i]) +
                                   " layers: every stage needs at least one layer");
     }
     sum += balance[i];
   }
   if (sum != layers) {
-    throw std::invalid_argument("balance " + join(balance) + " sums to " + std::to_string(sum) +
-                                " but the model has " + std::to_string(layers) +
+    throw std::invalid_argument("balance " + format_balance(balance) + " sums to " +
+                                std::to_string(sum) + " but the model has " +
+                                std::to_string(layers) +
                                 " layers: the entries must add up to the number of layers");
   }
 }

@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "callback_state.h"
 #include "pipetrain/trainer.h"
 
 namespace pipetrain {
@@ -18,12 +19,6 @@ std::string format_value(double value) {
   return buffer;
 }
 
-std::string format_exact(double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.17g", value);  // round-trips through strtod
-  return buffer;
-}
-
 std::string required(const std::map<std::string, std::string>& state, const std::string& key) {
   const auto it = state.find(key);
   if (it == state.end()) {
@@ -32,30 +27,6 @@ std::string required(const std::map<std::string, std::string>& state, const std:
         "'; the checkpoint file is damaged or was not written by pipetrain");
   }
   return it->second;
-}
-
-double parse_double(const std::string& key, const std::string& text) {
-  try {
-    size_t used = 0;
-    const double value = std::stod(text, &used);
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-    // Reported below with the key.
-  }
-  throw std::invalid_argument("EarlyStopping state '" + key + "' is not a number: '" + text +
-                              "'; the checkpoint file is damaged or was not written by pipetrain");
-}
-
-int64_t parse_int(const std::string& key, const std::string& text) {
-  try {
-    size_t used = 0;
-    const long long value = std::stoll(text, &used);
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-    // Reported below with the key.
-  }
-  throw std::invalid_argument("EarlyStopping state '" + key + "' is not an integer: '" + text +
-                              "'; the checkpoint file is damaged or was not written by pipetrain");
 }
 
 }  // namespace
@@ -94,11 +65,12 @@ std::map<std::string, std::string> EarlyStopping::state_dict() const {
 }
 
 void EarlyStopping::load_state_dict(const std::map<std::string, std::string>& state) {
-  wait_count_ = parse_int("wait_count", required(state, "wait_count"));
-  stopped_epoch_ = parse_int("stopped_epoch", required(state, "stopped_epoch"));
-  best_score_ = parse_double("best_score", required(state, "best_score"));
+  wait_count_ = parse_state_int("EarlyStopping", "wait_count", required(state, "wait_count"));
+  stopped_epoch_ =
+      parse_state_int("EarlyStopping", "stopped_epoch", required(state, "stopped_epoch"));
+  best_score_ = parse_state_double("EarlyStopping", "best_score", required(state, "best_score"));
   // As Lightning, the saved patience wins: the resumed run stops where the original would have.
-  options_.patience(parse_int("patience", required(state, "patience")));
+  options_.patience(parse_state_int("EarlyStopping", "patience", required(state, "patience")));
 }
 
 void EarlyStopping::on_fit_start(Trainer&, Module&) {

@@ -11,42 +11,13 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "callback_state.h"
 #include "pipetrain/trainer.h"
 
 namespace pipetrain {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string format_score(double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.17g", value);  // round-trips through strtod
-  return buffer;
-}
-
-double parse_double(const std::string& key, const std::string& text) {
-  try {
-    size_t used = 0;
-    const double value = std::stod(text, &used);
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-    // Reported below with the key.
-  }
-  throw std::invalid_argument("ModelCheckpoint state '" + key + "' is not a number: '" + text +
-                              "'; the checkpoint file is damaged or was not written by pipetrain");
-}
-
-int64_t parse_int(const std::string& key, const std::string& text) {
-  try {
-    size_t used = 0;
-    const long long value = std::stoll(text, &used);
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-    // Reported below with the key.
-  }
-  throw std::invalid_argument("ModelCheckpoint state '" + key + "' is not an integer: '" + text +
-                              "'; the checkpoint file is damaged or was not written by pipetrain");
-}
 
 std::string get(const std::map<std::string, std::string>& state, const std::string& key) {
   const auto it = state.find(key);
@@ -128,14 +99,14 @@ std::map<std::string, std::string> ModelCheckpoint::state_dict() const {
   state["mode"] = options_.mode();
   state["dirpath"] = dirpath_;
   state["best_model_path"] = best_model_path_;
-  state["best_model_score"] = best_model_score_ ? format_score(*best_model_score_) : "";
+  state["best_model_score"] = best_model_score_ ? format_exact(*best_model_score_) : "";
   state["last_model_path"] = last_model_path_;
   state["last_global_step_saved"] = std::to_string(last_global_step_saved_);
   // Indexed keys keep the save order, which breaks ties between equal scores.
   state["top_k_count"] = std::to_string(kept_.size());
   for (size_t i = 0; i < kept_.size(); ++i) {
     state["top_k_path_" + std::to_string(i)] = kept_[i].path;
-    state["top_k_score_" + std::to_string(i)] = format_score(kept_[i].score);
+    state["top_k_score_" + std::to_string(i)] = format_exact(kept_[i].score);
   }
   return state;
 }
@@ -154,17 +125,21 @@ void ModelCheckpoint::apply_state(const std::map<std::string, std::string>& stat
 
   const std::string score = get(state, "best_model_score");
   best_model_score_.reset();
-  if (!score.empty()) best_model_score_ = parse_double("best_model_score", score);
+  if (!score.empty())
+    best_model_score_ = parse_state_double("ModelCheckpoint", "best_model_score", score);
   last_model_path_ = get(state, "last_model_path");
   const std::string last_step = get(state, "last_global_step_saved");
-  if (!last_step.empty()) last_global_step_saved_ = parse_int("last_global_step_saved", last_step);
+  if (!last_step.empty())
+    last_global_step_saved_ =
+        parse_state_int("ModelCheckpoint", "last_global_step_saved", last_step);
   kept_.clear();
   const std::string count_text = get(state, "top_k_count");
-  const int64_t count = count_text.empty() ? 0 : parse_int("top_k_count", count_text);
+  const int64_t count =
+      count_text.empty() ? 0 : parse_state_int("ModelCheckpoint", "top_k_count", count_text);
   for (int64_t i = 0; i < count; ++i) {
     const std::string score_key = "top_k_score_" + std::to_string(i);
     kept_.push_back({get(state, "top_k_path_" + std::to_string(i)),
-                     parse_double(score_key, get(state, score_key))});
+                     parse_state_double("ModelCheckpoint", score_key, get(state, score_key))});
   }
 }
 

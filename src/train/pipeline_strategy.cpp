@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "pipetrain/balance.h"
 #include "pipetrain/module.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/strategy.h"
@@ -16,12 +17,6 @@
 
 namespace pipetrain {
 namespace {
-
-std::string join(const std::vector<int64_t>& values) {
-  std::ostringstream out;
-  for (size_t i = 0; i < values.size(); ++i) out << (i ? "," : "") << values[i];
-  return out.str();
-}
 
 // Metrics travel as "name<TAB>hexfloat<TAB>prog_bar" lines: exact, and no schema to agree on.
 std::string encode(const ReducedMetrics& metrics) {
@@ -154,13 +149,14 @@ class PipelineStrategy : public Strategy {
   }
 
   std::map<std::string, std::string> layout() const override {
-    return {{"stages", std::to_string(pipe_->stages())}, {"balance", join(pipe_->balance())}};
+    return {{"stages", std::to_string(pipe_->stages())},
+            {"balance", format_balance(pipe_->balance())}};
   }
 
   std::string describe() const override {
     if (pipe_->stages() == 1 && options_.chunks() == 1) return "strategy " + name_ + ": 1 process";
     return "strategy " + name_ + ": " + std::to_string(pipe_->stages()) + " stages, balance " +
-           join(pipe_->balance()) + ", chunks " + std::to_string(options_.chunks()) +
+           format_balance(pipe_->balance()) + ", chunks " + std::to_string(options_.chunks()) +
            ", schedule " + options_.schedule() + ", checkpoint " + options_.checkpoint();
   }
 
@@ -232,8 +228,8 @@ std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
   }
   if (!pipe.balance().empty() && static_cast<int64_t>(pipe.balance().size()) != options.devices()) {
     throw std::invalid_argument("devices (" + std::to_string(options.devices()) +
-                                ") disagrees with balance " + join(pipe.balance()) + " (" +
-                                std::to_string(pipe.balance().size()) +
+                                ") disagrees with balance " + format_balance(pipe.balance()) +
+                                " (" + std::to_string(pipe.balance().size()) +
                                 " stages): give one balance entry per device");
   }
   if (pipe.chunks() < 1) {
