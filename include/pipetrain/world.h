@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "pipetrain/compat.h"
 
@@ -26,8 +27,16 @@ class World {
   static std::shared_ptr<World> connect(const ClusterEnvironment& env,
                                         std::chrono::milliseconds timeout = kDefaultTimeout);
 
+  // The ranks `ranks` (ascending global ranks, this one among them) as a World of their own, for
+  // collectives and messages among them alone: rank() becomes the position in `ranks`. Every rank
+  // in `ranks` calls it with the same `name`, which must be unique in the run. Errors published
+  // in a group reach the whole run.
+  std::shared_ptr<World> group(const std::vector<int64_t>& ranks, const std::string& name) const;
+
   int64_t rank() const { return rank_; }
   int64_t size() const { return size_; }
+  // The rank in the whole run of this World's rank `rank` (for messages).
+  int64_t global_rank(int64_t rank) const { return ranks_.empty() ? rank : ranks_.at(rank); }
   int64_t local_rank() const { return local_rank_; }
   bool is_global_zero() const { return rank_ == 0; }
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -55,6 +64,8 @@ class World {
   int64_t rank_ = 0;
   int64_t size_ = 1;
   int64_t local_rank_ = 0;
+  std::vector<int64_t> ranks_;  // global ranks of a group; empty for the whole run
+  std::string main_address_;
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
   StorePtr store_;
   ProcessGroupPtr process_group_;

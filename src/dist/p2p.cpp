@@ -71,13 +71,15 @@ at::Tensor PeerToPeer::recv(int64_t src, Flow flow) {
     return body[0];
   } catch (const std::exception& e) {
     std::ostringstream message;
-    message << "rank " << world_->rank() << " could not receive the " << flow_name(flow)
-            << " from rank " << src << ": " << error_message(e);
+    message << "rank " << world_->global_rank(world_->rank()) << " could not receive the "
+            << flow_name(flow) << " from rank " << world_->global_rank(src) << ": "
+            << error_message(e);
     const auto first = world_->published_error();
     if (!first.empty())
       message << "\nfirst error: " << first;
     else
-      message << "\nrank " << src << " may have exited: see its error, if any, above.";
+      message << "\nrank " << world_->global_rank(src)
+              << " may have exited: see its error, if any, above.";
     throw std::runtime_error(message.str());
   }
 }

@@ -1,40 +1,25 @@
-// Connecting the ranks: a TCPStore for rendezvous and small messages, a Gloo process group for
-// tensors. Gloo's device binds to loopback when the main address is local, so a run on one machine
-// never listens on an external interface through Gloo.
+// Connecting the ranks: a TCPStore for rendezvous and small messages, a process group for tensors.
 #include "pipetrain/world.h"
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <ATen/ATen.h>
 
-#include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "pipetrain/cluster_environment.h"
+#include "process_group.h"
 
 namespace pipetrain {
 namespace {
 
 constexpr const char* kErrorKey = "pipetrain/first_error";
 
-bool is_loopback(const std::string& address) {
-  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
-}
-
-std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_address) {
-  if (is_loopback(main_address)) {
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  }
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  }
-  return c10d::ProcessGroupGloo::createDefaultDevice();
-}
-
 }  // namespace
-
 std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
                                       std::chrono::milliseconds timeout) {
   auto world = std::make_shared<World>();
@@ -42,6 +27,7 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
   world->size_ = env.world_size();
   world->local_rank_ = env.local_rank();
   world->timeout_ = timeout;
+  world->main_address_ = env.main_address();
   if (world->size_ == 1) return world;
 
   c10d::TCPStoreOptions store_options;
@@ -59,12 +45,33 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
                              "). Check MASTER_ADDR/MASTER_PORT and that every rank was started.");
   }
 
-  auto options = c10d::ProcessGroupGloo::Options::create();
-  options->timeout = timeout;
-  options->devices.push_back(gloo_device(env.main_address()));
-  world->process_group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      world->store_, static_cast<int>(world->rank_), static_cast<int>(world->size_), options);
+  world->process_group_ =
+      make_gloo_group(world->store_, world->rank_, world->size_, timeout, world->main_address_);
   return world;
+}
+
+std::shared_ptr<World> World::group(const std::vector<int64_t>& ranks,
+                                    const std::string& name) const {
+  const int64_t me = global_rank(rank_);
+  const auto position = std::find(ranks.begin(), ranks.end(), me);
+  if (position == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end())) {
+    throw std::logic_error("World::group(" + name + "): rank " + std::to_string(me) +
+                           " is not among the group's ascending ranks");
+  }
+  auto group = std::make_shared<World>();
+  group->rank_ = position - ranks.begin();
+  group->size_ = static_cast<int64_t>(ranks.size());
+  group->local_rank_ = local_rank_;
+  group->timeout_ = timeout_;
+  group->main_address_ = main_address_;
+  group->store_ = store_;  // errors are published run-wide
+  group->ranks_ = ranks;
+  if (group->size_ > 1) {
+    auto store = c10::make_intrusive<c10d::PrefixStore>("pipetrain/group/" + name, store_);
+    group->process_group_ =
+        make_gloo_group(store, group->rank_, group->size_, timeout_, main_address_);
+  }
+  return group;
 }
 
 void World::barrier() const {
@@ -95,7 +102,7 @@ void World::publish_error(const std::string& message) const {
   if (!store_) return;
   try {
     // compareSet with an empty expected value keeps the first error only.
-    const std::string text = "rank " + std::to_string(rank_) + ": " + message;
+    const std::string text = "rank " + std::to_string(global_rank(rank_)) + ": " + message;
     store_->compareSet(kErrorKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
   } catch (...) {
   }

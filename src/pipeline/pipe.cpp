@@ -66,9 +66,10 @@ at::Tensor Pipe::run_stage(const at::Tensor& input, int64_t microbatch) {
     return stage_module_->forward(input);
   } catch (const std::exception& e) {
     std::ostringstream message;
-    message << "stage " << stage_ << " (rank " << world_->rank() << ", layers " << first_layer_
-            << ".." << first_layer_ + balance_[stage_] - 1 << ") failed on micro-batch "
-            << microbatch << " with an input of shape " << shape_of(input);
+    message << "stage " << stage_ << " (rank " << world_->global_rank(stage_) << ", layers "
+            << first_layer_ << ".." << first_layer_ + balance_[stage_] - 1
+            << ") failed on micro-batch " << microbatch << " with an input of shape "
+            << shape_of(input);
     if (stage_ > 0) message << " from stage " << stage_ - 1;
     message << ": " << error_message(e);
     if (stage_ > 0)
