@@ -32,6 +32,8 @@ struct Args {
   pipetrain::cli::ModelOptions model;
   std::string strategy = "single";
   int64_t devices = 1;
+  int64_t num_nodes = 1;
+  int64_t stages = 0;
   std::vector<int64_t> balance;
   int64_t chunks = 1;
   std::string checkpoint = "except_last";
@@ -98,8 +100,11 @@ void add_flags(CLI::App& app, Args& a) {
   add("--dropout", a.model.dropout, "dropout probability inside the model");
   add("--corpus", a.model.corpus,
       "gpt: a text file to train on (default: /usr/share/common-licenses)");
-  add("--strategy", a.strategy, "how to place the model: single, pipe, or a registered name");
-  add("--devices", a.devices, "processes to run on; under pipe, the number of stages");
+  add("--strategy", a.strategy,
+      "how to place the model: single, pipe, ddp, ddp_pipe, or a registered name");
+  add("--devices", a.devices, "processes per node; under pipe, the number of stages");
+  add("--num-nodes", a.num_nodes, "machines; start one launch per node with NODE_RANK set");
+  add("--stages", a.stages, "ddp_pipe: stages per pipeline (must divide devices x num-nodes)");
   add("--balance", a.balance, "layers per stage, e.g. 2,2 (default: by parameter count)")
       ->delimiter(',');
   add("--chunks", a.chunks, "micro-batches per batch");
@@ -129,7 +134,7 @@ void add_flags(CLI::App& app, Args& a) {
   add("--precision", a.precision, "32-true or bf16-mixed");
   add("--logger", a.logger, "loggers: csv, tensorboard (comma-separated; none: no logs)")
       ->delimiter(',');
-  add("--batch-size", a.batch_size, "samples per step (split into --chunks)");
+  add("--batch-size", a.batch_size, "samples per step and replica (split into --chunks)");
   add("--seed", a.seed, "seed for initial weights and shuffling");
   add("--default-root-dir", a.default_root_dir, "where lightning_logs/ goes");
   add("--timeout", a.timeout, "seconds to wait for another rank before failing");
@@ -219,6 +224,8 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
   return pipetrain::TrainerOptions()
       .strategy(a.strategy)
       .devices(a.devices)
+      .num_nodes(a.num_nodes)
+      .stages(a.stages)
       .pipe(pipetrain::PipeOptions()
                 .balance(a.balance)
                 .chunks(a.chunks)

@@ -4,7 +4,10 @@
 // re-executes itself N times with torchrun's variables set and the original process only waits,
 // stops the others as soon as one stage fails (a pipeline cannot make progress without every
 // stage, and the survivors would otherwise block in communication forever), and reports the
-// first failure's exit code. Deliberately free of LibTorch: the parent should not initialise
+// first failure's exit code. Several machines work like Lightning's manual multi-node launch:
+// the same command is started once per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set, and
+// each node's launcher starts its own block of ranks; launchers never talk to each other, the
+// ranks meet at the rendezvous. Deliberately free of LibTorch: the parent should not initialise
 // CUDA or thread pools before forking.
 #pragma once
 
@@ -18,8 +21,18 @@
 namespace pipetrain {
 
 struct LaunchOptions {
-  // Number of child processes (ranks), at least 1.
+  // Number of child processes (ranks) on this machine, at least 1.
   int64_t nprocs = 1;
+  // Number of machines, each running its own launcher with the same nprocs, at least 1.
+  int64_t nnodes = 1;
+  // This machine's index in [0, nnodes); its ranks are node_rank * nprocs + [0, nprocs).
+  int64_t node_rank = 0;
+  // Host (name or IP address) and TCP port of the rank-0 rendezvous, the same on every node.
+  // Empty / 0 mean 127.0.0.1 / a port that is free on this machine, which only a single node can
+  // use: with nnodes > 1 every node must be told the same values, since no node can find out what
+  // another one picked.
+  std::string main_address;
+  int main_port = 0;
   // Program and arguments of every child. Empty: this process's own command line, executed
   // through /proc/self/exe so that the very same binary runs even if PATH or the file changed.
   // Otherwise argv[0] is looked up in PATH (of the children's environment) like execvp.
@@ -35,14 +48,17 @@ struct LaunchOptions {
 // Runs `options.nprocs` copies of the program on this machine and waits for all of them.
 //
 // Every child gets the current environment plus options.extra_env plus torchrun's variables:
-// MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>, RANK=i, WORLD_SIZE=n, LOCAL_RANK=i,
-// LOCAL_WORLD_SIZE=n, GROUP_RANK=0, and OMP_NUM_THREADS=max(1, usable CPUs / n) unless it is
-// already set (so that n processes do not each start a thread per core). Children inherit
-// stdout/stderr and die with the parent (PR_SET_PDEATHSIG). SIGINT/SIGTERM received by the parent
-// are forwarded to the children; a second one kills them at once.
+// MASTER_ADDR=main_address (default 127.0.0.1), MASTER_PORT=main_port (default a free port),
+// RANK=node_rank*nprocs+i, WORLD_SIZE=nnodes*nprocs, LOCAL_RANK=i, LOCAL_WORLD_SIZE=nprocs,
+// GROUP_RANK=node_rank, and OMP_NUM_THREADS=max(1, usable CPUs / nprocs) unless it is already set
+// (so that nprocs processes do not each start a thread per core). Children inherit stdout/stderr
+// and die with the parent (PR_SET_PDEATHSIG). SIGINT/SIGTERM received by the parent are forwarded
+// to the children; a second one kills them at once.
 //
 // When a child exits non-zero or is killed by a signal, prints one line to stderr, e.g.
-// "pipetrain: rank 1 failed with exit code 3; stopping the other 3 ranks", sends SIGTERM to the
+// "pipetrain: rank 1 failed with exit code 3; stopping the other 3 ranks" (the global rank; with
+// nnodes > 1 the line ends in "on this node", because the other nodes' launchers are not told:
+// their ranks fail on their own once the rendezvous or a collective breaks), sends SIGTERM to the
 // ranks still running and SIGKILL after grace_period. Returns 0 if every child exited 0, else the
 // exit code of the first child seen to fail (128 + signal number for a signal; children reaped in
 // the same pass are examined in rank order), else 128 + signal number if the parent was
@@ -50,9 +66,22 @@ struct LaunchOptions {
 //
 // Installs its own SIGCHLD/SIGINT/SIGTERM handlers for the duration of the call and restores the
 // previous ones before returning; only one call may run at a time in a process. Throws
-// std::invalid_argument for bad options and std::runtime_error if the program cannot be found or
-// a process cannot be created (after stopping any children already started).
+// std::invalid_argument for bad options (nprocs or nnodes < 1, node_rank outside [0, nnodes), a
+// port outside [0, 65535], or nnodes > 1 without main_address and main_port) and
+// std::runtime_error if the program cannot be found or a process cannot be created (after
+// stopping any children already started).
 int launch_local_processes(const LaunchOptions& options);
+
+// Options for Lightning's manual multi-node launch, where the same command is started once per
+// node: the node's index comes from NODE_RANK (or GROUP_RANK, torchrun's name, when NODE_RANK is
+// unset) and the rendezvous from MASTER_ADDR and MASTER_PORT in `env`. With nnodes > 1 all three
+// are required; with nnodes == 1 none is (the node index must then be 0, and an unset address or
+// port is left empty / 0 for the launcher to choose). Only the layout and rendezvous fields are
+// filled; argv, extra_env and grace_period keep their defaults. A pure function of its arguments.
+// Throws std::invalid_argument naming the variable, its value and what to set, for a missing or
+// malformed value, a node index outside [0, nnodes), or nprocs / nnodes below 1.
+LaunchOptions multi_node_launch_options(int64_t nprocs, int64_t nnodes,
+                                        const EnvironmentVariables& env);
 
 // This process's argv, read from /proc/self/cmdline. Throws std::runtime_error if unreadable.
 std::vector<std::string> current_command_line();

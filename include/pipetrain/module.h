@@ -58,6 +58,8 @@ class LoggedMetrics {
   void merge(const LoggedMetrics& other);
   // name -> sample-weighted mean.
   std::map<std::string, double> means() const;
+  // name -> (sum of value x samples, samples): what replicas add up to reduce to a global mean.
+  std::map<std::string, std::pair<double, int64_t>> totals() const;
   ReducedMetrics reduce() const;
   // What a logging row shows, under Lightning's names: per-step values of a training step (a
   // value logged both per step and per epoch gets "_step"), or the epoch's values ("_epoch").

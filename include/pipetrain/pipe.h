@@ -62,6 +62,10 @@ class Pipe {
   // Forward only, for evaluation: no autograd graph and no recomputation, micro-batches in order.
   void forward(const at::Tensor& input, int64_t batch_size, const OutputFn& on_output);
 
+  // Runs just before this stage's last backward of every forward_backward(): data parallelism
+  // starts reducing gradients from there, once no other micro-batch will add to them.
+  void set_last_backward_hook(std::function<void()> hook) { last_backward_hook_ = std::move(hook); }
+
   // Sends `tensor` to rank `dst` / receives one from rank `src` outside the schedule (results
   // and weights gathered on rank 0).
   void send_to(const at::Tensor& tensor, int64_t dst);
@@ -95,6 +99,7 @@ class Pipe {
   Schedule schedule_;
   std::map<int64_t, Schedule> short_schedules_;
   torch::nn::Sequential stage_module_;
+  std::function<void()> last_backward_hook_;
 };
 
 }  // namespace pipetrain

@@ -16,6 +16,14 @@ namespace pipetrain {
 class World;
 struct TrainerOptions;
 
+// How the Trainer wants one batch's backward treated.
+struct StepOptions {
+  // Multiplies the loss: 1 / accumulate_grad_batches, times the replica's share of the batch.
+  double loss_scale = 1;
+  // The last batch before an optimizer step: reduce gradients across data-parallel replicas.
+  bool sync_gradients = true;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -25,10 +33,13 @@ class Strategy {
   // Places `module` on this process: after it, module.forward() and module.parameters() mean what
   // they mean for this rank.
   virtual void setup(Module& module, std::shared_ptr<World> world) = 0;
-  // Forward and backward of one batch with the loss multiplied by `loss_scale`; gradients
-  // accumulate into parameters(); log() calls go to `metrics`.
+  // Which part of each batch this process reads (its replica's shard; inputs and targets only
+  // where the model needs them).
+  virtual BatchShard batch_shard() const { return {}; }
+  // Forward and backward of one batch; gradients accumulate into parameters() (averaged over
+  // replicas when `step.sync_gradients`); log() calls go to `metrics`.
   virtual void training_step(Module& module, const Batch& batch, int64_t batch_idx,
-                             double loss_scale, LoggedMetrics& metrics) = 0;
+                             const StepOptions& step, LoggedMetrics& metrics) = 0;
   // Forward only (no autograd, no recomputation): runs `step` (validation_step or test_step)
   // wherever the model's output is, with forward() yielding it.
   using EvaluationStep = std::function<void(const Batch& batch, int64_t batch_idx)>;
@@ -36,10 +47,12 @@ class Strategy {
                                const EvaluationStep& step, LoggedMetrics& metrics) = 0;
   // predict_step's output for the batch's rows, on rank 0; undefined elsewhere.
   virtual at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx) = 0;
-  // The sample-weighted means of `metrics` as logged wherever the steps ran, on every rank.
+  // The sample-weighted means of `metrics` as logged wherever the steps ran (over every replica),
+  // on every rank.
   // A collective: every rank calls it at the same point.
   virtual ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) = 0;
-  // The L2 norm of all gradients of the whole model (every stage). A collective.
+  // The L2 norm of all gradients of the whole model (every stage), as one process would compute
+  // it. A collective.
   virtual double gradient_norm(Module& module) = 0;
   // Every parameter and buffer of the whole model under its global name ("3.weight"), on rank 0
   // (empty elsewhere). A collective.

@@ -81,6 +81,8 @@ class Trainer {
   void train_epoch(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,
                    FitState& state);
   void optimizer_step(Module& module);
+  // Data-parallel replicas of the model (1 without data parallelism).
+  int64_t replicas() const;
   // `record`: log the metrics and keep them in callback_metrics (not for the sanity check).
   std::map<std::string, double> run_evaluation(Module& module, const DataLoader& loader,
                                                int64_t batches, bool test, bool record = true);

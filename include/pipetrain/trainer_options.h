@@ -36,10 +36,14 @@ class BatchLimit {
 };
 
 struct TrainerOptions {
-  // "single" | "pipe" | any registered name.
+  // "single" | "pipe" | "ddp" | "ddp_pipe" | any registered name.
   TORCH_ARG(std::string, strategy) = "single";
-  // Processes to run on; under `pipe`, the number of stages.
+  // Processes per node; under `pipe`, the number of stages.
   TORCH_ARG(int64_t, devices) = 1;
+  // Machines the run spans; every node runs `devices` processes (Lightning's num_nodes).
+  TORCH_ARG(int64_t, num_nodes) = 1;
+  // Under `ddp_pipe`: stages per pipeline; devices x num_nodes / stages replicas of it.
+  TORCH_ARG(int64_t, stages) = 0;
   // How `pipe` splits the model and schedules micro-batches.
   TORCH_ARG(PipeOptions, pipe) = {};
 

@@ -1,9 +1,11 @@
-// pipetrain's built-in replacement for `torchrun --nproc-per-node N` on one machine. The parent
-// forks N children that exec the program with torchrun's variables, then only supervises: a
-// pipeline stage that dies leaves its neighbours blocked in send/recv forever, so the first
-// failure stops everyone, and nothing here may wait without a bound (waitpid never blocks; a
-// self-pipe written by the signal handlers wakes the loop, with a short poll timeout as a
-// safety net).
+// pipetrain's built-in replacement for `torchrun --nproc-per-node N` (with --nnodes/--node-rank
+// and a fixed rendezvous for several machines). The parent forks N children that exec the
+// program with torchrun's variables, then only supervises: a pipeline stage that dies leaves its
+// neighbours blocked in send/recv forever, so the first failure stops everyone on this machine,
+// and nothing here may wait without a bound (waitpid never blocks; a self-pipe written by the
+// signal handlers wakes the loop, with a short poll timeout as a safety net). Launchers on
+// different machines never talk to each other; they only agree because every node is given the
+// same nnodes, nprocs, MASTER_ADDR and MASTER_PORT.
 #include "pipetrain/launcher.h"
 
 #include <arpa/inet.h>
@@ -23,11 +25,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -128,6 +133,7 @@ class SignalScope {
 
 struct Child {
   pid_t pid = -1;
+  // Global rank: what the user sees in RANK and in the rank's own log lines.
   int64_t rank = 0;
   bool running = false;
 };
@@ -287,8 +293,10 @@ pid_t spawn_child(const std::string& path, const std::vector<char*>& argv,
 }
 
 // Supervises the children until all have exited; see launch_local_processes for the policy.
+// `scope` ends the failure line, so that on one of several nodes nobody mistakes "the other
+// ranks" for the whole job.
 int supervise(std::vector<Child>& children, const SignalScope& signals,
-              std::chrono::milliseconds grace_period) {
+              std::chrono::milliseconds grace_period, const std::string& scope) {
   size_t running = 0;
   for (const Child& child : children) running += child.running ? 1 : 0;
   int first_failure = 0;
@@ -361,7 +369,7 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
       first_failure = code;
       if (!stopping) {
         print_line("pipetrain: rank " + std::to_string(child.rank) + " " + what +
-                   "; stopping the other " + count_ranks(running));
+                   "; stopping the other " + count_ranks(running) + scope);
         begin_stopping(SIGTERM);
       }
     }
@@ -390,7 +398,151 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
   return 0;
 }
 
+std::string field(const char* name, int64_t value) {
+  return std::string("LaunchOptions::") + name + "=" + std::to_string(value);
+}
+
+// Everything that can be checked before anything is started, so that a typo on one node fails
+// there at once instead of leaving the other nodes waiting at the rendezvous until they time out.
+void validate_options(const LaunchOptions& options) {
+  if (options.nprocs < 1) {
+    throw std::invalid_argument(
+        "pipetrain: LaunchOptions::nprocs=" + std::to_string(options.nprocs) +
+        " must be at least 1; set it to the number of processes to run");
+  }
+  if (options.nnodes < 1) {
+    throw std::invalid_argument("pipetrain: " + field("nnodes", options.nnodes) +
+                                " must be at least 1; set it to the number of machines, each "
+                                "running one launcher");
+  }
+  if (options.nprocs > std::numeric_limits<int64_t>::max() / options.nnodes) {
+    throw std::invalid_argument("pipetrain: " + field("nnodes", options.nnodes) + " times " +
+                                field("nprocs", options.nprocs) + " overflows the world size");
+  }
+  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    throw std::invalid_argument("pipetrain: " + field("node_rank", options.node_rank) +
+                                " must be in [0, nnodes=" + std::to_string(options.nnodes) +
+                                "); give every node a distinct index from 0 to nnodes - 1 "
+                                "(NODE_RANK), with 0 on the node whose address is MASTER_ADDR");
+  }
+  if (options.main_port < 0 || options.main_port > 65535) {
+    throw std::invalid_argument("pipetrain: " + field("main_port", options.main_port) +
+                                " is not a TCP port; use one in [1, 65535] (MASTER_PORT), or 0 "
+                                "on a single node for a free one");
+  }
+  if (options.nnodes > 1 && options.main_address.empty()) {
+    throw std::invalid_argument(
+        "pipetrain: LaunchOptions::main_address (MASTER_ADDR) is empty, but with nnodes=" +
+        std::to_string(options.nnodes) +
+        " every node must rendezvous at the same address, which no node can guess; set it to "
+        "the host name or IP address of node 0 (export MASTER_ADDR=... on every node)");
+  }
+  if (options.nnodes > 1 && options.main_port == 0) {
+    throw std::invalid_argument(
+        "pipetrain: LaunchOptions::main_port (MASTER_PORT) is 0, but with nnodes=" +
+        std::to_string(options.nnodes) +
+        " a port chosen on one node is unknown to the others; set it to a TCP port that is free "
+        "on node 0, the same on every node (export MASTER_PORT=... on every node)");
+  }
+}
+
+// Strict like the cluster environment's parsing: the whole value must be a base-10 integer,
+// because "1 " or "node1" is a typo that would otherwise put two nodes at the same index.
+int64_t parse_integer_variable(const std::string& name, const std::string& value,
+                               const std::string& hint) {
+  int64_t result = 0;
+  const char* end = value.data() + value.size();
+  const auto [ptr, error] = std::from_chars(value.data(), end, result);
+  if (value.empty() || error != std::errc() || ptr != end) {
+    throw std::invalid_argument("pipetrain: environment variable " + name + "='" + value +
+                                "' is not an integer; " + hint);
+  }
+  return result;
+}
+
+const std::string* find_variable(const EnvironmentVariables& env, const std::string& name) {
+  const auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
 }  // namespace
+
+LaunchOptions multi_node_launch_options(int64_t nprocs, int64_t nnodes,
+                                        const EnvironmentVariables& env) {
+  if (nprocs < 1) {
+    throw std::invalid_argument("pipetrain: nprocs=" + std::to_string(nprocs) +
+                                " must be at least 1; pass the number of processes per node");
+  }
+  if (nnodes < 1) {
+    throw std::invalid_argument("pipetrain: nnodes=" + std::to_string(nnodes) +
+                                " must be at least 1; pass the number of machines");
+  }
+  const bool multi_node = nnodes > 1;
+  const std::string nodes = "nnodes=" + std::to_string(nnodes);
+  LaunchOptions options;
+  options.nprocs = nprocs;
+  options.nnodes = nnodes;
+
+  // NODE_RANK first, as in Lightning: it is the variable a person sets by hand, while GROUP_RANK
+  // may be left over from an enclosing torchrun.
+  const char* node_variable = "NODE_RANK";
+  const std::string* node_value = find_variable(env, "NODE_RANK");
+  if (node_value == nullptr) {
+    node_variable = "GROUP_RANK";
+    node_value = find_variable(env, "GROUP_RANK");
+  }
+  const std::string node_hint = "set NODE_RANK to this node's index in [0, " +
+                                std::to_string(nnodes) +
+                                "), 0 on the node whose address is MASTER_ADDR and a different "
+                                "index on every other node";
+  if (node_value != nullptr) {
+    options.node_rank = parse_integer_variable(node_variable, *node_value, node_hint);
+    if (options.node_rank < 0 || options.node_rank >= nnodes) {
+      throw std::invalid_argument("pipetrain: environment variable " + std::string(node_variable) +
+                                  "=" + *node_value + " is outside [0, " + nodes + "); " +
+                                  node_hint);
+    }
+  } else if (multi_node) {
+    throw std::invalid_argument(
+        "pipetrain: environment variable NODE_RANK is not set, but with " + nodes +
+        " every node must know its index (two nodes both taking index 0 would hang at the "
+        "rendezvous); " +
+        node_hint);
+  }
+
+  const std::string address_hint =
+      "set MASTER_ADDR to the host name or IP address of node 0, the same on every node";
+  if (const std::string* address = find_variable(env, "MASTER_ADDR")) {
+    if (address->empty()) {
+      throw std::invalid_argument("pipetrain: environment variable MASTER_ADDR is set but empty; " +
+                                  address_hint + (multi_node ? "" : ", or unset it"));
+    }
+    options.main_address = *address;
+  } else if (multi_node) {
+    throw std::invalid_argument(
+        "pipetrain: environment variable MASTER_ADDR is not set, but with " + nodes +
+        " every node must rendezvous at the same address; " + address_hint);
+  }
+
+  const std::string port_hint =
+      "set MASTER_PORT to a TCP port in [1, 65535] that is free on node 0, the same on every "
+      "node";
+  if (const std::string* port = find_variable(env, "MASTER_PORT")) {
+    const int64_t value = parse_integer_variable("MASTER_PORT", *port, port_hint);
+    if (value < 1 || value > 65535) {
+      throw std::invalid_argument("pipetrain: environment variable MASTER_PORT=" + *port +
+                                  " is not a valid port; " + port_hint);
+    }
+    options.main_port = static_cast<int>(value);
+  } else if (multi_node) {
+    throw std::invalid_argument(
+        "pipetrain: environment variable MASTER_PORT is not set, but with " + nodes +
+        " a port chosen on one node is unknown to the others; " + port_hint);
+  }
+  // Backstop for combinations the checks above do not name (e.g. a world size that overflows).
+  validate_options(options);
+  return options;
+}
 
 std::vector<std::string> current_command_line() {
   std::ifstream file("/proc/self/cmdline", std::ios::binary);
@@ -438,11 +590,7 @@ int find_free_port() {
 }
 
 int launch_local_processes(const LaunchOptions& options) {
-  if (options.nprocs < 1) {
-    throw std::invalid_argument(
-        "pipetrain: LaunchOptions::nprocs=" + std::to_string(options.nprocs) +
-        " must be at least 1; set it to the number of processes to run");
-  }
+  validate_options(options);
   if (options.grace_period.count() < 0) {
     throw std::invalid_argument(
         "pipetrain: LaunchOptions::grace_period=" + std::to_string(options.grace_period.count()) +
@@ -459,11 +607,12 @@ int launch_local_processes(const LaunchOptions& options) {
     shared_env["OMP_NUM_THREADS"] =
         std::to_string(std::max<int64_t>(1, usable_cpus() / options.nprocs));
   }
-  shared_env["MASTER_ADDR"] = "127.0.0.1";
-  shared_env["MASTER_PORT"] = std::to_string(find_free_port());
-  shared_env["WORLD_SIZE"] = std::to_string(options.nprocs);
+  shared_env["MASTER_ADDR"] = options.main_address.empty() ? "127.0.0.1" : options.main_address;
+  shared_env["MASTER_PORT"] =
+      std::to_string(options.main_port != 0 ? options.main_port : find_free_port());
+  shared_env["WORLD_SIZE"] = std::to_string(options.nnodes * options.nprocs);
   shared_env["LOCAL_WORLD_SIZE"] = std::to_string(options.nprocs);
-  shared_env["GROUP_RANK"] = "0";
+  shared_env["GROUP_RANK"] = std::to_string(options.node_rank);
 
   // Everything the children need is built before the first fork, since a forked child of a
   // possibly multi-threaded parent must not allocate.
@@ -475,15 +624,18 @@ int launch_local_processes(const LaunchOptions& options) {
   const size_t nprocs = static_cast<size_t>(options.nprocs);
   std::vector<std::vector<std::string>> env_strings(nprocs);
   std::vector<std::vector<char*>> env_pointers(nprocs);
-  for (size_t rank = 0; rank < nprocs; ++rank) {
+  // Node-major rank order, as torchrun assigns it: node k holds ranks [k * nprocs, (k+1) * nprocs),
+  // so a pipeline's neighbouring stages share a machine wherever they can.
+  const int64_t first_rank = options.node_rank * options.nprocs;
+  for (size_t local_rank = 0; local_rank < nprocs; ++local_rank) {
     EnvironmentVariables env = shared_env;
-    env["RANK"] = std::to_string(rank);
-    env["LOCAL_RANK"] = std::to_string(rank);
-    for (const auto& [name, value] : env) env_strings[rank].push_back(name + "=" + value);
-    for (const std::string& entry : env_strings[rank]) {
-      env_pointers[rank].push_back(const_cast<char*>(entry.c_str()));
+    env["RANK"] = std::to_string(first_rank + static_cast<int64_t>(local_rank));
+    env["LOCAL_RANK"] = std::to_string(local_rank);
+    for (const auto& [name, value] : env) env_strings[local_rank].push_back(name + "=" + value);
+    for (const std::string& entry : env_strings[local_rank]) {
+      env_pointers[local_rank].push_back(const_cast<char*>(entry.c_str()));
     }
-    env_pointers[rank].push_back(nullptr);
+    env_pointers[local_rank].push_back(nullptr);
   }
   const std::string exec_error_prefix =
       "pipetrain: cannot execute " + program + " (" + arguments[0] + "): errno ";
@@ -494,12 +646,14 @@ int launch_local_processes(const LaunchOptions& options) {
   ChildrenGuard guard(children);
   // Unflushed output would otherwise be interleaved unpredictably with the children's.
   std::fflush(nullptr);
-  for (size_t rank = 0; rank < nprocs; ++rank) {
+  for (size_t local_rank = 0; local_rank < nprocs; ++local_rank) {
     if (g_stop_signal_count > 0) break;  // Interrupted while starting: start no more.
-    const pid_t pid = spawn_child(program, argv_pointers, env_pointers[rank], exec_error_prefix);
-    children.push_back({pid, static_cast<int64_t>(rank), true});
+    const pid_t pid =
+        spawn_child(program, argv_pointers, env_pointers[local_rank], exec_error_prefix);
+    children.push_back({pid, first_rank + static_cast<int64_t>(local_rank), true});
   }
-  return supervise(children, signals, options.grace_period);
+  return supervise(children, signals, options.grace_period,
+                   options.nnodes > 1 ? " on this node" : "");
 }
 
 }  // namespace pipetrain

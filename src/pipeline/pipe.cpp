@@ -101,6 +101,10 @@ at::Tensor Pipe::run_schedule(const at::Tensor& input, int64_t batch_size, const
   const Schedule& schedule = chunks == options_.chunks() ? schedule_ : short_schedules_[chunks];
   std::map<int64_t, InFlight> in_flight;
   at::Tensor total_loss;
+  const Action* last_backward = nullptr;
+  for (const Action& action : schedule[stage_]) {
+    if (action.phase == Phase::kBackward) last_backward = &action;
+  }
 
   for (const Action& action : schedule[stage_]) {
     const MicroBatch& mb = microbatches[action.microbatch];
@@ -132,6 +136,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& input, int64_t batch_size, const
       }
       in_flight.emplace(action.microbatch, std::move(state));
     } else {
+      if (&action == last_backward && last_backward_hook_) last_backward_hook_();
       auto node = in_flight.extract(action.microbatch);
       InFlight& state = node.mapped();
       at::Tensor grad_output;

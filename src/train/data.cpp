@@ -20,26 +20,45 @@ DataLoader::DataLoader(TensorDataset dataset, DataLoaderOptions options)
   }
 }
 
-int64_t DataLoader::num_batches() const {
+int64_t DataLoader::num_batches(int64_t replicas) const {
   const int64_t n = dataset_.size();
-  const int64_t b = options_.batch_size();
-  return options_.drop_last() ? n / b : (n + b - 1) / b;
+  const int64_t b = options_.batch_size() * replicas;
+  if (options_.drop_last() || n % b < replicas) return n / b;
+  return n / b + 1;
 }
 
-Batch DataLoader::batch(int64_t epoch, int64_t index) const {
+std::pair<int64_t, int64_t> DataLoader::rows(int64_t index, const BatchShard& shard) const {
+  const int64_t global = options_.batch_size() * shard.replicas;
+  const int64_t begin = index * global;
+  const int64_t rows = std::min(global, dataset_.size() - begin);
+  // As tensor_split: the first rows % replicas replicas get one row more.
+  const int64_t base = rows / shard.replicas, extra = rows % shard.replicas;
+  const int64_t offset = shard.replica * base + std::min(shard.replica, extra);
+  return {begin + offset, begin + offset + base + (shard.replica < extra ? 1 : 0)};
+}
+
+double DataLoader::share(int64_t index, const BatchShard& shard) const {
+  const auto [begin, end] = rows(index, shard);
+  const int64_t global_begin = index * options_.batch_size() * shard.replicas;
+  const int64_t global_rows =
+      std::min(options_.batch_size() * shard.replicas, dataset_.size() - global_begin);
+  return static_cast<double>((end - begin) * shard.replicas) / static_cast<double>(global_rows);
+}
+
+Batch DataLoader::batch(int64_t epoch, int64_t index, const BatchShard& shard) const {
   if (options_.shuffle() && order_epoch_ != epoch) {
     auto generator =
         at::make_generator<at::CPUGeneratorImpl>(options_.seed() + static_cast<uint64_t>(epoch));
     order_ = torch::randperm(dataset_.size(), generator, torch::kInt64);
     order_epoch_ = epoch;
   }
-  const int64_t begin = index * options_.batch_size();
-  const int64_t end = std::min(begin + options_.batch_size(), dataset_.size());
-  if (!options_.shuffle()) {
-    return {dataset_.inputs.slice(0, begin, end), dataset_.targets.slice(0, begin, end)};
-  }
-  const auto rows = order_.slice(0, begin, end);
-  return {dataset_.inputs.index_select(0, rows), dataset_.targets.index_select(0, rows)};
+  const auto [begin, end] = rows(index, shard);
+  auto read = [&](const at::Tensor& column, bool wanted) {
+    if (!wanted) return torch::empty({end - begin, 0}, column.options());
+    if (!options_.shuffle()) return column.slice(0, begin, end);
+    return column.index_select(0, order_.slice(0, begin, end));
+  };
+  return {read(dataset_.inputs, shard.inputs), read(dataset_.targets, shard.targets)};
 }
 
 }  // namespace pipetrain

@@ -36,6 +36,12 @@ std::map<std::string, double> LoggedMetrics::means() const {
   return means;
 }
 
+std::map<std::string, std::pair<double, int64_t>> LoggedMetrics::totals() const {
+  std::map<std::string, std::pair<double, int64_t>> totals;
+  for (const auto& [name, sum] : sums_) totals[name] = {sum.weighted.item<double>(), sum.samples};
+  return totals;
+}
+
 ReducedMetrics LoggedMetrics::reduce() const {
   ReducedMetrics reduced;
   for (const auto& [name, mean] : means()) reduced[name] = {mean, options_.at(name).prog_bar()};

@@ -1,7 +1,14 @@
-// `single` and `pipe`: the model as a pipeline of stages, one process per stage (`single` is the
-// one-stage, one-micro-batch case, so both share every code path and `single` stays the reference).
+// `single`, `pipe`, `ddp` and `ddp_pipe`: replicas of a pipeline of stages, one process per stage
+// and replica. `single` is one replica of one stage with one micro-batch, `pipe` one replica,
+// `ddp` one stage, so all four share every code path and `single` stays the reference.
+//
+// Rank layout (as a ("replica", "stage") device mesh): rank = replica x stages + stage. So a
+// pipeline is `stages` consecutive ranks (on one node when a node holds a whole pipeline, where
+// activations travel most), and stage s's data-parallel group is ranks s, s + stages, ...
+//
 // The user's steps run on the last stage once per micro-batch, where forward() returns the
-// pipeline's output for that micro-batch; what they log is reduced there and broadcast.
+// pipeline's output for that micro-batch; what they log is reduced there, over the replicas'
+// last stages, and broadcast along each pipeline.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -9,7 +16,9 @@
 #include <sstream>
 
 #include "pipetrain/balance.h"
+#include "pipetrain/gradient_sync.h"
 #include "pipetrain/module.h"
+#include "pipetrain/p2p.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/strategy.h"
 #include "pipetrain/trainer_options.h"
@@ -44,17 +53,43 @@ ReducedMetrics decode(const std::string& text) {
 // The index of the layer a global name ("3.weight") belongs to.
 int64_t layer_of(const std::string& name) { return std::stoll(name.substr(0, name.find('.'))); }
 
+std::string join_names(const std::map<std::string, std::pair<double, int64_t>>& totals) {
+  std::string names;
+  for (const auto& item : totals) names += item.first + '\n';
+  return names;
+}
+
 class PipelineStrategy : public Strategy {
  public:
-  PipelineStrategy(std::string name, int64_t stages, PipeOptions options)
-      : name_(std::move(name)), stages_(stages), options_(std::move(options)) {}
+  PipelineStrategy(std::string name, int64_t stages, int64_t replicas, PipeOptions options)
+      : name_(std::move(name)),
+        stages_(stages),
+        replicas_(replicas),
+        options_(std::move(options)) {}
 
-  int64_t world_size() const override { return stages_; }
+  int64_t world_size() const override { return stages_ * replicas_; }
 
   void setup(Module& module, std::shared_ptr<World> world) override {
     world_ = std::move(world);
     broadcast_initial_weights(module);
-    pipe_ = std::make_unique<Pipe>(module.layers(), options_, world_);
+    replica_ = world_->rank() / stages_;
+    const int64_t stage = world_->rank() % stages_;
+    std::vector<int64_t> pipeline_ranks, stage_ranks;
+    for (int64_t s = 0; s < stages_; ++s) pipeline_ranks.push_back(replica_ * stages_ + s);
+    for (int64_t r = 0; r < replicas_; ++r) stage_ranks.push_back(r * stages_ + stage);
+    pipeline_ = replicas_ == 1
+                    ? world_
+                    : world_->group(pipeline_ranks, "pipeline" + std::to_string(replica_));
+    replicas_of_stage_ =
+        stages_ == 1 ? world_ : world_->group(stage_ranks, "stage" + std::to_string(stage));
+    pipe_ = std::make_unique<Pipe>(module.layers(), options_, pipeline_);
+    results_ = std::make_unique<PeerToPeer>(world_);
+    if (replicas_ > 1) {
+      gradient_sync_ = std::make_unique<GradientSync>(pipe_->parameters(), replicas_of_stage_);
+      pipe_->set_last_backward_hook([this] {
+        if (sync_this_step_) gradient_sync_->arm();
+      });
+    }
     module.place(
         [this](const at::Tensor& input) {
           if (!current_output_.defined()) {
@@ -71,13 +106,24 @@ class PipelineStrategy : public Strategy {
         pipe_->stage_module());
   }
 
-  void training_step(Module& module, const Batch& batch, int64_t batch_idx, double loss_scale,
-                     LoggedMetrics& metrics) override {
+  BatchShard batch_shard() const override {
+    BatchShard shard;
+    shard.replica = replica_;
+    shard.replicas = replicas_;
+    shard.inputs = pipe_->is_first_stage();
+    shard.targets = pipe_->is_last_stage();
+    return shard;
+  }
+
+  void training_step(Module& module, const Batch& batch, int64_t batch_idx,
+                     const StepOptions& options, LoggedMetrics& metrics) override {
     auto step = [&](const Batch& micro) { return module.training_step(micro, batch_idx); };
+    sync_this_step_ = gradient_sync_ && options.sync_gradients;
     pipe_->forward_backward(
         batch.data, batch.data.size(0), [&](const at::Tensor& output, const MicroBatch& mb) {
-          return run_user_step(module, batch, mb, output, metrics, step) * loss_scale;
+          return run_user_step(module, batch, mb, output, metrics, step) * options.loss_scale;
         });
+    if (sync_this_step_) gradient_sync_->finish();
   }
 
   void evaluation_step(Module& module, const Batch& batch, int64_t batch_idx,
@@ -100,34 +146,45 @@ class PipelineStrategy : public Strategy {
                    [&](const at::Tensor& output, const MicroBatch& mb) {
                      outputs.push_back(run_user_step(module, batch, mb, output, ignored, predict));
                    });
-    if (pipe_->stages() == 1) return torch::cat(outputs);
-    if (pipe_->is_last_stage()) pipe_->send_to(torch::cat(outputs), 0);
-    if (world_->is_global_zero()) return pipe_->recv_from(pipe_->stages() - 1);
-    return {};
+    if (world_->size() == 1) return torch::cat(outputs);
+    // Each replica's last stage sends its shard's predictions to rank 0, which puts them back in
+    // the batch's order: replica by replica.
+    if (pipe_->is_last_stage() && !world_->is_global_zero()) {
+      results_->send(torch::cat(outputs), 0, Flow::kResult);
+      results_->wait_for_sends();
+    }
+    if (!world_->is_global_zero()) return {};
+    std::vector<at::Tensor> gathered;
+    for (int64_t replica = 0; replica < replicas_; ++replica) {
+      const int64_t last = replica * stages_ + stages_ - 1;
+      gathered.push_back(last == 0 ? torch::cat(outputs) : results_->recv(last, Flow::kResult));
+    }
+    return torch::cat(gathered);
   }
 
   ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) override {
-    const int64_t last = pipe_->stages() - 1;
-    if (last == 0) return metrics.reduce();
-    const std::string text = pipe_->is_last_stage() ? encode(metrics.reduce()) : std::string();
-    return decode(world_->broadcast(text, last));
+    std::string text;
+    if (pipe_->is_last_stage()) text = encode(reduce_over_replicas(metrics));
+    if (stages_ == 1) return decode(text);
+    return decode(pipeline_->broadcast(text, stages_ - 1));
   }
 
   double gradient_norm(Module& module) override {
+    // Replicas hold the same (averaged) gradients: the sum runs over the stages of one pipeline.
     double sum_of_squares = 0;
     for (const auto& p : module.parameters()) {
       if (p.grad().defined())
         sum_of_squares += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
     }
-    return std::sqrt(world_->all_reduce_sum(sum_of_squares));
+    return std::sqrt(pipeline_->all_reduce_sum(sum_of_squares));
   }
 
   std::map<std::string, at::Tensor> gather_weights(Module& module) override {
     torch::NoGradGuard no_grad;
     auto everything = module.layers()->named_parameters();
     for (const auto& b : module.layers()->named_buffers()) everything.insert(b.key(), b.value());
-    // Rank 0 keeps a copy of every layer; the other stages send theirs into it.
-    for (int64_t stage = 1; stage < pipe_->stages(); ++stage) {
+    // Rank 0 keeps a copy of every layer; the other stages of its pipeline send theirs into it.
+    for (int64_t stage = 1; stage < pipe_->stages() && replica_ == 0; ++stage) {
       const int64_t first = first_layer_of(stage);
       const int64_t end = first + pipe_->balance()[stage];
       if (world_->rank() == stage) {
@@ -150,12 +207,20 @@ class PipelineStrategy : public Strategy {
 
   std::map<std::string, std::string> layout() const override {
     return {{"stages", std::to_string(pipe_->stages())},
-            {"balance", format_balance(pipe_->balance())}};
+            {"balance", format_balance(pipe_->balance())},
+            {"replicas", std::to_string(replicas_)}};
   }
 
   std::string describe() const override {
-    if (pipe_->stages() == 1 && options_.chunks() == 1) return "strategy " + name_ + ": 1 process";
-    return "strategy " + name_ + ": " + std::to_string(pipe_->stages()) + " stages, balance " +
+    std::string text = "strategy " + name_ + ": ";
+    if (replicas_ > 1) {
+      text += std::to_string(replicas_) + " replicas";
+      if (stages_ == 1) return text;
+      text += " x ";
+    } else if (stages_ == 1 && options_.chunks() == 1) {
+      return text + "1 process";
+    }
+    return text + std::to_string(pipe_->stages()) + " stages, balance " +
            format_balance(pipe_->balance()) + ", chunks " + std::to_string(options_.chunks()) +
            ", schedule " + options_.schedule() + ", checkpoint " + options_.checkpoint();
   }
@@ -181,6 +246,34 @@ class PipelineStrategy : public Strategy {
     return step(micro);
   }
 
+  // The means of what every replica's last stage logged, weighted by samples. Replicas run the
+  // same step code on the same number of batches, so they log the same names.
+  ReducedMetrics reduce_over_replicas(const LoggedMetrics& metrics) {
+    if (replicas_ == 1) return metrics.reduce();
+    const auto totals = metrics.totals();
+    const std::string names = join_names(totals);
+    if (replicas_of_stage_->broadcast(names) != names) {
+      throw std::runtime_error("replicas logged different metrics (rank " +
+                               std::to_string(world_->rank()) + " logged: " + names +
+                               "): log the same names on every batch");
+    }
+    auto sums = torch::zeros({2 * static_cast<int64_t>(totals.size())}, torch::kFloat64);
+    int64_t i = 0;
+    for (const auto& [name, total] : totals) {
+      sums[i++] = total.first;
+      sums[i++] = static_cast<double>(total.second);
+    }
+    std::vector<at::Tensor> tensors{sums};
+    replicas_of_stage_->process_group()->allreduce(tensors)->wait(world_->timeout());
+    ReducedMetrics reduced;
+    i = 0;
+    for (const auto& [name, total] : totals) {
+      const double weighted = sums[i++].item<double>(), samples = sums[i++].item<double>();
+      reduced[name] = {weighted / samples, metrics.options().at(name).prog_bar()};
+    }
+    return reduced;
+  }
+
   int64_t first_layer_of(int64_t stage) const {
     int64_t first = 0;
     for (int64_t s = 0; s < stage; ++s) first += pipe_->balance()[s];
@@ -202,35 +295,48 @@ class PipelineStrategy : public Strategy {
 
   std::string name_;
   int64_t stages_;
+  int64_t replicas_;
   PipeOptions options_;
   std::shared_ptr<World> world_;
+  std::shared_ptr<World> pipeline_;           // this replica's stages
+  std::shared_ptr<World> replicas_of_stage_;  // this stage in every replica
+  int64_t replica_ = 0;
   std::unique_ptr<Pipe> pipe_;
+  std::unique_ptr<PeerToPeer> results_;  // predictions to rank 0, over the whole run
+  std::unique_ptr<GradientSync> gradient_sync_;
+  bool sync_this_step_ = false;
   at::Tensor current_output_;
 };
 
 }  // namespace
 
 std::unique_ptr<Strategy> make_single_strategy(const TrainerOptions& options) {
-  if (options.devices() != 1) {
+  if (options.devices() * options.num_nodes() != 1) {
     throw std::invalid_argument("strategy 'single' runs on one device, but devices is " +
-                                std::to_string(options.devices()) +
+                                std::to_string(options.devices() * options.num_nodes()) +
                                 ": use --devices 1, or --strategy pipe to split the model");
   }
   return std::make_unique<PipelineStrategy>(
-      "single", 1, PipeOptions().chunks(1).checkpoint("never").schedule("gpipe"));
+      "single", 1, 1, PipeOptions().chunks(1).checkpoint("never").schedule("gpipe"));
 }
 
-std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
-  const auto& pipe = options.pipe();
-  if (options.devices() < 1) {
-    throw std::invalid_argument("devices must be at least 1 (got " +
-                                std::to_string(options.devices()) + ")");
+namespace {
+
+int64_t total_devices(const TrainerOptions& options) {
+  if (options.devices() < 1 || options.num_nodes() < 1) {
+    throw std::invalid_argument("devices and num_nodes must be at least 1 (got " +
+                                std::to_string(options.devices()) + " and " +
+                                std::to_string(options.num_nodes()) + ")");
   }
-  if (!pipe.balance().empty() && static_cast<int64_t>(pipe.balance().size()) != options.devices()) {
-    throw std::invalid_argument("devices (" + std::to_string(options.devices()) +
-                                ") disagrees with balance " + format_balance(pipe.balance()) +
-                                " (" + std::to_string(pipe.balance().size()) +
-                                " stages): give one balance entry per device");
+  return options.devices() * options.num_nodes();
+}
+
+// `stages_from` names where the number of stages came from, e.g. "devices (2)".
+void check_pipe_options(const PipeOptions& pipe, int64_t stages, const std::string& stages_from) {
+  if (!pipe.balance().empty() && static_cast<int64_t>(pipe.balance().size()) != stages) {
+    throw std::invalid_argument(
+        stages_from + " disagrees with balance " + format_balance(pipe.balance()) + " (" +
+        std::to_string(pipe.balance().size()) + " stages): give one balance entry per stage");
   }
   if (pipe.chunks() < 1) {
     throw std::invalid_argument("chunks must be at least 1 (got " + std::to_string(pipe.chunks()) +
@@ -238,7 +344,39 @@ std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
   }
   parse_checkpoint_mode(pipe.checkpoint());
   make_schedule(pipe.schedule(), 1, 1);
-  return std::make_unique<PipelineStrategy>("pipe", options.devices(), pipe);
+}
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
+  const int64_t stages = total_devices(options);
+  check_pipe_options(options.pipe(), stages, "devices (" + std::to_string(stages) + ")");
+  return std::make_unique<PipelineStrategy>("pipe", stages, 1, options.pipe());
+}
+
+std::unique_ptr<Strategy> make_ddp_strategy(const TrainerOptions& options) {
+  return std::make_unique<PipelineStrategy>(
+      "ddp", 1, total_devices(options),
+      PipeOptions().chunks(1).checkpoint("never").schedule("gpipe"));
+}
+
+std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) {
+  const int64_t devices = total_devices(options);
+  int64_t stages = options.stages();
+  if (stages == 0) stages = static_cast<int64_t>(options.pipe().balance().size());
+  if (stages < 1) {
+    throw std::invalid_argument(
+        "strategy 'ddp_pipe' needs the number of stages per pipeline: pass --stages (or "
+        "--balance)");
+  }
+  if (devices % stages != 0) {
+    throw std::invalid_argument("--stages " + std::to_string(stages) + " does not divide the " +
+                                std::to_string(devices) +
+                                " devices into whole pipelines: make devices x num_nodes a "
+                                "multiple of --stages");
+  }
+  check_pipe_options(options.pipe(), stages, "--stages " + std::to_string(stages));
+  return std::make_unique<PipelineStrategy>("ddp_pipe", stages, devices / stages, options.pipe());
 }
 
 }  // namespace pipetrain

@@ -10,13 +10,17 @@ namespace pipetrain {
 
 std::unique_ptr<Strategy> make_single_strategy(const TrainerOptions& options);
 std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options);
+std::unique_ptr<Strategy> make_ddp_strategy(const TrainerOptions& options);
+std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options);
 
 namespace {
 
 struct Registry {
   std::mutex mutex;
   std::map<std::string, StrategyFactory> factories{{"single", make_single_strategy},
-                                                   {"pipe", make_pipe_strategy}};
+                                                   {"pipe", make_pipe_strategy},
+                                                   {"ddp", make_ddp_strategy},
+                                                   {"ddp_pipe", make_ddp_pipe_strategy}};
 };
 
 Registry& registry() {

@@ -145,6 +145,8 @@ Trainer::~Trainer() = default;
 
 bool Trainer::is_global_zero() const { return world_->is_global_zero(); }
 
+int64_t Trainer::replicas() const { return strategy_->batch_shard().replicas; }
+
 void Trainer::print(const std::string& message) const {
   if (!world_->is_global_zero()) return;
   if (progress_) {
@@ -180,7 +182,8 @@ void Trainer::setup(Module& module) {
 void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,
                   const std::string& ckpt_path) {
   const int64_t chunks = options_.pipe().chunks();
-  if (options_.strategy() == "pipe" && chunks > train_loader.batch_size()) {
+  const bool pipelined = options_.strategy() == "pipe" || options_.strategy() == "ddp_pipe";
+  if (pipelined && chunks > train_loader.batch_size()) {
     throw std::invalid_argument(
         "chunks (" + std::to_string(chunks) + ") is larger than the batch size (" +
         std::to_string(train_loader.batch_size()) +
@@ -206,9 +209,10 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
                              {"seed", std::to_string(options_.seed())}});
   }
 
-  FitState state{train_loader, val_loader,
-                 options_.limit_train_batches().of(train_loader.num_batches()),
-                 val_loader ? options_.limit_val_batches().of(val_loader->num_batches()) : 0, 0};
+  FitState state{
+      train_loader, val_loader,
+      options_.limit_train_batches().of(train_loader.num_batches(replicas())),
+      val_loader ? options_.limit_val_batches().of(val_loader->num_batches(replicas())) : 0, 0};
   const auto& interval = options_.val_check_interval();
   state.val_check_batches =
       interval.is_fraction()
@@ -258,16 +262,21 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
   LoggedMetrics window_metrics;  // since the last optimizer step
   const int64_t accumulate = options_.accumulate_grad_batches();
   for (int64_t batch_idx = first_batch; batch_idx < state.train_batches; ++batch_idx) {
-    const Batch batch = train_loader.batch(current_epoch_, batch_idx);
+    const Batch batch = train_loader.batch(current_epoch_, batch_idx, strategy_->batch_shard());
     for (auto& callback : options_.callbacks()) {
       callback->on_train_batch_start(*this, module, batch, batch_idx);
     }
 
+    const bool last_batch = batch_idx + 1 == state.train_batches;
+    const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last_batch;
     LoggedMetrics step_metrics;
     try {
       PrecisionGuard precision(options_.precision());
-      strategy_->training_step(module, batch, batch_idx, 1.0 / static_cast<double>(accumulate),
-                               step_metrics);
+      StepOptions step;
+      step.loss_scale =
+          train_loader.share(batch_idx, strategy_->batch_shard()) / static_cast<double>(accumulate);
+      step.sync_gradients = steps_optimizer;
+      strategy_->training_step(module, batch, batch_idx, step, step_metrics);
     } catch (const std::exception& e) {
       world_->publish_error(error_message(e));
       throw;
@@ -275,8 +284,7 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
     window_metrics.merge(step_metrics);
     epoch_metrics.merge(step_metrics);
 
-    const bool last_batch = batch_idx + 1 == state.train_batches;
-    if ((batch_idx + 1) % accumulate == 0 || last_batch) {
+    if (steps_optimizer) {
       optimizer_step(module);
       if ((global_step_ + 1) % options_.log_every_n_steps() == 0) {
         const auto row = strategy_->reduce_metrics(window_metrics.step_view(true));
@@ -384,7 +392,7 @@ std::map<std::string, double> Trainer::run_evaluation(Module& module, const Data
   if (progress_) progress_->start(test ? "Testing" : "Validation", batches);
   LoggedMetrics epoch_metrics;
   for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
-    const Batch batch = loader.batch(0, batch_idx);
+    const Batch batch = loader.batch(0, batch_idx, strategy_->batch_shard());
     try {
       PrecisionGuard precision(options_.precision());
       strategy_->evaluation_step(
@@ -424,8 +432,8 @@ std::map<std::string, double> Trainer::validate(Module& module, const DataLoader
                                                 const std::string& ckpt_path) {
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
-  const auto metrics =
-      run_evaluation(module, loader, options_.limit_val_batches().of(loader.num_batches()), false);
+  const auto metrics = run_evaluation(
+      module, loader, options_.limit_val_batches().of(loader.num_batches(replicas())), false);
   for (auto& logger : loggers_) logger->save();
   return metrics;
 }
@@ -434,8 +442,8 @@ std::map<std::string, double> Trainer::test(Module& module, const DataLoader& lo
                                             const std::string& ckpt_path) {
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
-  const auto metrics =
-      run_evaluation(module, loader, options_.limit_test_batches().of(loader.num_batches()), true);
+  const auto metrics = run_evaluation(
+      module, loader, options_.limit_test_batches().of(loader.num_batches(replicas())), true);
   for (auto& logger : loggers_) logger->save();
   return metrics;
 }
@@ -445,12 +453,13 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
   module.layers()->eval();
-  const int64_t batches = options_.limit_predict_batches().of(loader.num_batches());
+  const int64_t batches = options_.limit_predict_batches().of(loader.num_batches(replicas()));
   if (progress_) progress_->start("Predicting", batches);
   std::vector<at::Tensor> outputs;
   for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
     PrecisionGuard precision(options_.precision());
-    auto output = strategy_->predict_step(module, loader.batch(0, batch_idx), batch_idx);
+    auto output = strategy_->predict_step(
+        module, loader.batch(0, batch_idx, strategy_->batch_shard()), batch_idx);
     if (world_->is_global_zero()) outputs.push_back(output);
     if (progress_) progress_->update(batch_idx + 1, {});
   }

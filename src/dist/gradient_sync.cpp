@@ -1,0 +1,141 @@
+#include "pipetrain/gradient_sync.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <stdexcept>
+
+#include "pipetrain/compat.h"
+#include "pipetrain/world.h"
+
+namespace pipetrain {
+
+struct GradientSync::Bucket {
+  std::vector<int64_t> parameters;
+  int64_t bytes = 0;
+  int64_t pending = 0;  // gradients still to arrive this step
+  at::Tensor flat;      // the gradients side by side, then their average
+  WorkPtr work;
+};
+
+namespace {
+
+// Runs `callback` after a leaf's gradient has been accumulated into .grad.
+class AfterAccumulation : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AfterAccumulation(std::function<void()> callback) : callback_(std::move(callback)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    callback_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> callback_;
+};
+
+// Removes the hook when the sync goes, and keeps the accumulator alive until then: a leaf holds
+// its accumulator weakly, and a new one would not have the hook.
+struct HookHandle {
+  std::shared_ptr<torch::autograd::Node> accumulator;
+  uintptr_t key;
+  ~HookHandle() { accumulator->del_post_hook(key); }
+};
+
+}  // namespace
+
+GradientSync::GradientSync(std::vector<at::Tensor> parameters, std::shared_ptr<World> replicas,
+                           int64_t bucket_bytes)
+    : parameters_(std::move(parameters)),
+      replicas_(std::move(replicas)),
+      bucket_of_(parameters_.size(), -1),
+      ready_(parameters_.size(), false) {
+  // Reverse order, one dtype per bucket.
+  for (int64_t i = static_cast<int64_t>(parameters_.size()) - 1; i >= 0; --i) {
+    const at::Tensor& p = parameters_[i];
+    if (!p.requires_grad()) continue;
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    bool fits = !buckets_.empty();
+    if (fits) {
+      const at::Tensor& first = parameters_[buckets_.back().parameters.front()];
+      fits = first.scalar_type() == p.scalar_type() && first.device() == p.device() &&
+             buckets_.back().bytes + bytes <= bucket_bytes;
+    }
+    if (!fits) buckets_.emplace_back();
+    buckets_.back().parameters.push_back(i);
+    buckets_.back().bytes += bytes;
+    bucket_of_[i] = static_cast<int64_t>(buckets_.size()) - 1;
+
+    auto accumulator = torch::autograd::impl::grad_accumulator(p);
+    const uintptr_t key = accumulator->add_post_hook(
+        std::make_unique<AfterAccumulation>([this, i] { on_gradient_ready(i); }));
+    hooks_.push_back(std::make_shared<HookHandle>(HookHandle{accumulator, key}));
+  }
+}
+
+GradientSync::~GradientSync() = default;
+
+int64_t GradientSync::num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+
+void GradientSync::arm() {
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = static_cast<int64_t>(bucket.parameters.size());
+    bucket.work.reset();
+    bucket.flat = at::Tensor();
+  }
+  std::fill(ready_.begin(), ready_.end(), false);
+  next_bucket_ = 0;
+  armed_ = true;
+}
+
+void GradientSync::on_gradient_ready(int64_t parameter) {
+  if (!armed_ || ready_[parameter]) return;
+  ready_[parameter] = true;
+  --buckets_[bucket_of_[parameter]].pending;
+  launch_ready_buckets();
+}
+
+void GradientSync::launch_ready_buckets() {
+  while (next_bucket_ < num_buckets() && buckets_[next_bucket_].pending == 0) {
+    launch(buckets_[next_bucket_++]);
+  }
+}
+
+void GradientSync::launch(Bucket& bucket) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> pieces;
+  for (int64_t i : bucket.parameters) {
+    const at::Tensor& p = parameters_[i];
+    pieces.push_back(p.grad().defined() ? p.grad().reshape(-1)
+                                        : torch::zeros({p.numel()}, p.options()));
+  }
+  // Dividing first keeps the sum in range for low-precision gradients, as DDP does.
+  bucket.flat = torch::cat(pieces).div_(static_cast<double>(replicas_->size()));
+  std::vector<at::Tensor> tensors{bucket.flat};
+  bucket.work = replicas_->process_group()->allreduce(tensors);
+}
+
+void GradientSync::finish() {
+  if (!armed_) throw std::logic_error("GradientSync::finish() without arm()");
+  armed_ = false;
+  while (next_bucket_ < num_buckets()) launch(buckets_[next_bucket_++]);
+  torch::NoGradGuard no_grad;
+  for (Bucket& bucket : buckets_) {
+    bucket.work->wait(replicas_->timeout());
+    int64_t offset = 0;
+    for (int64_t i : bucket.parameters) {
+      at::Tensor& p = parameters_[i];
+      const int64_t n = p.numel();
+      // A parameter no replica used keeps no gradient, as in one process.
+      if (p.grad().defined()) p.grad().copy_(bucket.flat.slice(0, offset, offset + n).view_as(p));
+      offset += n;
+    }
+    bucket.flat = at::Tensor();
+    bucket.work.reset();
+  }
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,171 @@
+// `ddp` and `ddp_pipe` against the reference: replicas of a (pipelined) model trained on shards of
+// a global batch must follow the same trajectory as one process on the whole global batch.
+// Tolerance: fp32 on CPU, relative 1e-5 for losses and absolute 1e-5 for parameters (the sums run
+// in another order: micro-batches, replicas and bucketed all-reduces).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "pipetrain/safetensors.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 10;
+
+// The boring model (SGD) compares parameters well: Adam's normalised steps turn float noise in a
+// near-zero gradient into whole learning-rate steps. Its 64 rows make the epochs' last global
+// batch partial, and reshuffle every few steps.
+std::vector<std::string> fit(const std::string& root, int64_t batch_size,
+                             std::vector<std::string> extra, int steps = kSteps,
+                             const std::string& model = "boring") {
+  std::vector<std::string> argv{PIPETRAIN_CLI,
+                                "fit",
+                                "--model",
+                                model,
+                                "--lr",
+                                model == "boring" ? "0.2" : "0.003",
+                                "--max-steps",
+                                std::to_string(steps),
+                                "--batch-size",
+                                std::to_string(batch_size),
+                                "--seed",
+                                "7",
+                                "--default-root-dir",
+                                root,
+                                "--log-every-n-steps",
+                                "1",
+                                "--num-sanity-val-steps",
+                                "0",
+                                "--limit-val-batches",
+                                "2",
+                                "--logger",
+                                "csv"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+std::string csv(const std::string& root, int version = 0) {
+  return root + "/lightning_logs/version_" + std::to_string(version) + "/metrics.csv";
+}
+
+TensorMap final_weights(const std::string& root) {
+  return load_safetensors(root +
+                          "/lightning_logs/version_0/checkpoints/last.ckpt/model.safetensors");
+}
+
+void run_ok(const std::vector<std::string>& argv) {
+  const auto result = run_command(argv);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+}
+
+// Trains `layout` with `batch_size` rows per replica and `reference` with the whole global batch
+// in one process; both see the same samples at every step.
+void expect_same_training(const std::vector<std::string>& layout, int64_t batch_size,
+                          int64_t replicas, std::vector<std::string> common = {}) {
+  const auto root = make_temp_dir("ddp");
+  auto single = common;
+  single.insert(single.end(), {"--strategy", "single"});
+  auto parallel = common;
+  parallel.insert(parallel.end(), layout.begin(), layout.end());
+  run_ok(fit(root + "/single", batch_size * replicas, single));
+  run_ok(fit(root + "/parallel", batch_size, parallel));
+
+  const auto expected = read_csv_column(csv(root + "/single"), "train_loss");
+  const auto actual = read_csv_column(csv(root + "/parallel"), "train_loss");
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
+  }
+  const auto expected_weights = final_weights(root + "/single");
+  const auto actual_weights = final_weights(root + "/parallel");
+  ASSERT_EQ(actual_weights.size(), expected_weights.size());
+  for (const auto& [name, tensor] : expected_weights) {
+    ASSERT_TRUE(actual_weights.count(name)) << name;
+    EXPECT_TRUE(torch::allclose(actual_weights.at(name), tensor, 0, 1e-5))
+        << name << " differs by " << (actual_weights.at(name) - tensor).abs().max().item<double>();
+  }
+  fs::remove_all(root);
+}
+
+TEST(Ddp, TwoReplicasEqualOneProcessOnTheGlobalBatch) {
+  expect_same_training({"--strategy", "ddp", "--devices", "2"}, 24, 2);
+}
+
+TEST(Ddp, ThreeReplicasSplitAPartialBatchUnevenly) {
+  // 64 rows in global batches of 3 x 10: each epoch ends with 4 rows, split 2, 1, 1.
+  expect_same_training({"--strategy", "ddp", "--devices", "3"}, 10, 3);
+}
+
+TEST(DdpPipe, TwoReplicasOfTwoStagesEqualOneProcess) {
+  expect_same_training({"--strategy", "ddp_pipe", "--devices", "4", "--stages", "2", "--chunks",
+                        "3", "--schedule", "1f1b"},
+                       24, 2);
+}
+
+TEST(DdpPipe, TwoReplicasOfThreeStagesEqualOneProcess) {
+  expect_same_training({"--strategy", "ddp_pipe", "--devices", "6", "--stages", "3", "--chunks",
+                        "2", "--checkpoint", "always"},
+                       12, 2);
+}
+
+TEST(DdpPipe, GlobalNormClippingAndAccumulationEqualOneProcess) {
+  expect_same_training(
+      {"--strategy", "ddp_pipe", "--devices", "4", "--stages", "2", "--chunks", "2"}, 16, 2,
+      {"--gradient-clip-val", "0.05", "--accumulate-grad-batches", "2"});
+}
+
+TEST(DdpPipe, StagesMustDivideTheDevices) {
+  const auto root = make_temp_dir("ddp-bad");
+  const auto result =
+      run_command(fit(root, 8, {"--strategy", "ddp_pipe", "--devices", "3", "--stages", "2"}));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("--stages 2 does not divide the 3 devices"), std::string::npos)
+      << result.output;
+  fs::remove_all(root);
+}
+
+// A checkpoint written by 2 replicas x 2 stages resumes under `pipe` and `single`: the resumed
+// steps log the losses of an uninterrupted single-process run.
+TEST(DdpPipe, CheckpointResumesUnderPipeAndSingle) {
+  const auto root = make_temp_dir("ddp-resume");
+  const std::vector<std::string> every{"--every-n-train-steps", "5"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), every.begin(), every.end());
+    return flags;
+  };
+  // The MLP (Adam): its moments must move with the parameters.
+  run_ok(fit(root + "/straight", 32, with({"--strategy", "single"}), kSteps, "mlp"));
+  run_ok(fit(root + "/ddp_pipe", 16,
+             with({"--strategy", "ddp_pipe", "--devices", "4", "--stages", "2"}), 5, "mlp"));
+  const auto ckpt = root + "/ddp_pipe/lightning_logs/version_0/checkpoints/last.ckpt";
+  const auto straight = read_csv_column(csv(root + "/straight"), "train_loss");
+  ASSERT_EQ(straight.size(), static_cast<size_t>(kSteps));
+
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"--strategy", "pipe", "--devices", "2", "--balance", "7,8"},
+        std::vector<std::string>{"--strategy", "single"}}) {
+    const auto resumed_root = make_temp_dir("ddp-resumed");
+    auto flags = layout;
+    flags.insert(flags.end(), {"--ckpt-path", ckpt});
+    run_ok(fit(resumed_root, 32, flags, kSteps, "mlp"));
+    const auto resumed = read_csv_column(csv(resumed_root), "train_loss");
+    const auto steps = read_csv_column(csv(resumed_root), "step");
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 5)) << layout[1];
+    EXPECT_EQ(steps.front(), 5);
+    for (size_t i = 0; i < resumed.size(); ++i) {
+      EXPECT_NEAR(resumed[i], straight[5 + i], 1e-5 * straight[5 + i])
+          << layout[1] << " step " << 5 + i;
+    }
+    fs::remove_all(resumed_root);
+  }
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
