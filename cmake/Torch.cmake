@@ -1,6 +1,47 @@
-# Torch's imported target carries no c10d definitions; the Gloo (and, where
-# Torch has CUDA, NCCL) process-group headers need them.
+# Torch's imported target carries no c10d definitions; the Gloo and NCCL process-group headers
+# need them. Gloo where its headers are (Debian's libgloo-dev; the PyTorch wheels ship none), NCCL
+# where Torch has CUDA (nccl.h from the nvidia-nccl wheel next to torch, or PIPETRAIN_NCCL_INCLUDE_DIR).
 add_library(pipetrain_torch INTERFACE)
 target_link_libraries(pipetrain_torch INTERFACE ${TORCH_LIBRARIES} Threads::Threads)
 target_include_directories(pipetrain_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
-target_compile_definitions(pipetrain_torch INTERFACE USE_C10D_GLOO)
+
+# A CUDA build of Torch exports the torch_cuda target; Debian's CPU libtorch has none.
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
+  set(PIPETRAIN_CUDA ON)
+else()
+  set(PIPETRAIN_CUDA OFF)
+endif()
+
+find_path(PIPETRAIN_GLOO_INCLUDE_DIR gloo/rendezvous/store.h HINTS ${TORCH_INCLUDE_DIRS})
+if(PIPETRAIN_GLOO_INCLUDE_DIR)
+  target_include_directories(pipetrain_torch SYSTEM INTERFACE ${PIPETRAIN_GLOO_INCLUDE_DIR})
+  target_compile_definitions(pipetrain_torch INTERFACE USE_C10D_GLOO PIPETRAIN_HAS_GLOO)
+endif()
+
+if(PIPETRAIN_CUDA)
+  if(NOT PIPETRAIN_NCCL_INCLUDE_DIR)
+    find_package(Python3 COMPONENTS Interpreter QUIET)
+    if(Python3_Interpreter_FOUND)
+      execute_process(
+        COMMAND "${Python3_EXECUTABLE}" -c
+                "import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], 'include'))"
+        OUTPUT_VARIABLE nccl_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+      if(EXISTS "${nccl_dir}/nccl.h")
+        set(PIPETRAIN_NCCL_INCLUDE_DIR "${nccl_dir}" CACHE PATH "Directory holding nccl.h")
+      endif()
+    endif()
+  endif()
+  find_path(PIPETRAIN_NCCL_INCLUDE_DIR nccl.h HINTS ENV NCCL_INCLUDE_DIR ${CUDAToolkit_INCLUDE_DIRS})
+  if(NOT PIPETRAIN_NCCL_INCLUDE_DIR)
+    message(FATAL_ERROR "Torch has CUDA but nccl.h was not found: install the nvidia-nccl wheel "
+                        "Torch depends on, or pass -DPIPETRAIN_NCCL_INCLUDE_DIR=<dir>")
+  endif()
+  target_include_directories(pipetrain_torch SYSTEM INTERFACE ${PIPETRAIN_NCCL_INCLUDE_DIR})
+  target_compile_definitions(pipetrain_torch INTERFACE USE_C10D_NCCL PIPETRAIN_HAS_CUDA)
+endif()
+
+if(NOT PIPETRAIN_GLOO_INCLUDE_DIR AND NOT PIPETRAIN_CUDA)
+  message(FATAL_ERROR "pipetrain needs Gloo's headers (CPU; Debian: libgloo-dev) or a CUDA Torch")
+endif()
+message(STATUS "pipetrain: Torch ${Torch_VERSION}, CUDA ${PIPETRAIN_CUDA}, "
+               "Gloo ${PIPETRAIN_GLOO_INCLUDE_DIR}")

@@ -31,6 +31,7 @@ using pipetrain::BatchLimit;
 struct Args {
   pipetrain::cli::ModelOptions model;
   std::string strategy = "single";
+  std::string accelerator = "auto";
   int64_t devices = 1;
   int64_t num_nodes = 1;
   int64_t stages = 0;
@@ -102,6 +103,7 @@ void add_flags(CLI::App& app, Args& a) {
       "gpt: a text file to train on (default: /usr/share/common-licenses)");
   add("--strategy", a.strategy,
       "how to place the model: single, pipe, ddp, ddp_pipe, or a registered name");
+  add("--accelerator", a.accelerator, "cpu, cuda, or auto (cuda when a GPU is visible)");
   add("--devices", a.devices, "processes per node; under pipe, the number of stages");
   add("--num-nodes", a.num_nodes, "machines; start one launch per node with NODE_RANK set");
   add("--stages", a.stages, "ddp_pipe: stages per pipeline (must divide devices x num-nodes)");
@@ -131,7 +133,7 @@ void add_flags(CLI::App& app, Args& a) {
   add("--enable-progress-bar", a.enable_progress_bar, "show progress (rank 0)");
   add("--enable-checkpointing", a.enable_checkpointing, "save checkpoint files");
   add("--log-every-n-steps", a.log_every_n_steps, "log metrics every K steps");
-  add("--precision", a.precision, "32-true or bf16-mixed");
+  add("--precision", a.precision, "32-true, bf16-mixed or bf16-true");
   add("--logger", a.logger, "loggers: csv, tensorboard (comma-separated; none: no logs)")
       ->delimiter(',');
   add("--batch-size", a.batch_size, "samples per step and replica (split into --chunks)");
@@ -223,6 +225,7 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
   if (!loggers.empty()) callbacks.push_back(std::make_shared<pipetrain::LearningRateMonitor>());
   return pipetrain::TrainerOptions()
       .strategy(a.strategy)
+      .accelerator(a.accelerator)
       .devices(a.devices)
       .num_nodes(a.num_nodes)
       .stages(a.stages)

@@ -46,7 +46,7 @@ void save_optimizer_state(const torch::optim::Optimizer& optimizer,
 // changing anything, and throws std::runtime_error naming the optimizer for an unsupported one,
 // for an archive written by another kind (Adam into SGD), and naming the parameter for a state
 // whose shape differs from the parameter's or that lacks what this optimizer's options need
-// (e.g. saved without amsgrad, loaded with it).
+// (e.g. saved without amsgrad, loaded with it); std::invalid_argument for a repeated name.
 int64_t load_optimizer_state(torch::optim::Optimizer& optimizer, const NamedParameters& parameters,
                              torch::serialize::InputArchive& archive);
 

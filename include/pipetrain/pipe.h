@@ -48,7 +48,7 @@ using OutputFn = std::function<void(const at::Tensor& output, const MicroBatch& 
 
 class Pipe {
  public:
-  // `world` has one rank per stage; rank s runs stage s.
+  // `world` has one rank per stage; rank s runs stage s, on the world's device.
   Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_ptr<World> world);
   ~Pipe();
   Pipe(const Pipe&) = delete;
@@ -86,7 +86,7 @@ class Pipe {
   const Schedule& schedule() const { return schedule_; }
 
  private:
-  at::Tensor run_schedule(const at::Tensor& input, int64_t batch_size, const LossFn& loss_fn);
+  at::Tensor run_schedule(const at::Tensor& batch_input, int64_t batch_size, const LossFn& loss_fn);
   at::Tensor run_stage(const at::Tensor& input, int64_t microbatch);
 
   PipeOptions options_;

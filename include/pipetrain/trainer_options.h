@@ -38,6 +38,9 @@ class BatchLimit {
 struct TrainerOptions {
   // "single" | "pipe" | "ddp" | "ddp_pipe" | any registered name.
   TORCH_ARG(std::string, strategy) = "single";
+  // "cpu" | "cuda" | "auto" (cuda when a GPU is visible). On cuda, each process uses the GPU
+  // numbered by its LOCAL_RANK.
+  TORCH_ARG(std::string, accelerator) = "auto";
   // Processes per node; under `pipe`, the number of stages.
   TORCH_ARG(int64_t, devices) = 1;
   // Machines the run spans; every node runs `devices` processes (Lightning's num_nodes).
@@ -71,7 +74,7 @@ struct TrainerOptions {
   TORCH_ARG(bool, enable_progress_bar) = true;
   TORCH_ARG(bool, enable_checkpointing) = true;
   TORCH_ARG(int64_t, log_every_n_steps) = 50;
-  // "32-true" | "bf16-mixed" (autocast to bfloat16, fp32 weights).
+  // "32-true" | "bf16-mixed" (autocast to bfloat16, fp32 weights) | "bf16-true" (bf16 weights).
   TORCH_ARG(std::string, precision) = "32-true";
   // Which loggers rank 0 writes: "csv", "tensorboard"; empty: none.
   TORCH_ARG(std::vector<std::string>, loggers) = std::vector<std::string>{"csv", "tensorboard"};

@@ -3,6 +3,8 @@
 // process needs no `if (distributed)`.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -23,15 +25,21 @@ class World {
   World() = default;
 
   // Joins the run described by `env`: rank 0 serves a TCPStore at the main address and port, every
-  // rank joins a Gloo process group through it.
+  // rank joins a process group through it: Gloo on CPU; on CUDA, NCCL with this process on GPU
+  // LOCAL_RANK (one process per GPU, as torchrun runs it).
   static std::shared_ptr<World> connect(const ClusterEnvironment& env,
-                                        std::chrono::milliseconds timeout = kDefaultTimeout);
+                                        std::chrono::milliseconds timeout = kDefaultTimeout,
+                                        c10::DeviceType device_type = c10::DeviceType::CPU);
 
   // The ranks `ranks` (ascending global ranks, this one among them) as a World of their own, for
   // collectives and messages among them alone: rank() becomes the position in `ranks`. Every rank
   // in `ranks` calls it with the same `name`, which must be unique in the run. Errors published
   // in a group reach the whole run.
   std::shared_ptr<World> group(const std::vector<int64_t>& ranks, const std::string& name) const;
+  // The same ranks with a process group of their own. NCCL runs each group's operations on a
+  // stream of its own, so traffic in one direction never queues behind the other's. Every rank
+  // calls it at the same point.
+  std::shared_ptr<World> twin() const;
 
   int64_t rank() const { return rank_; }
   int64_t size() const { return size_; }
@@ -40,10 +48,16 @@ class World {
   int64_t local_rank() const { return local_rank_; }
   bool is_global_zero() const { return rank_ == 0; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // Where this process computes: the CPU, or its GPU.
+  c10::Device device() const { return device_; }
 
   // Null for a single process.
   const ProcessGroupPtr& process_group() const { return process_group_; }
   const StorePtr& store() const { return store_; }
+
+  // Completes `work` of this world's process group: on CPU, blocks until it is done (or the timeout
+  // passes); on CUDA, makes the current stream wait for it, without blocking the host.
+  void wait(const WorkPtr& work) const;
 
   void barrier() const;
   // Sum of `value` over all ranks (on every rank).
@@ -66,9 +80,14 @@ class World {
   int64_t local_rank_ = 0;
   std::vector<int64_t> ranks_;  // global ranks of a group; empty for the whole run
   std::string main_address_;
+  c10::Device device_{c10::DeviceType::CPU};
+  std::string name_;           // "" for the whole run, "/pipeline0" for a group
+  mutable int64_t twins_ = 0;  // names twin groups uniquely and alike on every rank
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
   StorePtr store_;
   ProcessGroupPtr process_group_;
+
+  ProcessGroupPtr make_group(const StorePtr& store, int64_t rank, int64_t size) const;
 };
 
 }  // namespace pipetrain

@@ -124,7 +124,7 @@ void GradientSync::finish() {
   while (next_bucket_ < num_buckets()) launch(buckets_[next_bucket_++]);
   torch::NoGradGuard no_grad;
   for (Bucket& bucket : buckets_) {
-    bucket.work->wait(replicas_->timeout());
+    replicas_->wait(bucket.work);
     int64_t offset = 0;
     for (int64_t i : bucket.parameters) {
       at::Tensor& p = parameters_[i];

@@ -29,65 +29,108 @@ const char* flow_name(Flow flow) {
   return "tensor";
 }
 
-at::Tensor make_header(const at::Tensor& tensor) {
-  if (tensor.dim() > kMaxDims) {
-    throw std::invalid_argument("a stage output has " + std::to_string(tensor.dim()) +
-                                " dimensions; pipetrain sends at most " + std::to_string(kMaxDims) +
-                                " between stages");
-  }
-  auto header = torch::zeros({kHeaderSize}, torch::kInt64);
-  auto h = header.accessor<int64_t, 1>();
-  h[0] = static_cast<int64_t>(tensor.scalar_type());
-  h[1] = tensor.dim();
-  for (int64_t d = 0; d < tensor.dim(); ++d) h[2 + d] = tensor.size(d);
-  return header;
+std::string shape_text(at::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
 }
 
 }  // namespace
 
-PeerToPeer::PeerToPeer(std::shared_ptr<World> world) : world_(std::move(world)) {}
+PeerToPeer::PeerToPeer(std::shared_ptr<World> world)
+    : world_(std::move(world)), gradients_(world_->twin()) {}
+
+const ProcessGroupPtr& PeerToPeer::group(Flow flow) const {
+  return flow == Flow::kGradient ? gradients_->process_group() : world_->process_group();
+}
 
 void PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow) {
   auto payload = tensor.contiguous();
-  std::vector<at::Tensor> header{make_header(payload)};
+  auto& pg = group(flow);
+  const auto key = std::make_pair(dst, flow);
+  auto first = sent_.find(key);
+  if (flow == Flow::kResult || first == sent_.end()) {
+    if (payload.dim() > kMaxDims) {
+      throw std::invalid_argument("a stage output has " + std::to_string(payload.dim()) +
+                                  " dimensions; pipetrain sends at most " +
+                                  std::to_string(kMaxDims) + " between stages");
+    }
+    auto header = torch::zeros({kHeaderSize}, torch::kInt64);
+    auto h = header.accessor<int64_t, 1>();
+    h[0] = static_cast<int64_t>(payload.scalar_type());
+    h[1] = payload.dim();
+    for (int64_t d = 0; d < payload.dim(); ++d) h[2 + d] = payload.size(d);
+    header = header.to(world_->device());
+    std::vector<at::Tensor> tensors{header};
+    pending_sends_.push_back(pg->send(tensors, static_cast<int>(dst), header_tag(flow)));
+    pending_tensors_.push_back(header);
+    if (flow != Flow::kResult) sent_[key] = {payload.scalar_type(), payload.sizes().vec()};
+  } else {
+    const Shape& shape = first->second;
+    const bool same = payload.scalar_type() == shape.dtype && payload.dim() > 0 &&
+                      payload.dim() == static_cast<int64_t>(shape.sizes.size()) &&
+                      payload.sizes().slice(1).equals(at::IntArrayRef(shape.sizes).slice(1));
+    if (!same) {
+      throw std::invalid_argument(
+          std::string("a stage passed on a ") + flow_name(flow) + " of shape " +
+          shape_text(payload.sizes()) + " after one of shape " + shape_text(shape.sizes) +
+          " in the same step: apart from dim 0 (the micro-batch's rows) every micro-batch's "
+          "tensors must have the same shape and dtype");
+    }
+  }
   std::vector<at::Tensor> body{payload};
-  auto& pg = world_->process_group();
-  pending_sends_.push_back(pg->send(header, static_cast<int>(dst), header_tag(flow)));
   pending_sends_.push_back(pg->send(body, static_cast<int>(dst), payload_tag(flow)));
-  pending_tensors_.push_back(header[0]);
   pending_tensors_.push_back(payload);
 }
 
-at::Tensor PeerToPeer::recv(int64_t src, Flow flow) {
-  auto& pg = world_->process_group();
+at::Tensor PeerToPeer::recv(int64_t src, Flow flow, int64_t rows) {
+  auto& pg = group(flow);
+  const auto key = std::make_pair(src, flow);
   try {
-    std::vector<at::Tensor> header{torch::empty({kHeaderSize}, torch::kInt64)};
-    pg->recv(header, static_cast<int>(src), header_tag(flow))->wait(world_->timeout());
-    auto h = header[0].accessor<int64_t, 1>();
-    std::vector<int64_t> sizes(h.data() + 2, h.data() + 2 + h[1]);
-    auto dtype = static_cast<c10::ScalarType>(h[0]);
-    std::vector<at::Tensor> body{torch::empty(sizes, torch::TensorOptions().dtype(dtype))};
-    pg->recv(body, static_cast<int>(src), payload_tag(flow))->wait(world_->timeout());
+    auto first = received_.find(key);
+    Shape shape;
+    if (flow == Flow::kResult || rows < 0 || first == received_.end()) {
+      std::vector<at::Tensor> header{torch::empty(
+          {kHeaderSize}, torch::TensorOptions(torch::kInt64).device(world_->device()))};
+      world_->wait(pg->recv(header, static_cast<int>(src), header_tag(flow)));
+      const auto h_cpu = header[0].cpu();  // the one host wait of the step for this flow
+      auto h = h_cpu.accessor<int64_t, 1>();
+      shape.dtype = static_cast<c10::ScalarType>(h[0]);
+      shape.sizes.assign(h.data() + 2, h.data() + 2 + h[1]);
+      if (flow != Flow::kResult) received_[key] = shape;
+    } else {
+      shape = first->second;
+      shape.sizes[0] = rows;
+    }
+    std::vector<at::Tensor> body{
+        torch::empty(shape.sizes, torch::TensorOptions(shape.dtype).device(world_->device()))};
+    world_->wait(pg->recv(body, static_cast<int>(src), payload_tag(flow)));
     return body[0];
   } catch (const std::exception& e) {
-    std::ostringstream message;
-    message << "rank " << world_->global_rank(world_->rank()) << " could not receive the "
-            << flow_name(flow) << " from rank " << world_->global_rank(src) << ": "
-            << error_message(e);
-    const auto first = world_->published_error();
-    if (!first.empty())
-      message << "\nfirst error: " << first;
-    else
-      message << "\nrank " << world_->global_rank(src)
-              << " may have exited: see its error, if any, above.";
-    throw std::runtime_error(message.str());
+    fail_recv(e, src, flow);
   }
 }
 
+void PeerToPeer::fail_recv(const std::exception& e, int64_t src, Flow flow) const {
+  std::ostringstream message;
+  message << "rank " << world_->global_rank(world_->rank()) << " could not receive the "
+          << flow_name(flow) << " from rank " << world_->global_rank(src) << ": "
+          << error_message(e);
+  const auto first = world_->published_error();
+  if (!first.empty())
+    message << "\nfirst error: " << first;
+  else
+    message << "\nrank " << world_->global_rank(src)
+            << " may have exited: see its error, if any, above.";
+  throw std::runtime_error(message.str());
+}
+
 void PeerToPeer::wait_for_sends() {
-  for (auto& work : pending_sends_) work->wait(world_->timeout());
+  for (auto& work : pending_sends_) world_->wait(work);
   pending_sends_.clear();
   pending_tensors_.clear();
+  sent_.clear();
+  received_.clear();
 }
 
 }  // namespace pipetrain

@@ -1,10 +1,20 @@
 #include "process_group.h"
 
+#ifdef PIPETRAIN_HAS_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#ifdef PIPETRAIN_HAS_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#include <torch/cuda.h>
 
 #include <cstdlib>
+#include <stdexcept>
 
 namespace pipetrain {
+
+#ifdef PIPETRAIN_HAS_GLOO
 namespace {
 
 bool is_loopback(const std::string& address) {
@@ -22,15 +32,47 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_a
 }
 
 }  // namespace
+#endif
 
 ProcessGroupPtr make_gloo_group(const StorePtr& store, int64_t rank, int64_t size,
                                 std::chrono::milliseconds timeout,
                                 const std::string& main_address) {
+#ifdef PIPETRAIN_HAS_GLOO
   auto options = c10d::ProcessGroupGloo::Options::create();
   options->timeout = timeout;
   options->devices.push_back(gloo_device(main_address));
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank),
                                                      static_cast<int>(size), options);
+#else
+  (void)store, (void)rank, (void)size, (void)timeout, (void)main_address;
+  throw std::runtime_error(
+      "this pipetrain was built without Gloo (its libtorch ships no gloo headers), so processes "
+      "on CPU cannot talk to each other: use --accelerator cuda, or build against a libtorch "
+      "with Gloo headers");
+#endif
+}
+
+ProcessGroupPtr make_nccl_group(const StorePtr& store, int64_t rank, int64_t size,
+                                std::chrono::milliseconds timeout, int64_t device) {
+#ifdef PIPETRAIN_HAS_CUDA
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(rank),
+                                                     static_cast<int>(size), options);
+#else
+  (void)store, (void)rank, (void)size, (void)timeout, (void)device;
+  throw std::runtime_error(
+      "this pipetrain was built against a libtorch without CUDA: use --accelerator cpu");
+#endif
+}
+
+bool cuda_available() {
+#ifdef PIPETRAIN_HAS_CUDA
+  return torch::cuda::is_available();
+#else
+  return false;
+#endif
 }
 
 }  // namespace pipetrain

@@ -21,13 +21,23 @@ constexpr const char* kErrorKey = "pipetrain/first_error";
 
 }  // namespace
 std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
-                                      std::chrono::milliseconds timeout) {
+                                      std::chrono::milliseconds timeout,
+                                      c10::DeviceType device_type) {
   auto world = std::make_shared<World>();
   world->rank_ = env.global_rank();
   world->size_ = env.world_size();
   world->local_rank_ = env.local_rank();
   world->timeout_ = timeout;
   world->main_address_ = env.main_address();
+  if (device_type == c10::DeviceType::CUDA) {
+    if (!cuda_available()) {
+      throw std::runtime_error("rank " + std::to_string(world->rank_) +
+                               ": --accelerator cuda, but no GPU is visible (or this libtorch has "
+                               "no CUDA): use --accelerator cpu");
+    }
+    world->device_ =
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank()));
+  }
   if (world->size_ == 1) return world;
 
   c10d::TCPStoreOptions store_options;
@@ -45,9 +55,35 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
                              "). Check MASTER_ADDR/MASTER_PORT and that every rank was started.");
   }
 
-  world->process_group_ =
-      make_gloo_group(world->store_, world->rank_, world->size_, timeout, world->main_address_);
+  world->process_group_ = world->make_group(world->store_, world->rank_, world->size_);
   return world;
+}
+
+ProcessGroupPtr World::make_group(const StorePtr& store, int64_t rank, int64_t size) const {
+  if (device_.is_cuda()) return make_nccl_group(store, rank, size, timeout_, device_.index());
+  return make_gloo_group(store, rank, size, timeout_, main_address_);
+}
+
+std::shared_ptr<World> World::twin() const {
+  auto twin = std::make_shared<World>(*this);
+  twin->twins_ = 0;
+  if (size_ > 1) {
+    twin->name_ = name_ + "/twin" + std::to_string(twins_++);
+    const std::string name = "pipetrain/group" + twin->name_;
+    twin->process_group_ =
+        make_group(c10::make_intrusive<c10d::PrefixStore>(name, store_), rank_, size_);
+  }
+  return twin;
+}
+
+void World::wait(const WorkPtr& work) const {
+  if (!work) return;  // NCCL's barrier may hand back none
+  if (device_.is_cuda()) {
+    // With a timeout, NCCL's wait would block the host until the GPU is done.
+    work->wait();
+  } else {
+    work->wait(timeout_);
+  }
 }
 
 std::shared_ptr<World> World::group(const std::vector<int64_t>& ranks,
@@ -64,38 +100,48 @@ std::shared_ptr<World> World::group(const std::vector<int64_t>& ranks,
   group->local_rank_ = local_rank_;
   group->timeout_ = timeout_;
   group->main_address_ = main_address_;
+  group->device_ = device_;
   group->store_ = store_;  // errors are published run-wide
   group->ranks_ = ranks;
+  group->name_ = name_ + "/" + name;
   if (group->size_ > 1) {
-    auto store = c10::make_intrusive<c10d::PrefixStore>("pipetrain/group/" + name, store_);
-    group->process_group_ =
-        make_gloo_group(store, group->rank_, group->size_, timeout_, main_address_);
+    auto store = c10::make_intrusive<c10d::PrefixStore>("pipetrain/group" + group->name_, store_);
+    group->process_group_ = make_group(store, group->rank_, group->size_);
   }
   return group;
 }
 
 void World::barrier() const {
   if (!process_group_) return;
-  process_group_->barrier()->wait(timeout_);
+  if (device_.is_cuda()) {
+    all_reduce_sum(0);  // the host waits for its result; NCCL's barrier would not block it
+    return;
+  }
+  wait(process_group_->barrier());
 }
 
 double World::all_reduce_sum(double value) const {
   if (!process_group_) return value;
-  std::vector<at::Tensor> tensors{at::full({1}, value, at::kDouble)};
-  process_group_->allreduce(tensors)->wait(timeout_);
+  std::vector<at::Tensor> tensors{
+      at::full({1}, value, at::TensorOptions(at::kDouble).device(device_))};
+  wait(process_group_->allreduce(tensors));
   return tensors[0].item<double>();
 }
 
 std::string World::broadcast(const std::string& text, int64_t root) const {
   if (!process_group_) return text;
-  std::vector<at::Tensor> size{at::full({1}, static_cast<int64_t>(text.size()), at::kLong)};
+  const auto on_device = at::TensorOptions(at::kByte).device(device_);
+  std::vector<at::Tensor> size{at::full({1}, static_cast<int64_t>(text.size()),
+                                        at::TensorOptions(at::kLong).device(device_))};
   c10d::BroadcastOptions options;
   options.rootRank = static_cast<int>(root);
-  process_group_->broadcast(size, options)->wait(timeout_);
-  std::vector<at::Tensor> bytes{at::empty({size[0].item<int64_t>()}, at::kByte)};
-  if (rank_ == root) std::memcpy(bytes[0].data_ptr(), text.data(), text.size());
-  process_group_->broadcast(bytes, options)->wait(timeout_);
-  return std::string(static_cast<const char*>(bytes[0].data_ptr()), bytes[0].numel());
+  wait(process_group_->broadcast(size, options));
+  at::Tensor bytes = at::empty({size[0].item<int64_t>()}, at::kByte);
+  if (rank_ == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  std::vector<at::Tensor> tensors{bytes.to(on_device)};
+  wait(process_group_->broadcast(tensors, options));
+  bytes = tensors[0].cpu();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
 }
 
 void World::publish_error(const std::string& message) const {

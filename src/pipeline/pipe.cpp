@@ -56,6 +56,8 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   for (int64_t i = first_layer_; i < first_layer_ + balance_[stage_]; ++i) {
     stage_module_->push_back(std::to_string(i), *(sequential->begin() + i));
   }
+  // Only this stage's layers go to the device; the rest of the Sequential stays where it was built.
+  if (world_->device() != c10::Device(c10::DeviceType::CPU)) stage_module_->to(world_->device());
   if (stages() > 1) p2p_ = std::make_unique<PeerToPeer>(world_);
 }
 
@@ -90,7 +92,10 @@ at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
   }
 }
 
-at::Tensor Pipe::run_schedule(const at::Tensor& input, int64_t batch_size, const LossFn& loss_fn) {
+at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
+                              const LossFn& loss_fn) {
+  // One copy per batch: slicing a host tensor per micro-batch would wait for the GPU each time.
+  const at::Tensor input = batch_input.defined() ? batch_input.to(world_->device()) : batch_input;
   // A batch smaller than `chunks` (an epoch's last) runs as one-sample micro-batches.
   const int64_t chunks = std::min(options_.chunks(), batch_size);
   const auto microbatches = split_microbatches(batch_size, chunks);
@@ -114,7 +119,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& input, int64_t batch_size, const
       if (is_first_stage()) {
         state.input = input.slice(0, mb.begin, mb.end);
       } else {
-        state.input = p2p_->recv(stage_ - 1, Flow::kActivation);
+        state.input = p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
         if (state.input.is_floating_point()) state.input.requires_grad_(true);
       }
       if (state.checkpointed) {
@@ -144,7 +149,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& input, int64_t batch_size, const
         state.loss.backward();
         if (state.checkpointed) grad_output = state.output.grad();
       } else {
-        grad_output = p2p_->recv(stage_ + 1, Flow::kGradient);
+        grad_output = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size());
       }
       if (grad_output.defined()) {
         at::Tensor output = state.output;
@@ -171,10 +176,11 @@ namespace pipetrain {
 void Pipe::forward(const at::Tensor& input, int64_t batch_size, const OutputFn& on_output) {
   torch::NoGradGuard no_grad;
   try {
+    const at::Tensor on_device = input.defined() ? input.to(world_->device()) : input;
     for (const MicroBatch& mb :
          split_microbatches(batch_size, std::min(options_.chunks(), batch_size))) {
-      const at::Tensor x = is_first_stage() ? input.slice(0, mb.begin, mb.end)
-                                            : p2p_->recv(stage_ - 1, Flow::kActivation);
+      const at::Tensor x = is_first_stage() ? on_device.slice(0, mb.begin, mb.end)
+                                            : p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
       const at::Tensor y = run_stage(x, mb.index);
       if (is_last_stage()) {
         on_output(y, mb);

@@ -115,8 +115,9 @@ class PipelineStrategy : public Strategy {
     return shard;
   }
 
-  void training_step(Module& module, const Batch& batch, int64_t batch_idx,
+  void training_step(Module& module, const Batch& host_batch, int64_t batch_idx,
                      const StepOptions& options, LoggedMetrics& metrics) override {
+    const Batch batch = on_device(host_batch);
     auto step = [&](const Batch& micro) { return module.training_step(micro, batch_idx); };
     sync_this_step_ = gradient_sync_ && options.sync_gradients;
     pipe_->forward_backward(
@@ -126,8 +127,9 @@ class PipelineStrategy : public Strategy {
     if (sync_this_step_) gradient_sync_->finish();
   }
 
-  void evaluation_step(Module& module, const Batch& batch, int64_t batch_idx,
+  void evaluation_step(Module& module, const Batch& host_batch, int64_t batch_idx,
                        const EvaluationStep& step, LoggedMetrics& metrics) override {
+    const Batch batch = on_device(host_batch);
     auto evaluate = [&](const Batch& micro) {
       step(micro, batch_idx);
       return at::Tensor();
@@ -138,7 +140,8 @@ class PipelineStrategy : public Strategy {
                    });
   }
 
-  at::Tensor predict_step(Module& module, const Batch& batch, int64_t batch_idx) override {
+  at::Tensor predict_step(Module& module, const Batch& host_batch, int64_t batch_idx) override {
+    const Batch batch = on_device(host_batch);
     std::vector<at::Tensor> outputs;
     LoggedMetrics ignored;
     auto predict = [&](const Batch& micro) { return module.predict_step(micro, batch_idx); };
@@ -146,7 +149,7 @@ class PipelineStrategy : public Strategy {
                    [&](const at::Tensor& output, const MicroBatch& mb) {
                      outputs.push_back(run_user_step(module, batch, mb, output, ignored, predict));
                    });
-    if (world_->size() == 1) return torch::cat(outputs);
+    if (world_->size() == 1) return torch::cat(outputs).cpu();
     // Each replica's last stage sends its shard's predictions to rank 0, which puts them back in
     // the batch's order: replica by replica.
     if (pipe_->is_last_stage() && !world_->is_global_zero()) {
@@ -159,7 +162,7 @@ class PipelineStrategy : public Strategy {
       const int64_t last = replica * stages_ + stages_ - 1;
       gathered.push_back(last == 0 ? torch::cat(outputs) : results_->recv(last, Flow::kResult));
     }
-    return torch::cat(gathered);
+    return torch::cat(gathered).cpu();
   }
 
   ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) override {
@@ -171,12 +174,11 @@ class PipelineStrategy : public Strategy {
 
   double gradient_norm(Module& module) override {
     // Replicas hold the same (averaged) gradients: the sum runs over the stages of one pipeline.
-    double sum_of_squares = 0;
+    auto sum_of_squares = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device()));
     for (const auto& p : module.parameters()) {
-      if (p.grad().defined())
-        sum_of_squares += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+      if (p.grad().defined()) sum_of_squares += p.grad().to(torch::kFloat64).pow(2).sum();
     }
-    return std::sqrt(pipeline_->all_reduce_sum(sum_of_squares));
+    return std::sqrt(pipeline_->all_reduce_sum(sum_of_squares.item<double>()));
   }
 
   std::map<std::string, at::Tensor> gather_weights(Module& module) override {
@@ -263,8 +265,9 @@ class PipelineStrategy : public Strategy {
       sums[i++] = total.first;
       sums[i++] = static_cast<double>(total.second);
     }
-    std::vector<at::Tensor> tensors{sums};
-    replicas_of_stage_->process_group()->allreduce(tensors)->wait(world_->timeout());
+    std::vector<at::Tensor> tensors{sums.to(device())};
+    replicas_of_stage_->wait(replicas_of_stage_->process_group()->allreduce(tensors));
+    sums = tensors[0].cpu();
     ReducedMetrics reduced;
     i = 0;
     for (const auto& [name, total] : totals) {
@@ -272,6 +275,13 @@ class PipelineStrategy : public Strategy {
       reduced[name] = {weighted / samples, metrics.options().at(name).prog_bar()};
     }
     return reduced;
+  }
+
+  c10::Device device() const { return world_->device(); }
+
+  // The batch where the model runs, moved once (Lightning's transfer_batch_to_device).
+  Batch on_device(const Batch& batch) const {
+    return {batch.data.to(device()), batch.target.to(device())};
   }
 
   int64_t first_layer_of(int64_t stage) const {
@@ -288,8 +298,9 @@ class PipelineStrategy : public Strategy {
     std::vector<at::Tensor> tensors = module.layers()->parameters();
     for (const auto& b : module.layers()->buffers()) tensors.push_back(b);
     for (auto& t : tensors) {
-      std::vector<at::Tensor> one{t};
-      world_->process_group()->broadcast(one)->wait(world_->timeout());
+      std::vector<at::Tensor> one{t.to(device())};
+      world_->wait(world_->process_group()->broadcast(one));
+      if (!one[0].is_same(t)) t.copy_(one[0]);
     }
   }
 

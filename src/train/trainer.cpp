@@ -68,6 +68,12 @@ void check_options(const TrainerOptions& options) {
     }
   };
   at_least(options.log_every_n_steps(), 1, "log_every_n_steps");
+  at_least(options.num_nodes(), 1, "num_nodes");
+  if (options.accelerator() != "cpu" && options.accelerator() != "cuda" &&
+      options.accelerator() != "auto") {
+    throw std::invalid_argument("unknown accelerator '" + options.accelerator() +
+                                "': use cpu, cuda or auto");
+  }
   at_least(options.accumulate_grad_batches(), 1, "accumulate_grad_batches");
   at_least(options.check_val_every_n_epoch(), 1, "check_val_every_n_epoch");
   at_least(options.num_sanity_val_steps(), 0, "num_sanity_val_steps");
@@ -102,8 +108,16 @@ Trainer::Trainer(TrainerOptions options)
   const auto env = select_cluster_environment();
   const int64_t needed = strategy_->world_size();
   if (env->world_size() == 1 && needed > 1) {
-    LaunchOptions launch;
-    launch.nprocs = needed;
+    // Nobody launched the ranks: start this node's share of them (Lightning's manual multi-node
+    // launch reads NODE_RANK, MASTER_ADDR and MASTER_PORT when num_nodes > 1).
+    if (needed % options_.num_nodes() != 0) {
+      throw std::invalid_argument("strategy '" + options_.strategy() + "' needs " +
+                                  std::to_string(needed) + " processes, which " +
+                                  std::to_string(options_.num_nodes()) +
+                                  " nodes cannot share evenly: change --num-nodes");
+    }
+    const auto launch = multi_node_launch_options(needed / options_.num_nodes(),
+                                                  options_.num_nodes(), current_environment());
     std::exit(launch_local_processes(launch));
   }
   if (env->world_size() != needed) {
@@ -113,7 +127,10 @@ Trainer::Trainer(TrainerOptions options)
                                 env->name() + ") started " + std::to_string(env->world_size()) +
                                 ": make --devices match the number of processes");
   }
-  world_ = World::connect(*env, std::chrono::seconds(options_.timeout_seconds()));
+  const bool cuda = options_.accelerator() == "cuda" ||
+                    (options_.accelerator() == "auto" && torch::cuda::is_available());
+  world_ = World::connect(*env, std::chrono::seconds(options_.timeout_seconds()),
+                          cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
   if (options_.deterministic()) at::globalContext().setDeterministicAlgorithms(true, false);
   torch::manual_seed(options_.seed());
 
@@ -168,6 +185,8 @@ void Trainer::setup(Module& module) {
     throw std::logic_error("a Trainer serves one Module; make a new Trainer for another model");
   }
   try {
+    auto layers = module.layers();
+    convert_module(layers, options_.precision());
     strategy_->setup(module, world_);
   } catch (const std::exception& e) {
     world_->publish_error(error_message(e));
@@ -262,7 +281,9 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
   LoggedMetrics window_metrics;  // since the last optimizer step
   const int64_t accumulate = options_.accumulate_grad_batches();
   for (int64_t batch_idx = first_batch; batch_idx < state.train_batches; ++batch_idx) {
-    const Batch batch = train_loader.batch(current_epoch_, batch_idx, strategy_->batch_shard());
+    const Batch batch =
+        convert_batch(train_loader.batch(current_epoch_, batch_idx, strategy_->batch_shard()),
+                      options_.precision());
     for (auto& callback : options_.callbacks()) {
       callback->on_train_batch_start(*this, module, batch, batch_idx);
     }
@@ -271,7 +292,7 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
     const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last_batch;
     LoggedMetrics step_metrics;
     try {
-      PrecisionGuard precision(options_.precision());
+      PrecisionGuard precision(options_.precision(), world_->device().type());
       StepOptions step;
       step.loss_scale =
           train_loader.share(batch_idx, strategy_->batch_shard()) / static_cast<double>(accumulate);
@@ -392,9 +413,10 @@ std::map<std::string, double> Trainer::run_evaluation(Module& module, const Data
   if (progress_) progress_->start(test ? "Testing" : "Validation", batches);
   LoggedMetrics epoch_metrics;
   for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
-    const Batch batch = loader.batch(0, batch_idx, strategy_->batch_shard());
+    const Batch batch =
+        convert_batch(loader.batch(0, batch_idx, strategy_->batch_shard()), options_.precision());
     try {
-      PrecisionGuard precision(options_.precision());
+      PrecisionGuard precision(options_.precision(), world_->device().type());
       strategy_->evaluation_step(
           module, batch, batch_idx,
           [&](const Batch& b, int64_t i) {
@@ -457,9 +479,11 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
   if (progress_) progress_->start("Predicting", batches);
   std::vector<at::Tensor> outputs;
   for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
-    PrecisionGuard precision(options_.precision());
+    PrecisionGuard precision(options_.precision(), world_->device().type());
     auto output = strategy_->predict_step(
-        module, loader.batch(0, batch_idx, strategy_->batch_shard()), batch_idx);
+        module,
+        convert_batch(loader.batch(0, batch_idx, strategy_->batch_shard()), options_.precision()),
+        batch_idx);
     if (world_->is_global_zero()) outputs.push_back(output);
     if (progress_) progress_->update(batch_idx + 1, {});
   }

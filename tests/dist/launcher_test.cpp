@@ -7,12 +7,17 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -31,6 +36,12 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kChildDirVariable[] = "PIPETRAIN_LAUNCHER_TEST_CHILD_DIR";
+constexpr char kNodeDirVariable[] = "PIPETRAIN_LAUNCHER_TEST_NODE_DIR";
+
+// What every rank of the multi-node tests reports, one line in $DIR/rank_$RANK.
+constexpr char kReportLayout[] =
+    "echo \"$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK $LOCAL_WORLD_SIZE "
+    "$GROUP_RANK\" > \"$DIR/tmp_$RANK\" && mv \"$DIR/tmp_$RANK\" \"$DIR/rank_$RANK\"";
 
 std::string read_file(const fs::path& path) {
   std::ifstream file(path);
@@ -47,6 +58,35 @@ const bool kRanAsLaunchedChild = [] {
   std::ofstream(fs::path(dir) / (std::string("cmdline_") + rank))
       << read_file("/proc/self/cmdline");
   std::_Exit(0);
+}();
+
+// The TwoNodeLaunchersSplitTheRanks test starts this binary once per "node", as a person starts
+// the same command on every machine with NODE_RANK, MASTER_ADDR and MASTER_PORT exported. Each
+// copy builds its options from that environment and launches its two ranks, which report their
+// layout and then wait until all four reports exist: that only succeeds if both launchers ran at
+// the same time, as they would on two machines.
+const bool kRanAsNodeLauncher = [] {
+  const char* dir = std::getenv(kNodeDirVariable);
+  if (dir == nullptr) return false;
+  int code = 1;
+  try {
+    LaunchOptions options = multi_node_launch_options(2, 2, current_environment());
+    const std::string wait_for_all = R"(
+      i=0
+      while [ $i -lt 2000 ]; do
+        n=0
+        for r in 0 1 2 3; do if [ -f "$DIR/rank_$r" ]; then n=$((n+1)); fi; done
+        if [ $n = 4 ]; then exit 0; fi
+        sleep 0.01; i=$((i+1))
+      done
+      exit 9)";
+    options.argv = {"/bin/sh", "-c", std::string(kReportLayout) + "\n" + wait_for_all};
+    options.extra_env["DIR"] = dir;
+    code = launch_local_processes(options);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "node launcher failed: %s\n", error.what());
+  }
+  std::_Exit(code);
 }();
 
 class TempDir {
@@ -97,6 +137,79 @@ LaunchOptions shell_launch(int64_t nprocs, const std::string& script, const Temp
   options.argv = {"/bin/sh", "-c", script};
   options.extra_env["DIR"] = dir.path().string();
   return options;
+}
+
+// Starts this test binary with exactly `env` as its environment (without the gtest arguments: the
+// copies exit during static initialisation anyway).
+pid_t spawn_this_binary(const EnvironmentVariables& env) {
+  const std::string program = fs::read_symlink("/proc/self/exe").string();
+  std::vector<std::string> entries;
+  for (const auto& [name, value] : env) entries.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (std::string& entry : entries) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  std::string argv0 = program;
+  char* argv[] = {argv0.data(), nullptr};
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv, envp.data());
+  if (error != 0) throw std::runtime_error("posix_spawn failed: " + std::to_string(error));
+  return pid;
+}
+
+// Exit code of `pid`, or -1 (after killing it) if it is still running after `timeout`, so that
+// a launcher that hangs fails the test instead of the whole run.
+int wait_for_exit(pid_t pid, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  int status = 0;
+  for (;;) {
+    const pid_t reaped = waitpid(pid, &status, WNOHANG);
+    if (reaped == pid) break;
+    if (reaped < 0 && errno != EINTR) return -1;
+    if (Clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+struct ReportedLayout {
+  int rank = -1;
+  int world_size = 0;
+  std::string address;
+  int port = 0;
+  int local_rank = -1;
+  int local_world_size = 0;
+  int group_rank = -1;
+};
+
+ReportedLayout read_layout(const fs::path& file) {
+  ReportedLayout layout;
+  std::istringstream line(read_file(file));
+  line >> layout.rank >> layout.world_size >> layout.address >> layout.port >> layout.local_rank >>
+      layout.local_world_size >> layout.group_rank;
+  return layout;
+}
+
+// The message of the std::invalid_argument that `call` throws, or "" (and a failure) if none.
+template <typename Call>
+std::string invalid_argument_message(Call&& call) {
+  try {
+    call();
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected std::invalid_argument, got: " << error.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected std::invalid_argument, nothing was thrown";
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 bool wait_for_file(const fs::path& path, std::chrono::seconds timeout) {
@@ -335,6 +448,230 @@ TEST(LaunchLocalProcessesTest, RejectsBadOptionsBeforeStartingAnything) {
 
   options.argv = {"/nonexistent/dir/program"};
   EXPECT_THROW(launch_local_processes(options), std::runtime_error);
+}
+
+TEST(LaunchLocalProcessesTest, TwoNodeLaunchersSplitTheRanks) {
+  TempDir dir;
+  const int port = find_free_port();
+  EnvironmentVariables env = current_environment();
+  // Whatever launched this test must not leak into the nodes' layout.
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}) {
+    env.erase(name);
+  }
+  env[kNodeDirVariable] = dir.path().string();
+  env["MASTER_ADDR"] = "127.0.0.1";
+  env["MASTER_PORT"] = std::to_string(port);
+  env["NODE_RANK"] = "0";
+  const pid_t node0 = spawn_this_binary(env);
+  env["NODE_RANK"] = "1";
+  const pid_t node1 = spawn_this_binary(env);
+  EXPECT_EQ(wait_for_exit(node0, std::chrono::seconds(60)), 0);
+  EXPECT_EQ(wait_for_exit(node1, std::chrono::seconds(60)), 0);
+
+  for (int rank = 0; rank < 4; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const ReportedLayout layout = read_layout(dir.path() / ("rank_" + std::to_string(rank)));
+    EXPECT_EQ(layout.rank, rank);
+    EXPECT_EQ(layout.world_size, 4);
+    EXPECT_EQ(layout.address, "127.0.0.1");
+    EXPECT_EQ(layout.port, port);
+    EXPECT_EQ(layout.local_rank, rank % 2);
+    EXPECT_EQ(layout.local_world_size, 2);
+    EXPECT_EQ(layout.group_rank, rank / 2);
+  }
+}
+
+TEST(LaunchLocalProcessesTest, SingleNodeUsesGivenAddressAndPort) {
+  TempDir dir;
+  LaunchOptions options = shell_launch(2, kReportLayout, dir);
+  options.main_address = "localhost";
+  options.main_port = 29517;
+  ASSERT_EQ(launch_local_processes(options), 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    const ReportedLayout layout = read_layout(dir.path() / ("rank_" + std::to_string(rank)));
+    EXPECT_EQ(layout.rank, rank);
+    EXPECT_EQ(layout.world_size, 2);
+    EXPECT_EQ(layout.address, "localhost");
+    EXPECT_EQ(layout.port, 29517);
+    EXPECT_EQ(layout.group_rank, 0);
+  }
+}
+
+TEST(LaunchLocalProcessesTest, FailureOnOneOfSeveralNodesNamesTheGlobalRank) {
+  TempDir dir;
+  // This is node 1 of 2 with ranks 2 and 3; rank 3 fails once rank 2 traps SIGTERM.
+  const std::string script = R"(
+    if [ "$RANK" = 2 ]; then
+      trap 'kill $pid 2>/dev/null; exit 143' TERM
+      sleep 60 >/dev/null 2>&1 &
+      pid=$!
+      touch "$DIR/ready"
+      wait
+    else
+      i=0
+      while [ ! -f "$DIR/ready" ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done
+      exit 4
+    fi)";
+  LaunchOptions options = shell_launch(2, script, dir);
+  options.nnodes = 2;
+  options.node_rank = 1;
+  options.main_address = "127.0.0.1";
+  options.main_port = find_free_port();
+  testing::internal::CaptureStderr();
+  const int code = launch_local_processes(options);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, 4);
+  EXPECT_TRUE(
+      contains(err,
+               "pipetrain: rank 3 failed with exit code 4; stopping the other 1 rank on this "
+               "node\n"))
+      << err;
+}
+
+TEST(LaunchLocalProcessesTest, RejectsBadNodeLayoutBeforeStartingAnything) {
+  TempDir dir;
+  const LaunchOptions good = [&] {
+    LaunchOptions options = shell_launch(2, "touch \"$DIR/started\"", dir);
+    options.nnodes = 2;
+    options.node_rank = 1;
+    options.main_address = "127.0.0.1";
+    options.main_port = 29500;
+    return options;
+  }();
+  auto launch_with = [](LaunchOptions options) {
+    return invalid_argument_message([&] { launch_local_processes(options); });
+  };
+
+  LaunchOptions options = good;
+  options.node_rank = 2;
+  std::string message = launch_with(options);
+  EXPECT_TRUE(contains(message, "node_rank=2 must be in [0, nnodes=2)")) << message;
+  EXPECT_TRUE(contains(message, "NODE_RANK")) << message;
+
+  options.node_rank = -1;
+  message = launch_with(options);
+  EXPECT_TRUE(contains(message, "node_rank=-1")) << message;
+
+  options = good;
+  options.nnodes = 0;
+  options.node_rank = 0;
+  message = launch_with(options);
+  EXPECT_TRUE(contains(message, "nnodes=0 must be at least 1")) << message;
+
+  options = good;
+  options.main_address.clear();
+  message = launch_with(options);
+  EXPECT_TRUE(contains(message, "MASTER_ADDR")) << message;
+  EXPECT_TRUE(contains(message, "nnodes=2")) << message;
+  EXPECT_TRUE(contains(message, "node 0")) << message;
+
+  options = good;
+  options.main_port = 0;
+  message = launch_with(options);
+  EXPECT_TRUE(contains(message, "MASTER_PORT")) << message;
+  EXPECT_TRUE(contains(message, "nnodes=2")) << message;
+  EXPECT_TRUE(contains(message, "the same on every node")) << message;
+
+  options = good;
+  options.main_port = 65536;
+  message = launch_with(options);
+  EXPECT_TRUE(contains(message, "main_port=65536")) << message;
+
+  EXPECT_FALSE(fs::exists(dir.path() / "started"));
+}
+
+TEST(MultiNodeLaunchOptionsTest, SingleNodeNeedsNoVariables) {
+  const LaunchOptions options = multi_node_launch_options(3, 1, {});
+  EXPECT_EQ(options.nprocs, 3);
+  EXPECT_EQ(options.nnodes, 1);
+  EXPECT_EQ(options.node_rank, 0);
+  // Left for the launcher to fill in with 127.0.0.1 and a free port at launch time.
+  EXPECT_EQ(options.main_address, "");
+  EXPECT_EQ(options.main_port, 0);
+  EXPECT_TRUE(options.argv.empty());
+  EXPECT_TRUE(options.extra_env.empty());
+
+  const LaunchOptions given =
+      multi_node_launch_options(2, 1, {{"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}});
+  EXPECT_EQ(given.main_address, "10.1.2.3");
+  EXPECT_EQ(given.main_port, 29500);
+
+  const std::string message = invalid_argument_message([] {
+    multi_node_launch_options(2, 1, {{"NODE_RANK", "1"}});
+  });
+  EXPECT_TRUE(contains(message, "NODE_RANK=1 is outside [0, nnodes=1)")) << message;
+}
+
+TEST(MultiNodeLaunchOptionsTest, ReadsNodeRankAndRendezvous) {
+  const EnvironmentVariables env = {
+      {"NODE_RANK", "1"}, {"MASTER_ADDR", "node-a.cluster"}, {"MASTER_PORT", "29500"}};
+  const LaunchOptions options = multi_node_launch_options(4, 2, env);
+  EXPECT_EQ(options.nprocs, 4);
+  EXPECT_EQ(options.nnodes, 2);
+  EXPECT_EQ(options.node_rank, 1);
+  EXPECT_EQ(options.main_address, "node-a.cluster");
+  EXPECT_EQ(options.main_port, 29500);
+}
+
+TEST(MultiNodeLaunchOptionsTest, GroupRankIsTheFallbackAndNodeRankWins) {
+  EnvironmentVariables env = {
+      {"GROUP_RANK", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
+  EXPECT_EQ(multi_node_launch_options(1, 3, env).node_rank, 2);
+  env["NODE_RANK"] = "1";
+  EXPECT_EQ(multi_node_launch_options(1, 3, env).node_rank, 1);
+}
+
+TEST(MultiNodeLaunchOptionsTest, MalformedNodeRankNamesTheVariable) {
+  const EnvironmentVariables rendezvous = {{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
+  auto message_for = [&](const std::string& name, const std::string& value) {
+    EnvironmentVariables env = rendezvous;
+    env[name] = value;
+    return invalid_argument_message([&] { multi_node_launch_options(2, 2, env); });
+  };
+  for (const std::string value : {"one", "1 ", "", "0x1", "1.0"}) {
+    const std::string message = message_for("NODE_RANK", value);
+    EXPECT_TRUE(contains(message, "NODE_RANK='" + value + "' is not an integer")) << message;
+    EXPECT_TRUE(contains(message, "index in [0, 2)")) << message;
+  }
+  std::string message = message_for("NODE_RANK", "2");
+  EXPECT_TRUE(contains(message, "NODE_RANK=2 is outside [0, nnodes=2)")) << message;
+  message = message_for("NODE_RANK", "-1");
+  EXPECT_TRUE(contains(message, "NODE_RANK=-1 is outside")) << message;
+  message = message_for("GROUP_RANK", "x");
+  EXPECT_TRUE(contains(message, "GROUP_RANK='x' is not an integer")) << message;
+}
+
+TEST(MultiNodeLaunchOptionsTest, SeveralNodesNeedEveryVariable) {
+  const EnvironmentVariables complete = {
+      {"NODE_RANK", "0"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
+  auto message_for = [&](const std::string& name, const std::optional<std::string>& value) {
+    EnvironmentVariables env = complete;
+    if (value) {
+      env[name] = *value;
+    } else {
+      env.erase(name);
+    }
+    return invalid_argument_message([&] { multi_node_launch_options(2, 2, env); });
+  };
+  std::string message = message_for("NODE_RANK", std::nullopt);
+  EXPECT_TRUE(contains(message, "NODE_RANK is not set, but with nnodes=2")) << message;
+  message = message_for("MASTER_ADDR", std::nullopt);
+  EXPECT_TRUE(contains(message, "MASTER_ADDR is not set, but with nnodes=2")) << message;
+  message = message_for("MASTER_ADDR", "");
+  EXPECT_TRUE(contains(message, "MASTER_ADDR is set but empty")) << message;
+  message = message_for("MASTER_PORT", std::nullopt);
+  EXPECT_TRUE(contains(message, "MASTER_PORT is not set, but with nnodes=2")) << message;
+  for (const std::string value : {"0", "65536", "http", "-5"}) {
+    message = message_for("MASTER_PORT", value);
+    EXPECT_TRUE(contains(message, "MASTER_PORT")) << message;
+    EXPECT_TRUE(contains(message, value)) << message;
+    EXPECT_TRUE(contains(message, "[1, 65535]")) << message;
+  }
+
+  message = invalid_argument_message([&] { multi_node_launch_options(0, 2, complete); });
+  EXPECT_TRUE(contains(message, "nprocs=0")) << message;
+  message = invalid_argument_message([&] { multi_node_launch_options(2, 0, complete); });
+  EXPECT_TRUE(contains(message, "nnodes=0")) << message;
 }
 
 TEST(CurrentCommandLineTest, MatchesProcCmdline) {
