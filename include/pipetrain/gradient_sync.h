@@ -36,6 +36,8 @@ class GradientSync {
   void finish();
 
   int64_t num_buckets() const;
+  // Buckets whose reduction has started since arm().
+  int64_t started_buckets() const { return next_bucket_; }
 
  private:
   struct Bucket;

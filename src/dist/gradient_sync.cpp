@@ -39,10 +39,20 @@ class AfterAccumulation : public torch::autograd::FunctionPostHook {
 
 // Removes the hook when the sync goes, and keeps the accumulator alive until then: a leaf holds
 // its accumulator weakly, and a new one would not have the hook.
-struct HookHandle {
-  std::shared_ptr<torch::autograd::Node> accumulator;
-  uintptr_t key;
-  ~HookHandle() { accumulator->del_post_hook(key); }
+class HookHandle {
+ public:
+  HookHandle(std::shared_ptr<torch::autograd::Node> accumulator, std::function<void()> callback)
+      : accumulator_(std::move(accumulator)),
+        key_(
+            accumulator_->add_post_hook(std::make_unique<AfterAccumulation>(std::move(callback)))) {
+  }
+  ~HookHandle() { accumulator_->del_post_hook(key_); }
+  HookHandle(const HookHandle&) = delete;
+  HookHandle& operator=(const HookHandle&) = delete;
+
+ private:
+  std::shared_ptr<torch::autograd::Node> accumulator_;
+  uintptr_t key_;
 };
 
 }  // namespace
@@ -69,10 +79,8 @@ GradientSync::GradientSync(std::vector<at::Tensor> parameters, std::shared_ptr<W
     buckets_.back().bytes += bytes;
     bucket_of_[i] = static_cast<int64_t>(buckets_.size()) - 1;
 
-    auto accumulator = torch::autograd::impl::grad_accumulator(p);
-    const uintptr_t key = accumulator->add_post_hook(
-        std::make_unique<AfterAccumulation>([this, i] { on_gradient_ready(i); }));
-    hooks_.push_back(std::make_shared<HookHandle>(HookHandle{accumulator, key}));
+    hooks_.push_back(std::make_shared<HookHandle>(torch::autograd::impl::grad_accumulator(p),
+                                                  [this, i] { on_gradient_ready(i); }));
   }
 }
 

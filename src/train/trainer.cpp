@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <set>
+#include <sstream>
 
 #include "pipetrain/callback.h"
 #include "pipetrain/checkpoint_io.h"
@@ -21,6 +23,7 @@
 #include "pipetrain/lr_scheduler.h"
 #include "pipetrain/model_checkpoint.h"
 #include "pipetrain/module.h"
+#include "pipetrain/optimizer_state.h"
 #include "pipetrain/progress_bar.h"
 #include "pipetrain/strategy.h"
 #include "pipetrain/tensorboard_logger.h"
@@ -89,6 +92,35 @@ void check_options(const TrainerOptions& options) {
       throw std::invalid_argument("unknown logger '" + name + "': use csv, tensorboard or both");
     }
   }
+}
+
+// This rank's parameters under their names in the whole model ("3.weight").
+NamedParameters named_parameters(const Module& module) {
+  NamedParameters named;
+  for (const auto& item : module.local_layers()->named_parameters()) {
+    named.emplace_back(item.key(), item.value());
+  }
+  return named;
+}
+
+// The ranks of the checkpoint's first replica whose stage held any of this rank's layers.
+std::vector<int64_t> saved_stages_holding(const TrainingState& state, const Module& module) {
+  auto layout = state.layout;
+  std::vector<int64_t> balance;
+  std::stringstream text(layout["balance"]);
+  for (std::string entry; std::getline(text, entry, ',');) balance.push_back(std::stoll(entry));
+  std::set<int64_t> mine;
+  for (const auto& item : module.local_layers()->named_children()) {
+    mine.insert(std::stoll(item.key()));
+  }
+  std::vector<int64_t> ranks;
+  int64_t first = 0;
+  for (int64_t stage = 0; stage < static_cast<int64_t>(balance.size()); ++stage) {
+    const auto hit = mine.lower_bound(first);
+    if (hit != mine.end() && *hit < first + balance[stage]) ranks.push_back(stage);
+    first += balance[stage];
+  }
+  return ranks;
 }
 
 }  // namespace
@@ -514,17 +546,18 @@ void Trainer::save_checkpoint(const std::string& path) {
       state.callbacks[callback->state_key()] = callback->state_dict();
     }
   }
-  write_checkpoint(*world_, path, strategy_->gather_weights(*module_), state,
-                   [&](const std::string& rank_file) {
-                     torch::serialize::OutputArchive archive;
-                     if (optimizer_) {
-                       torch::serialize::OutputArchive optimizer_archive;
-                       optimizer_->save(optimizer_archive);
-                       archive.write("optimizer", optimizer_archive);
-                     }
-                     archive.write("cpu_rng_state", RngState::capture().cpu_state());
-                     archive.save_to(rank_file);
-                   });
+  write_checkpoint(
+      *world_, path, strategy_->gather_weights(*module_), state, [&](const std::string& rank_file) {
+        torch::serialize::OutputArchive archive;
+        // Replicas hold the same state: the first replica's ranks write it.
+        if (optimizer_ && strategy_->batch_shard().replica == 0) {
+          torch::serialize::OutputArchive optimizer_archive;
+          save_optimizer_state(*optimizer_, named_parameters(*module_), optimizer_archive);
+          archive.write("optimizer", optimizer_archive);
+        }
+        archive.write("cpu_rng_state", RngState::capture().cpu_state());
+        archive.save_to(rank_file);
+      });
 }
 
 std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
@@ -555,35 +588,39 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   // Everything is read and checked before anything is changed.
   const TrainingState state = read_training_state(path);
   const auto weights = read_checkpoint_weights(path);
-  if (full && (state.layout != strategy_->layout() || state.world_size != world_->size())) {
-    std::string saved, now;
-    for (const auto& [k, v] : state.layout) saved += " " + k + "=" + v;
-    for (const auto& [k, v] : strategy_->layout()) now += " " + k + "=" + v;
-    throw std::runtime_error("checkpoint " + path + " was saved with" + saved +
-                             " and cannot resume training with" + now +
-                             " (optimizer state is per stage); its weights load into any layout "
-                             "with validate, test or predict");
-  }
-  torch::serialize::InputArchive archive;
+  // The same layout resumes exactly, each rank from its own file; any other layout reads the
+  // optimizer state of its parameters from the files of the stages that held them.
+  const bool same_layout =
+      state.layout == strategy_->layout() && state.world_size == world_->size();
+  std::vector<torch::serialize::InputArchive> archives;
   if (full) {
-    const auto rank_file = checkpoint_rank_path(path, world_->rank());
-    try {
-      archive.load_from(rank_file);
-    } catch (const std::exception& e) {
-      throw std::runtime_error("checkpoint " + path + ": cannot read " + rank_file + " (" +
-                               error_message(e) + ")");
+    for (const int64_t rank :
+         same_layout ? std::vector<int64_t>{world_->rank()} : saved_stages_holding(state, module)) {
+      const auto rank_file = checkpoint_rank_path(path, rank);
+      archives.emplace_back();
+      try {
+        archives.back().load_from(rank_file);
+      } catch (const std::exception& e) {
+        throw std::runtime_error("checkpoint " + path + ": cannot read " + rank_file + " (" +
+                                 error_message(e) + ")");
+      }
     }
   }
   auto layers = module.layers();
   load_weights(layers, weights, checkpoint_weights_path(path));
   if (!full) return;
 
-  torch::serialize::InputArchive optimizer_archive;
-  if (optimizer_ && archive.try_read("optimizer", optimizer_archive)) {
-    optimizer_->load(optimizer_archive);
+  for (auto& archive : archives) {
+    torch::serialize::InputArchive optimizer_archive;
+    if (optimizer_ && archive.try_read("optimizer", optimizer_archive)) {
+      load_optimizer_state(*optimizer_, named_parameters(module), optimizer_archive);
+    }
   }
+  // The generator belongs to a rank: only the same layout gets it back.
   at::Tensor rng_state;
-  if (archive.try_read("cpu_rng_state", rng_state)) RngState::from(rng_state).restore();
+  if (same_layout && archives.front().try_read("cpu_rng_state", rng_state)) {
+    RngState::from(rng_state).restore();
+  }
   if (lr_scheduler_ && state.lr_scheduler_steps >= 0) {
     lr_scheduler_->set_step_count(state.lr_scheduler_steps);
   }

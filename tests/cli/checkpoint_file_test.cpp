@@ -85,7 +85,7 @@ TEST(CheckpointFile, ResumeIsExactUnderPipeWithDropoutAndRecomputation) {
                        "always", "--dropout", "0.2", "--schedule", "1f1b"});
 }
 
-TEST(CheckpointFile, SavedWithTwoStagesLoadsIntoOneAndThreeWithTheSameValidationLoss) {
+TEST(CheckpointFile, SavedWithTwoStagesLoadsIntoOneAndThreeStages) {
   const auto root = make_temp_dir("layouts");
   run_ok(command("fit", root, {"--strategy", "pipe", "--devices", "2", "--max-steps", "8"}));
   const auto ckpt = last_checkpoint(root);
@@ -104,12 +104,10 @@ TEST(CheckpointFile, SavedWithTwoStagesLoadsIntoOneAndThreeWithTheSameValidation
   const double three = val_loss({"--strategy", "pipe", "--devices", "3", "--chunks", "2"});
   EXPECT_NEAR(one, two, 1e-6 * two);
   EXPECT_NEAR(three, two, 1e-6 * two);
-  // And a run with a different layout cannot resume its optimizer state.
-  const auto refused = run_command(
-      command("fit", root, {"--strategy", "pipe", "--devices", "3", "--ckpt-path", ckpt}));
-  EXPECT_NE(refused.exit_code, 0);
-  EXPECT_NE(refused.output.find("cannot resume training with"), std::string::npos)
-      << refused.output;
+  // And training resumes under another layout (what it resumes is checked in ddp_test).
+  run_ok(
+      command("fit", root,
+              {"--strategy", "pipe", "--devices", "3", "--max-steps", "10", "--ckpt-path", ckpt}));
   fs::remove_all(root);
 }
 

@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <map>
 
+#include "pipetrain/launcher.h"
 #include "pipetrain/safetensors.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
@@ -63,6 +66,25 @@ void run_ok(const std::vector<std::string>& argv) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
 }
 
+// The runs under `expected` and `actual` logged the same losses and saved the same weights.
+void expect_same_run(const std::string& expected_root, const std::string& actual_root) {
+  const auto expected = read_csv_column(csv(expected_root), "train_loss");
+  const auto actual = read_csv_column(csv(actual_root), "train_loss");
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
+  }
+  const auto expected_weights = final_weights(expected_root);
+  const auto actual_weights = final_weights(actual_root);
+  ASSERT_EQ(actual_weights.size(), expected_weights.size());
+  for (const auto& [name, tensor] : expected_weights) {
+    ASSERT_TRUE(actual_weights.count(name)) << name;
+    EXPECT_TRUE(torch::allclose(actual_weights.at(name), tensor, 0, 1e-5))
+        << name << " differs by " << (actual_weights.at(name) - tensor).abs().max().item<double>();
+  }
+}
+
 // Trains `layout` with `batch_size` rows per replica and `reference` with the whole global batch
 // in one process; both see the same samples at every step.
 void expect_same_training(const std::vector<std::string>& layout, int64_t batch_size,
@@ -74,22 +96,26 @@ void expect_same_training(const std::vector<std::string>& layout, int64_t batch_
   parallel.insert(parallel.end(), layout.begin(), layout.end());
   run_ok(fit(root + "/single", batch_size * replicas, single));
   run_ok(fit(root + "/parallel", batch_size, parallel));
+  expect_same_run(root + "/single", root + "/parallel");
+  fs::remove_all(root);
+}
 
-  const auto expected = read_csv_column(csv(root + "/single"), "train_loss");
-  const auto actual = read_csv_column(csv(root + "/parallel"), "train_loss");
-  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
+// Starts the ranks of a 2 nodes x 2 processes ddp_pipe run as separate commands, each with the
+// environment `env_of(i)` (i = node or rank), and requires them to train as one process would.
+void expect_multi_node_run_equals_single(
+    int commands, const std::function<std::map<std::string, std::string>(int)>& env_of) {
+  const auto root = make_temp_dir("ddp-nodes");
+  run_ok(fit(root + "/single", 48, {"--strategy", "single"}));
+  const auto argv = fit(root + "/nodes", 24,
+                        {"--strategy", "ddp_pipe", "--devices", "2", "--num-nodes", "2", "--stages",
+                         "2", "--chunks", "2"});
+  std::vector<RunningCommand> running;
+  for (int i = 0; i < commands; ++i) running.push_back(start_command(argv, env_of(i)));
+  for (const auto& command : running) {
+    const auto result = wait_command(command, std::chrono::seconds(120));
+    ASSERT_EQ(result.exit_code, 0) << result.output;
   }
-  const auto expected_weights = final_weights(root + "/single");
-  const auto actual_weights = final_weights(root + "/parallel");
-  ASSERT_EQ(actual_weights.size(), expected_weights.size());
-  for (const auto& [name, tensor] : expected_weights) {
-    ASSERT_TRUE(actual_weights.count(name)) << name;
-    EXPECT_TRUE(torch::allclose(actual_weights.at(name), tensor, 0, 1e-5))
-        << name << " differs by " << (actual_weights.at(name) - tensor).abs().max().item<double>();
-  }
+  expect_same_run(root + "/single", root + "/nodes");
   fs::remove_all(root);
 }
 
@@ -118,6 +144,33 @@ TEST(DdpPipe, GlobalNormClippingAndAccumulationEqualOneProcess) {
   expect_same_training(
       {"--strategy", "ddp_pipe", "--devices", "4", "--stages", "2", "--chunks", "2"}, 16, 2,
       {"--gradient-clip-val", "0.05", "--accumulate-grad-batches", "2"});
+}
+
+// Lightning's manual multi-node launch: the same command on every node with NODE_RANK, MASTER_ADDR
+// and MASTER_PORT set; here two "nodes" on 127.0.0.1.
+TEST(DdpPipe, TwoNodeLaunchesOfTwoProcessesEachEqualOneProcess) {
+  const std::string port = std::to_string(find_free_port());
+  expect_multi_node_run_equals_single(2, [&](int node) {
+    return std::map<std::string, std::string>{
+        {"NODE_RANK", std::to_string(node)}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
+  });
+}
+
+// srun starts every rank itself, with SLURM's variables.
+TEST(DdpPipe, RanksStartedBySlurmEqualOneProcess) {
+  const std::string port = std::to_string(find_free_port());
+  expect_multi_node_run_equals_single(4, [&](int rank) {
+    return std::map<std::string, std::string>{{"SLURM_NTASKS", "4"},
+                                              {"SLURM_PROCID", std::to_string(rank)},
+                                              {"SLURM_LOCALID", std::to_string(rank % 2)},
+                                              {"SLURM_NODEID", std::to_string(rank / 2)},
+                                              {"SLURM_NNODES", "2"},
+                                              {"SLURM_NTASKS_PER_NODE", "2"},
+                                              {"SLURM_JOB_NAME", "ddp_test"},
+                                              {"SLURM_JOB_ID", "4242"},
+                                              {"SLURM_NODELIST", "127.0.0.1"},
+                                              {"MASTER_PORT", port}};
+  });
 }
 
 TEST(DdpPipe, StagesMustDivideTheDevices) {
