@@ -2,7 +2,6 @@
 # need them. Gloo where its headers are (Debian's libgloo-dev; the PyTorch wheels ship none), NCCL
 # where Torch has CUDA (nccl.h from the nvidia-nccl wheel next to torch, or PIPETRAIN_NCCL_INCLUDE_DIR).
 add_library(pipetrain_torch INTERFACE)
-target_link_libraries(pipetrain_torch INTERFACE ${TORCH_LIBRARIES} Threads::Threads)
 target_include_directories(pipetrain_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 
 # A CUDA build of Torch exports the torch_cuda target; Debian's CPU libtorch has none.
@@ -19,6 +18,9 @@ if(PIPETRAIN_GLOO_INCLUDE_DIR)
 endif()
 
 if(PIPETRAIN_CUDA)
+  # The wheel's libtorch carries std::filesystem symbols of its own; resolving ours from it crashed
+  # (remove_all). Naming libstdc++ before Torch binds them to the system's.
+  target_link_libraries(pipetrain_torch INTERFACE stdc++)
   if(NOT PIPETRAIN_NCCL_INCLUDE_DIR)
     find_package(Python3 COMPONENTS Interpreter QUIET)
     if(Python3_Interpreter_FOUND)
@@ -39,6 +41,8 @@ if(PIPETRAIN_CUDA)
   target_include_directories(pipetrain_torch SYSTEM INTERFACE ${PIPETRAIN_NCCL_INCLUDE_DIR})
   target_compile_definitions(pipetrain_torch INTERFACE USE_C10D_NCCL PIPETRAIN_HAS_CUDA)
 endif()
+
+target_link_libraries(pipetrain_torch INTERFACE ${TORCH_LIBRARIES} Threads::Threads)
 
 if(NOT PIPETRAIN_GLOO_INCLUDE_DIR AND NOT PIPETRAIN_CUDA)
   message(FATAL_ERROR "pipetrain needs Gloo's headers (CPU; Debian: libgloo-dev) or a CUDA Torch")

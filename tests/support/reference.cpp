@@ -22,18 +22,21 @@ std::pair<at::Tensor, at::Tensor> reference_batch(int64_t step) {
   return {inputs, targets};
 }
 
-TrainingResult train_single_process(torch::nn::Sequential model) {
+TrainingResult train_single_process(torch::nn::Sequential model, c10::Device device,
+                                    c10::ScalarType dtype) {
+  model->to(device, dtype);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kLearningRate));
   TrainingResult result;
   for (int64_t step = 0; step < kSteps; ++step) {
     const auto [inputs, targets] = reference_batch(step);
     optimizer.zero_grad();
-    auto loss = torch::mse_loss(model->forward(inputs), targets);
+    auto loss =
+        torch::mse_loss(model->forward(inputs.to(device, dtype)), targets.to(device, dtype));
     loss.backward();
     optimizer.step();
     result.losses.push_back(loss.item<double>());
   }
-  for (const auto& p : model->parameters()) result.parameters.push_back(p.detach().clone());
+  for (const auto& p : model->parameters()) result.parameters.push_back(p.detach().cpu().clone());
   return result;
 }
 

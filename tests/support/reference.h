@@ -23,7 +23,10 @@ struct TrainingResult {
   std::vector<at::Tensor> parameters;  // after the last step, in Sequential order
 };
 
-// kSteps of SGD on the full batch of each step, MSE loss.
-TrainingResult train_single_process(torch::nn::Sequential model);
+// kSteps of SGD on the full batch of each step, MSE loss, on `device` in `dtype`; parameters are
+// returned on the CPU.
+TrainingResult train_single_process(torch::nn::Sequential model,
+                                    c10::Device device = c10::Device(c10::DeviceType::CPU),
+                                    c10::ScalarType dtype = c10::ScalarType::Float);
 
 }  // namespace pipetrain::testing

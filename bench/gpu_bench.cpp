@@ -1,0 +1,254 @@
+// The GPU benchmark of issue "beat torch.distributed.pipelining": the peer's reference model (16
+// blocks of Linear(2048,8192)-GELU-Linear(8192,2048)-LayerNorm, bf16 weights and data, SGD lr 1e-3,
+// MSE against random targets), timed as the peer times it: 5 warm-up steps, then the mean of
+// STEPS steps between two (synchronize + barrier) points.
+//
+//   gpu_bench single   one GPU: a plain libtorch loop, and the same model through pipetrain
+//   gpu_bench pipe     two GPUs (it launches its two ranks itself): GPipe and 1F1B at
+//                      B in {1024, 8192}, M in {4, 8, 16, 32}; checkpoint "always" at M = 8
+//
+// Every measurement prints one line "RESULT {json}" (bench/gpu_table.py turns them into the table
+// and bench/results/gpu.json). Per configuration it also measures each stage's busy time (its
+// forward and backward of M micro-batches with no communication) and the peak memory of the step
+// above what the weights and gradients hold.
+#include <torch/torch.h>
+
+#ifdef PIPETRAIN_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pipetrain/cluster_environment.h"
+#include "pipetrain/launcher.h"
+#include "pipetrain/pipe.h"
+#include "pipetrain/world.h"
+
+namespace {
+
+#ifdef PIPETRAIN_HAS_CUDA
+
+constexpr int64_t kWidth = 2048;
+constexpr int64_t kBlocks = 16;
+constexpr int kWarmup = 5;
+
+int steps() {
+  const char* text = std::getenv("STEPS");
+  return text ? std::atoi(text) : 10;
+}
+
+// The peer's model as one flat Sequential (4 layers a block), so stages can split it anywhere.
+torch::nn::Sequential reference_model() {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(0);
+  torch::nn::Sequential model;
+  for (int64_t b = 0; b < kBlocks; ++b) {
+    model->push_back(torch::nn::Linear(kWidth, 4 * kWidth));
+    model->push_back(torch::nn::Functional([](const at::Tensor& x) { return torch::gelu(x); }));
+    model->push_back(torch::nn::Linear(4 * kWidth, kWidth));
+    model->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kWidth})));
+  }
+  model->to(torch::kBFloat16);
+  return model;
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
+
+int64_t allocated_now(c10::DeviceIndex device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].current;
+}
+int64_t allocated_peak(c10::DeviceIndex device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].peak;
+}
+
+// Mean seconds per call of `step` over steps() calls after kWarmup, `sync` at both ends.
+template <typename Step, typename Sync>
+double time_steps(const Step& step, const Sync& sync) {
+  for (int i = 0; i < kWarmup; ++i) step();
+  sync();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps(); ++i) step();
+  sync();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / steps();
+}
+
+// Peak bytes one call of `step` allocates above what is allocated before it (weights, gradients
+// and optimizer state, all of which exist after the warm-up).
+template <typename Step>
+int64_t step_peak(const Step& step, c10::DeviceIndex device) {
+  torch::cuda::synchronize();
+  const int64_t before = allocated_now(device);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device);
+  step();
+  torch::cuda::synchronize();
+  return allocated_peak(device) - before;
+}
+
+void run_single() {
+  const c10::Device device(c10::DeviceType::CUDA, 0);
+  auto model = reference_model();
+  model->to(device);
+  auto sync = [] { torch::cuda::synchronize(); };
+  for (const int64_t batch : {1024, 8192}) {
+    auto x = torch::randn({batch, kWidth}, torch::TensorOptions(torch::kBFloat16).device(device));
+    auto y = torch::randn_like(x);
+    {
+      torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(1e-3));
+      auto step = [&] {
+        optimizer.zero_grad(false);
+        torch::mse_loss(model->forward(x), y).backward();
+        optimizer.step();
+      };
+      const double seconds = time_steps(step, sync);
+      const double peak = gib(allocated_peak(0));
+      std::printf(
+          "RESULT {\"kind\": \"plain\", \"B\": %ld, \"M\": 1, \"schedule\": \"single\", "
+          "\"checkpoint\": \"never\", \"cuda_graphs\": false, \"step_ms\": %.3f, \"peak_gib\": "
+          "%.3f}\n",
+          batch, seconds * 1e3, peak);
+    }
+    {
+      pipetrain::LocalEnvironment env;
+      auto world = pipetrain::World::connect(env, pipetrain::World::kDefaultTimeout,
+                                             c10::DeviceType::CUDA);
+      pipetrain::Pipe pipe(model, pipetrain::PipeOptions().chunks(1).checkpoint("never"), world);
+      torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
+      auto step = [&] {
+        optimizer.zero_grad(false);
+        pipe.forward_backward(x, batch, [&](const at::Tensor& out, const pipetrain::MicroBatch&) {
+          return torch::mse_loss(out, y);
+        });
+        optimizer.step();
+      };
+      c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+      const double seconds = time_steps(step, sync);
+      const double peak = gib(allocated_peak(0));
+      std::printf(
+          "RESULT {\"kind\": \"pipetrain\", \"B\": %ld, \"M\": 1, \"schedule\": \"single\", "
+          "\"checkpoint\": \"never\", \"cuda_graphs\": false, \"step_ms\": %.3f, \"peak_gib\": "
+          "%.3f}\n",
+          batch, seconds * 1e3, peak);
+    }
+    std::fflush(stdout);
+  }
+}
+
+// Seconds this stage alone takes for the forward and backward of `chunks` micro-batches of `rows`
+// rows (no communication): what it would be busy for in a perfect pipeline.
+double stage_busy_seconds(pipetrain::Pipe& pipe, int64_t rows, int64_t chunks) {
+  const auto options = torch::TensorOptions(torch::kBFloat16).device(torch::kCUDA);
+  auto input = torch::randn({rows, kWidth}, options).requires_grad_(!pipe.is_first_stage());
+  auto module = pipe.stage_module();
+  auto run = [&] {
+    for (int64_t i = 0; i < chunks; ++i) {
+      auto out = module->forward(input);
+      out.backward(torch::ones_like(out));
+    }
+  };
+  return time_steps(run, [] { torch::cuda::synchronize(); });
+}
+
+void run_pipe_rank() {
+  auto env = pipetrain::select_cluster_environment();
+  auto world =
+      pipetrain::World::connect(*env, pipetrain::World::kDefaultTimeout, c10::DeviceType::CUDA);
+  const auto device = world->device();
+  auto model = reference_model();
+  auto sync = [&] {
+    torch::cuda::synchronize();
+    world->barrier();
+  };
+  for (const int64_t batch : {1024, 8192}) {
+    auto x = torch::randn({batch, kWidth}, torch::TensorOptions(torch::kBFloat16).device(device));
+    auto y = torch::randn_like(x);
+    for (const std::string schedule : {"gpipe", "1f1b"}) {
+      for (const int64_t chunks : {4, 8, 16, 32}) {
+        std::vector<std::string> modes{"never"};
+        if (chunks == 8) modes.push_back("always");
+        for (const auto& mode : modes) {
+          pipetrain::Pipe pipe(
+              model,
+              pipetrain::PipeOptions().balance({32, 32}).chunks(chunks).checkpoint(mode).schedule(
+                  schedule),
+              world);
+          torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
+          auto step = [&] {
+            optimizer.zero_grad(false);
+            pipe.forward_backward(x, batch,
+                                  [&](const at::Tensor& out, const pipetrain::MicroBatch& mb) {
+                                    return torch::mse_loss(out, y.slice(0, mb.begin, mb.end));
+                                  });
+            optimizer.step();
+          };
+          const double seconds = time_steps(step, sync);
+          const double activations = gib(step_peak(step, device.index()));
+          const double busy = stage_busy_seconds(pipe, batch / chunks, chunks);
+          world->barrier();
+          // Every rank's figures to rank 0, through the store-backed broadcast.
+          std::ostringstream mine;
+          mine << busy << " " << activations << " " << gib(allocated_peak(device.index()));
+          std::vector<std::string> all;
+          for (int64_t r = 0; r < world->size(); ++r) all.push_back(world->broadcast(mine.str(), r));
+          if (world->is_global_zero()) {
+            double busiest = 0;
+            std::ostringstream stages;
+            for (size_t r = 0; r < all.size(); ++r) {
+              std::istringstream in(all[r]);
+              double b = 0, a = 0, p = 0;
+              in >> b >> a >> p;
+              busiest = std::max(busiest, b);
+              stages << (r ? ", " : "") << "{\"busy_ms\": " << b * 1e3
+                     << ", \"activation_gib\": " << a << ", \"peak_gib\": " << p << "}";
+            }
+            const double bound =
+                busiest * static_cast<double>(chunks + world->size() - 1) / chunks;
+            std::printf(
+                "RESULT {\"kind\": \"pipetrain\", \"B\": %ld, \"M\": %ld, \"schedule\": \"%s\", "
+                "\"checkpoint\": \"%s\", \"cuda_graphs\": false, \"step_ms\": %.3f, "
+                "\"bound_ms\": %.3f, \"stages\": [%s]}\n",
+                batch, chunks, schedule.c_str(), mode.c_str(), seconds * 1e3, bound * 1e3,
+                stages.str().c_str());
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+  }
+}
+
+#endif  // PIPETRAIN_HAS_CUDA
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#ifdef PIPETRAIN_HAS_CUDA
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "single") {
+    run_single();
+    return 0;
+  }
+  if (mode == "pipe") {
+    // Not launched yet: start the two ranks (this process never touches the GPU).
+    if (pipetrain::select_cluster_environment()->world_size() == 1) {
+      pipetrain::LaunchOptions launch;
+      launch.nprocs = 2;
+      return pipetrain::launch_local_processes(launch);
+    }
+    run_pipe_rank();
+    return 0;
+  }
+  std::cerr << "usage: gpu_bench single|pipe\n";
+  return 2;
+#else
+  (void)argc, (void)argv;
+  std::cerr << "gpu_bench needs a libtorch with CUDA\n";
+  return 2;
+#endif
+}

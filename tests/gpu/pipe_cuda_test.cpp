@@ -1,0 +1,140 @@
+// Pipelined training on GPUs (one process per GPU, NCCL between them) against training on one GPU,
+// and the Trainer's precision on CUDA. Skipped without two GPUs (or one, for the Trainer test).
+// Tolerances: fp32 as on CPU (relative 1e-5, absolute 1e-6: only the summation order of
+// micro-batch gradients differs); bf16 relative 2e-2 on losses and 1e-2 + 2e-3 absolute on
+// parameters (bf16 keeps 8 bits of mantissa, and each micro-batch's gradient is rounded to bf16
+// before it is summed).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "pipetrain/cluster_environment.h"
+#include "pipetrain/module.h"
+#include "pipetrain/pipe.h"
+#include "pipetrain/trainer.h"
+#include "pipetrain/world.h"
+#include "support/multiprocess.h"
+#include "support/reference.h"
+
+namespace pipetrain::testing {
+namespace {
+
+constexpr uint64_t kSeed = 7;
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
+const std::vector<std::string> kModes = {"never", "always"};
+const std::vector<c10::ScalarType> kDtypes = {torch::kFloat, torch::kBFloat16};
+
+std::string run_name(const std::string& schedule, const std::string& mode, c10::ScalarType dtype) {
+  return schedule + "_" + mode + "_" + c10::toString(dtype);
+}
+
+std::string result_path(const std::string& dir, const std::string& run, int64_t rank) {
+  return dir + "/" + run + "_rank" + std::to_string(rank) + ".pt";
+}
+
+PIPETRAIN_WORKER(cuda_pipe_worker) {
+  auto world =
+      World::connect(*select_cluster_environment(), World::kDefaultTimeout, c10::DeviceType::CUDA);
+  const std::string dir = env_or("RESULT_DIR", ".");
+  for (const auto& schedule : kSchedules) {
+    for (const auto& mode : kModes) {
+      for (const auto dtype : kDtypes) {
+        auto model = make_reference_model(kSeed);
+        model->to(dtype);
+        Pipe pipe(model,
+                  PipeOptions().balance({3, 4}).chunks(4).checkpoint(mode).schedule(schedule),
+                  world);
+        torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
+        std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
+        for (int64_t step = 0; step < kSteps; ++step) {
+          const auto [inputs, targets] = reference_batch(step);
+          const auto on_gpu = targets.to(world->device(), dtype);
+          optimizer.zero_grad();
+          auto loss = pipe.forward_backward(
+              inputs.to(dtype), kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
+                return torch::mse_loss(out, on_gpu.slice(0, mb.begin, mb.end));
+              });
+          optimizer.step();
+          if (loss.defined()) saved[0][step] = loss.item<double>();
+        }
+        for (const auto& p : pipe.parameters()) saved.push_back(p.detach().cpu());
+        torch::save(saved, result_path(dir, run_name(schedule, mode, dtype), world->rank()));
+      }
+    }
+  }
+}
+
+TEST(CudaPipe, TwoGpusMatchOneGpuForEveryScheduleModeAndDtype) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const auto dir = make_temp_dir("cuda-pipe");
+  ASSERT_EQ(run_ranks(2, "cuda_pipe_worker", {{"RESULT_DIR", dir}}), 0);
+  for (const auto dtype : kDtypes) {
+    const bool bf16 = dtype == torch::kBFloat16;
+    const auto expected = train_single_process(make_reference_model(kSeed),
+                                               c10::Device(c10::DeviceType::CUDA, 0), dtype);
+    for (const auto& schedule : kSchedules) {
+      for (const auto& mode : kModes) {
+        const auto run = run_name(schedule, mode, dtype);
+        SCOPED_TRACE(run);
+        std::vector<at::Tensor> parameters;
+        std::vector<at::Tensor> last;
+        for (int64_t rank = 0; rank < 2; ++rank) {
+          last.clear();  // torch::load appends
+          torch::load(last, result_path(dir, run, rank));
+          parameters.insert(parameters.end(), last.begin() + 1, last.end());
+        }
+        for (int64_t step = 0; step < kSteps; ++step) {
+          const double loss = last[0][step].item<double>();
+          EXPECT_NEAR(loss, expected.losses[step],
+                      (bf16 ? 2e-2 : 1e-5) * std::abs(expected.losses[step]))
+              << "step " << step;
+        }
+        ASSERT_EQ(parameters.size(), expected.parameters.size());
+        for (size_t i = 0; i < parameters.size(); ++i) {
+          EXPECT_TRUE(torch::allclose(parameters[i].to(torch::kFloat),
+                                      expected.parameters[i].to(torch::kFloat), bf16 ? 1e-2 : 1e-5,
+                                      bf16 ? 2e-3 : 1e-6))
+              << "parameter " << i;
+        }
+      }
+    }
+  }
+}
+
+class Regression : public Module {
+ public:
+  Regression()
+      : Module(torch::nn::Sequential(torch::nn::Linear(3, 32), torch::nn::Tanh(),
+                                     torch::nn::Linear(32, 1))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = torch::mse_loss(forward(batch.data).to(torch::kFloat), batch.target);
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.05));
+  }
+};
+
+TEST(CudaTrainer, Bf16MixedKeepsFp32MasterWeightsOnTheGpuAndLearns) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto root = make_temp_dir("cuda-trainer");
+  Trainer trainer(TrainerOptions()
+                      .accelerator("cuda")
+                      .precision("bf16-mixed")
+                      .max_epochs(20)
+                      .log_every_n_steps(1)
+                      .default_root_dir(root)
+                      .enable_progress_bar(false));
+  Regression model;
+  torch::manual_seed(1);
+  auto x = torch::randn({64, 3});
+  trainer.fit(model, DataLoader({x, x.sum(1, true)}, DataLoaderOptions().batch_size(16)));
+  for (const auto& p : model.parameters()) {
+    EXPECT_TRUE(p.is_cuda());
+    EXPECT_EQ(p.scalar_type(), torch::kFloat);
+  }
+  EXPECT_LT(trainer.callback_metrics().at("train_loss"), 0.5);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
