@@ -6,6 +6,9 @@
 //   gpu_bench single   one GPU: a plain libtorch loop, and the same model through pipetrain
 //   gpu_bench pipe     two GPUs (it launches its two ranks itself): GPipe and 1F1B at
 //                      B in {1024, 8192}, M in {4, 8, 16, 32}; checkpoint "always" at M = 8
+//   gpu_bench ddp      two GPUs, each holding the whole model and half of B = 8192, gradients
+//                      averaged by GradientSync; and the same without averaging, whose difference
+//                      is the all-reduce time backward did not hide
 //
 // Every measurement prints one line "RESULT {json}" (bench/gpu_table.py turns them into the table
 // and bench/results/gpu.json). Per configuration it also measures each stage's busy time (its
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "pipetrain/cluster_environment.h"
+#include "pipetrain/gradient_sync.h"
 #include "pipetrain/launcher.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/world.h"
@@ -114,11 +118,12 @@ void run_single() {
           "%.3f}\n",
           batch, seconds * 1e3, peak);
     }
-    {
+    for (const bool graphs : {false, true}) {
       pipetrain::LocalEnvironment env;
-      auto world = pipetrain::World::connect(env, pipetrain::World::kDefaultTimeout,
-                                             c10::DeviceType::CUDA);
-      pipetrain::Pipe pipe(model, pipetrain::PipeOptions().chunks(1).checkpoint("never"), world);
+      auto world =
+          pipetrain::World::connect(env, pipetrain::World::kDefaultTimeout, c10::DeviceType::CUDA);
+      pipetrain::Pipe pipe(
+          model, pipetrain::PipeOptions().chunks(1).checkpoint("never").cuda_graphs(graphs), world);
       torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
       auto step = [&] {
         optimizer.zero_grad(false);
@@ -132,9 +137,9 @@ void run_single() {
       const double peak = gib(allocated_peak(0));
       std::printf(
           "RESULT {\"kind\": \"pipetrain\", \"B\": %ld, \"M\": 1, \"schedule\": \"single\", "
-          "\"checkpoint\": \"never\", \"cuda_graphs\": false, \"step_ms\": %.3f, \"peak_gib\": "
+          "\"checkpoint\": \"never\", \"cuda_graphs\": %s, \"step_ms\": %.3f, \"peak_gib\": "
           "%.3f}\n",
-          batch, seconds * 1e3, peak);
+          batch, graphs ? "true" : "false", seconds * 1e3, peak);
     }
     std::fflush(stdout);
   }
@@ -170,14 +175,18 @@ void run_pipe_rank() {
     auto y = torch::randn_like(x);
     for (const std::string schedule : {"gpipe", "1f1b"}) {
       for (const int64_t chunks : {4, 8, 16, 32}) {
-        std::vector<std::string> modes{"never"};
-        if (chunks == 8) modes.push_back("always");
-        for (const auto& mode : modes) {
-          pipetrain::Pipe pipe(
-              model,
-              pipetrain::PipeOptions().balance({32, 32}).chunks(chunks).checkpoint(mode).schedule(
-                  schedule),
-              world);
+        // (checkpoint, CUDA graphs)
+        std::vector<std::pair<std::string, bool>> variants{{"never", false}, {"never", true}};
+        if (chunks == 8) variants.emplace_back("always", false);
+        for (const auto& [mode, graphs] : variants) {
+          pipetrain::Pipe pipe(model,
+                               pipetrain::PipeOptions()
+                                   .balance({32, 32})
+                                   .chunks(chunks)
+                                   .checkpoint(mode)
+                                   .schedule(schedule)
+                                   .cuda_graphs(graphs),
+                               world);
           torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
           auto step = [&] {
             optimizer.zero_grad(false);
@@ -195,7 +204,8 @@ void run_pipe_rank() {
           std::ostringstream mine;
           mine << busy << " " << activations << " " << gib(allocated_peak(device.index()));
           std::vector<std::string> all;
-          for (int64_t r = 0; r < world->size(); ++r) all.push_back(world->broadcast(mine.str(), r));
+          for (int64_t r = 0; r < world->size(); ++r)
+            all.push_back(world->broadcast(mine.str(), r));
           if (world->is_global_zero()) {
             double busiest = 0;
             std::ostringstream stages;
@@ -207,19 +217,63 @@ void run_pipe_rank() {
               stages << (r ? ", " : "") << "{\"busy_ms\": " << b * 1e3
                      << ", \"activation_gib\": " << a << ", \"peak_gib\": " << p << "}";
             }
-            const double bound =
-                busiest * static_cast<double>(chunks + world->size() - 1) / chunks;
+            const double bound = busiest * static_cast<double>(chunks + world->size() - 1) / chunks;
             std::printf(
                 "RESULT {\"kind\": \"pipetrain\", \"B\": %ld, \"M\": %ld, \"schedule\": \"%s\", "
-                "\"checkpoint\": \"%s\", \"cuda_graphs\": false, \"step_ms\": %.3f, "
+                "\"checkpoint\": \"%s\", \"cuda_graphs\": %s, \"step_ms\": %.3f, "
                 "\"bound_ms\": %.3f, \"stages\": [%s]}\n",
-                batch, chunks, schedule.c_str(), mode.c_str(), seconds * 1e3, bound * 1e3,
-                stages.str().c_str());
+                batch, chunks, schedule.c_str(), mode.c_str(), graphs ? "true" : "false",
+                seconds * 1e3, bound * 1e3, stages.str().c_str());
             std::fflush(stdout);
           }
         }
       }
     }
+  }
+}
+
+void run_ddp_rank() {
+  auto env = pipetrain::select_cluster_environment();
+  auto world =
+      pipetrain::World::connect(*env, pipetrain::World::kDefaultTimeout, c10::DeviceType::CUDA);
+  const auto device = world->device();
+  // Each replica runs the whole model as a one-stage pipe; the replicas form `world`.
+  auto solo = world->group({world->rank()}, "replica" + std::to_string(world->rank()));
+  pipetrain::Pipe pipe(reference_model(), pipetrain::PipeOptions().chunks(1).checkpoint("never"),
+                       solo);
+  pipetrain::GradientSync gradient_sync(pipe.parameters(), world);
+  bool sync = true;
+  pipe.set_last_backward_hook([&] {
+    if (sync) gradient_sync.arm();
+  });
+  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
+  const int64_t batch = 8192 / world->size();
+  auto x = torch::randn({batch, kWidth}, torch::TensorOptions(torch::kBFloat16).device(device));
+  auto y = torch::randn_like(x);
+  auto step = [&] {
+    optimizer.zero_grad(false);
+    pipe.forward_backward(x, batch, [&](const at::Tensor& out, const pipetrain::MicroBatch&) {
+      return torch::mse_loss(out, y);
+    });
+    if (sync) gradient_sync.finish();
+    optimizer.step();
+  };
+  auto barrier = [&] {
+    torch::cuda::synchronize();
+    world->barrier();
+  };
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  const double with_sync = time_steps(step, barrier);
+  const double peak = gib(allocated_peak(device.index()));
+  sync = false;
+  const double without_sync = time_steps(step, barrier);
+  if (world->is_global_zero()) {
+    std::printf(
+        "RESULT {\"kind\": \"ddp\", \"B\": 8192, \"M\": 1, \"schedule\": \"ddp\", "
+        "\"checkpoint\": \"never\", \"cuda_graphs\": false, \"step_ms\": %.3f, "
+        "\"no_sync_step_ms\": %.3f, \"buckets\": %ld, \"peak_gib\": %.3f}\n",
+        with_sync * 1e3, without_sync * 1e3, gradient_sync.num_buckets(), peak);
+    std::fflush(stdout);
   }
 }
 
@@ -234,17 +288,17 @@ int main(int argc, char** argv) {
     run_single();
     return 0;
   }
-  if (mode == "pipe") {
+  if (mode == "pipe" || mode == "ddp") {
     // Not launched yet: start the two ranks (this process never touches the GPU).
     if (pipetrain::select_cluster_environment()->world_size() == 1) {
       pipetrain::LaunchOptions launch;
       launch.nprocs = 2;
       return pipetrain::launch_local_processes(launch);
     }
-    run_pipe_rank();
+    mode == "pipe" ? run_pipe_rank() : run_ddp_rank();
     return 0;
   }
-  std::cerr << "usage: gpu_bench single|pipe\n";
+  std::cerr << "usage: gpu_bench single|pipe|ddp\n";
   return 2;
 #else
   (void)argc, (void)argv;

@@ -24,15 +24,18 @@ def peer(path):
 
 def main():
     folder, output = sys.argv[1], sys.argv[2]
-    rows = results(os.path.join(folder, "single.txt")) + results(os.path.join(folder, "pipe.txt"))
+    rows = [r for name in ("single.txt", "pipe.txt", "ddp.txt")
+            if os.path.exists(os.path.join(folder, name))
+            for r in results(os.path.join(folder, name))]
     peers = {}
     for b in (1024, 8192):
         path = os.path.join(folder, f"peer_{b}.txt")
         if os.path.exists(path):
             peers[b] = peer(path)
     out = []
-    print("| B | M | schedule | checkpoint | pipetrain ms | peer ms | speed-up vs peer | bound ms | step / bound | activations GiB (stage 0 / 1) | peak GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    notes = []
+    print("| B | M | schedule | checkpoint | CUDA graphs | pipetrain ms | peer ms | speed-up vs peer | bound ms | step / bound | activations GiB (stage 0 / 1) | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         p = peers.get(r["B"], {})
         if r["schedule"] == "single":
@@ -42,9 +45,11 @@ def main():
         peer_ms = peer_s * 1e3 if peer_s else None
         stages = r.get("stages", [])
         peak = max([s["peak_gib"] for s in stages], default=r.get("peak_gib"))
-        label = r["schedule"] if r["kind"] == "pipetrain" else "plain libtorch loop"
+        label = {"pipetrain": r["schedule"], "ddp": "ddp (2 replicas)"}.get(r["kind"],
+                                                                        "plain libtorch loop")
         cells = [
-            r["B"], r["M"], label, r["checkpoint"], f'{r["step_ms"]:.2f}',
+            r["B"], r["M"], label, r["checkpoint"], "yes" if r["cuda_graphs"] else "no",
+            f'{r["step_ms"]:.2f}',
             f"{peer_ms:.2f}" if peer_ms else "",
             f'{peer_ms / r["step_ms"]:.2f}x' if peer_ms else "",
             f'{r["bound_ms"]:.2f}' if "bound_ms" in r else "",
@@ -56,10 +61,16 @@ def main():
         entry = {"B": r["B"], "M": r["M"], "schedule": label, "checkpoint": r["checkpoint"],
                  "cuda_graphs": r["cuda_graphs"], "step_ms": r["step_ms"],
                  "peer_step_ms": peer_ms, "peak_gib": peak}
-        for key in ("bound_ms", "stages"):
+        if r["kind"] == "ddp":
+            notes.append(f'ddp: {r["step_ms"]:.2f} ms a step, {r["no_sync_step_ms"]:.2f} ms without '
+                  f'averaging gradients: {r["step_ms"] - r["no_sync_step_ms"]:.2f} ms of all-reduce '
+                  f'not hidden by backward ({r["buckets"]} buckets)')
+        for key in ("bound_ms", "stages", "no_sync_step_ms", "buckets"):
             if key in r:
                 entry[key] = r[key]
         out.append(entry)
+    for note in notes:
+        print(note)
     with open(output, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

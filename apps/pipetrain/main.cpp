@@ -39,6 +39,7 @@ struct Args {
   int64_t chunks = 1;
   std::string checkpoint = "except_last";
   std::string schedule = "gpipe";
+  bool cuda_graphs = false;
   int64_t max_epochs = 1000;
   int64_t min_epochs = 0;
   int64_t max_steps = -1;
@@ -112,6 +113,8 @@ void add_flags(CLI::App& app, Args& a) {
   add("--chunks", a.chunks, "micro-batches per batch");
   add("--checkpoint", a.checkpoint, "activation checkpointing: always, except_last, never");
   add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b");
+  add("--cuda-graphs", a.cuda_graphs,
+      "replay forward and backward as CUDA graphs (cuda, checkpoint never)");
   add("--max-epochs", a.max_epochs, "stop after this many epochs");
   add("--min-epochs", a.min_epochs, "train at least this many epochs, even if asked to stop");
   add("--max-steps", a.max_steps, "stop after this many optimizer steps (-1: no limit)");
@@ -233,7 +236,8 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
                 .balance(a.balance)
                 .chunks(a.chunks)
                 .checkpoint(a.checkpoint)
-                .schedule(a.schedule))
+                .schedule(a.schedule)
+                .cuda_graphs(a.cuda_graphs))
       .max_epochs(a.max_epochs)
       .min_epochs(a.min_epochs)
       .max_steps(a.max_steps)

@@ -31,8 +31,9 @@ class PeerToPeer {
 
   // Starts sending `tensor` (of the world's device) to rank `dst`; the tensor is kept alive until
   // wait_for_sends(). Within a step, every tensor of a flow must have the first one's shape but
-  // for dim 0 (pipeline stages pass batch-first tensors on); results may have any shape.
-  void send(const at::Tensor& tensor, int64_t dst, Flow flow);
+  // for dim 0 (pipeline stages pass batch-first tensors on); results may have any shape. Returns
+  // the send, for callers that must not overwrite the tensor before it has gone.
+  WorkPtr send(const at::Tensor& tensor, int64_t dst, Flow flow);
   // Receives the next tensor of `flow` from rank `src`, which has `rows` rows (dim 0) unless it is
   // the first of the step. On CUDA it returns at once, the current stream waiting for the data.
   // Blocks (up to the world's timeout) on CPU, and for headers.

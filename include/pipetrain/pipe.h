@@ -26,6 +26,7 @@ namespace pipetrain {
 
 class World;
 class PeerToPeer;
+class StageGraphs;
 
 struct PipeOptions {
   // Layers per stage; empty: split by parameter count (balance_by_size) over the world's ranks.
@@ -36,6 +37,9 @@ struct PipeOptions {
   TORCH_ARG(std::string, checkpoint) = "except_last";
   // "gpipe" | "1f1b".
   TORCH_ARG(std::string, schedule) = "gpipe";
+  // On CUDA with checkpoint "never": replay each micro-batch's forward and backward as captured
+  // CUDA graphs, so the CPU no longer launches every kernel (see stage_graphs.h).
+  TORCH_ARG(bool, cuda_graphs) = false;
 };
 
 // Runs on the last stage once per micro-batch: given the pipeline's output for that micro-batch,
@@ -100,6 +104,7 @@ class Pipe {
   std::map<int64_t, Schedule> short_schedules_;
   torch::nn::Sequential stage_module_;
   std::function<void()> last_backward_hook_;
+  std::unique_ptr<StageGraphs> graphs_;  // null: eager
 };
 
 }  // namespace pipetrain

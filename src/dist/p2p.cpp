@@ -44,7 +44,7 @@ const ProcessGroupPtr& PeerToPeer::group(Flow flow) const {
   return flow == Flow::kGradient ? gradients_->process_group() : world_->process_group();
 }
 
-void PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow) {
+WorkPtr PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow) {
   auto payload = tensor.contiguous();
   auto& pg = group(flow);
   const auto key = std::make_pair(dst, flow);
@@ -81,6 +81,7 @@ void PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow) {
   std::vector<at::Tensor> body{payload};
   pending_sends_.push_back(pg->send(body, static_cast<int>(dst), payload_tag(flow)));
   pending_tensors_.push_back(payload);
+  return pending_sends_.back();
 }
 
 at::Tensor PeerToPeer::recv(int64_t src, Flow flow, int64_t rows) {

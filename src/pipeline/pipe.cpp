@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -12,6 +13,7 @@
 #include "pipetrain/error.h"
 #include "pipetrain/p2p.h"
 #include "pipetrain/world.h"
+#include "stage_graphs.h"
 
 namespace pipetrain {
 namespace {
@@ -28,7 +30,27 @@ struct InFlight {
   at::Tensor output;  // with its autograd graph, unless checkpointed
   at::Tensor loss;    // last stage only: scaled loss, graph back to `output`
   bool checkpointed = false;
-  RngState rng;  // the generator before the forward, for the recompute
+  RngState rng;       // the generator before the forward, for the recompute
+  int64_t slot = -1;  // under CUDA graphs, the graphs holding this micro-batch
+};
+
+// Which CUDA-graph slots hold a micro-batch, and the last send out of each slot's buffers: a
+// slot's graph may only overwrite them once the stream has seen that send complete.
+struct Slots {
+  std::vector<bool> taken;
+  std::map<int64_t, WorkPtr> activation_sends, gradient_sends;
+
+  int64_t take() {
+    for (size_t i = 0; i < taken.size(); ++i) {
+      if (!taken[i]) {
+        taken[i] = true;
+        return static_cast<int64_t>(i);
+      }
+    }
+    taken.push_back(true);
+    return static_cast<int64_t>(taken.size()) - 1;
+  }
+  void release(int64_t slot) { taken[slot] = false; }
 };
 
 }  // namespace
@@ -59,6 +81,20 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   // Only this stage's layers go to the device; the rest of the Sequential stays where it was built.
   if (world_->device() != c10::Device(c10::DeviceType::CPU)) stage_module_->to(world_->device());
   if (stages() > 1) p2p_ = std::make_unique<PeerToPeer>(world_);
+  if (options_.cuda_graphs()) {
+    std::string why;
+    if (!world_->device().is_cuda() || !StageGraphs::supported()) {
+      why = "they need a CUDA device";
+    } else if (checkpoint_mode_ != CheckpointMode::kNever) {
+      why = "checkpoint '" + options_.checkpoint() +
+            "' recomputes forwards outside any graph (use never)";
+    }
+    if (why.empty()) {
+      graphs_ = std::make_unique<StageGraphs>(stage_module_, !is_first_stage());
+    } else if (stage_ == 0) {
+      std::cerr << "pipetrain: not using CUDA graphs: " << why << "; running eagerly" << std::endl;
+    }
+  }
 }
 
 Pipe::~Pipe() = default;
@@ -105,6 +141,8 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   }
   const Schedule& schedule = chunks == options_.chunks() ? schedule_ : short_schedules_[chunks];
   std::map<int64_t, InFlight> in_flight;
+  Slots slots;
+  if (graphs_) graphs_->adopt_gradients();
   at::Tensor total_loss;
   const Action* last_backward = nullptr;
   for (const Action& action : schedule[stage_]) {
@@ -122,7 +160,11 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         state.input = p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
         if (state.input.is_floating_point()) state.input.requires_grad_(true);
       }
-      if (state.checkpointed) {
+      if (graphs_) {
+        state.slot = slots.take();
+        world_->wait(slots.activation_sends[state.slot]);
+        state.output = graphs_->forward(state.slot, state.input);
+      } else if (state.checkpointed) {
         state.rng = RngState::capture();
         torch::NoGradGuard no_grad;
         state.output = run_stage(state.input, mb.index);
@@ -130,14 +172,16 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         state.output = run_stage(state.input, mb.index);
       }
       if (is_last_stage()) {
-        // The loss head runs with autograd even for a checkpointed stage; its input is a leaf
-        // that collects the gradient the recomputed stage needs.
-        if (state.checkpointed) state.output = state.output.detach().requires_grad_(true);
+        // The loss head runs with autograd even where the stage's own graph is gone (checkpointed)
+        // or captured; its input is a leaf that collects the gradient the stage's backward needs.
+        if (state.checkpointed || graphs_)
+          state.output = state.output.detach().requires_grad_(true);
         const double share = static_cast<double>(mb.size()) / static_cast<double>(batch_size);
         state.loss = loss_fn(state.output, mb) * share;
         total_loss = total_loss.defined() ? total_loss + state.loss.detach() : state.loss.detach();
       } else {
-        p2p_->send(state.output.detach(), stage_ + 1, Flow::kActivation);
+        auto sent = p2p_->send(state.output.detach(), stage_ + 1, Flow::kActivation);
+        if (graphs_) slots.activation_sends[state.slot] = sent;
       }
       in_flight.emplace(action.microbatch, std::move(state));
     } else {
@@ -147,11 +191,16 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       at::Tensor grad_output;
       if (is_last_stage()) {
         state.loss.backward();
-        if (state.checkpointed) grad_output = state.output.grad();
+        if (state.checkpointed || graphs_) grad_output = state.output.grad();
       } else {
         grad_output = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size());
       }
-      if (grad_output.defined()) {
+      at::Tensor grad_input;
+      if (graphs_) {
+        world_->wait(slots.gradient_sends[state.slot]);
+        grad_input = graphs_->backward(state.slot, grad_output);
+        slots.release(state.slot);
+      } else if (grad_output.defined()) {
         at::Tensor output = state.output;
         if (state.checkpointed) {
           output = state.rng.replay([&] { return run_stage(state.input, mb.index); });
@@ -159,9 +208,12 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         torch::autograd::backward({output}, {grad_output});
       }
       if (!is_first_stage()) {
-        at::Tensor grad_input = state.input.grad();
+        // Eagerly, the input's gradient is where backward left it (through the loss, on the last
+        // stage of an uncheckpointed pipe).
+        if (!graphs_) grad_input = state.input.grad();
         if (!grad_input.defined()) grad_input = torch::zeros_like(state.input);
-        p2p_->send(grad_input, stage_ - 1, Flow::kGradient);
+        auto sent = p2p_->send(grad_input, stage_ - 1, Flow::kGradient);
+        if (graphs_) slots.gradient_sends[state.slot] = sent;
       }
     }
   }

@@ -23,8 +23,9 @@ const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
 const std::vector<std::string> kModes = {"never", "always"};
 const std::vector<c10::ScalarType> kDtypes = {torch::kFloat, torch::kBFloat16};
 
-std::string run_name(const std::string& schedule, const std::string& mode, c10::ScalarType dtype) {
-  return schedule + "_" + mode + "_" + c10::toString(dtype);
+std::string run_name(const std::string& schedule, const std::string& mode, c10::ScalarType dtype,
+                     bool graphs = false) {
+  return schedule + "_" + mode + "_" + c10::toString(dtype) + (graphs ? "_graphs" : "");
 }
 
 std::string result_path(const std::string& dir, const std::string& run, int64_t rank) {
@@ -36,13 +37,16 @@ PIPETRAIN_WORKER(cuda_pipe_worker) {
       World::connect(*select_cluster_environment(), World::kDefaultTimeout, c10::DeviceType::CUDA);
   const std::string dir = env_or("RESULT_DIR", ".");
   for (const auto& schedule : kSchedules) {
-    for (const auto& mode : kModes) {
+    for (const auto& [mode, graphs] :
+         {std::pair<std::string, bool>{"never", false}, {"always", false}, {"never", true}}) {
       for (const auto dtype : kDtypes) {
         auto model = make_reference_model(kSeed);
         model->to(dtype);
-        Pipe pipe(model,
-                  PipeOptions().balance({3, 4}).chunks(4).checkpoint(mode).schedule(schedule),
-                  world);
+        Pipe pipe(
+            model,
+            PipeOptions().balance({3, 4}).chunks(4).checkpoint(mode).schedule(schedule).cuda_graphs(
+                graphs),
+            world);
         torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
         std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
         for (int64_t step = 0; step < kSteps; ++step) {
@@ -57,10 +61,23 @@ PIPETRAIN_WORKER(cuda_pipe_worker) {
           if (loss.defined()) saved[0][step] = loss.item<double>();
         }
         for (const auto& p : pipe.parameters()) saved.push_back(p.detach().cpu());
-        torch::save(saved, result_path(dir, run_name(schedule, mode, dtype), world->rank()));
+        torch::save(saved,
+                    result_path(dir, run_name(schedule, mode, dtype, graphs), world->rank()));
       }
     }
   }
+}
+
+// [losses, parameters...] of a two-stage run, parameters in Sequential order.
+std::vector<at::Tensor> load_run(const std::string& dir, const std::string& run) {
+  std::vector<at::Tensor> result, saved;
+  for (int64_t rank = 1; rank >= 0; --rank) {
+    saved.clear();  // torch::load appends
+    torch::load(saved, result_path(dir, run, rank));
+    if (rank == 1) result.push_back(saved[0]);
+    result.insert(result.begin() + 1, saved.begin() + 1, saved.end());
+  }
+  return result;
 }
 
 TEST(CudaPipe, TwoGpusMatchOneGpuForEveryScheduleModeAndDtype) {
@@ -75,15 +92,11 @@ TEST(CudaPipe, TwoGpusMatchOneGpuForEveryScheduleModeAndDtype) {
       for (const auto& mode : kModes) {
         const auto run = run_name(schedule, mode, dtype);
         SCOPED_TRACE(run);
-        std::vector<at::Tensor> parameters;
-        std::vector<at::Tensor> last;
-        for (int64_t rank = 0; rank < 2; ++rank) {
-          last.clear();  // torch::load appends
-          torch::load(last, result_path(dir, run, rank));
-          parameters.insert(parameters.end(), last.begin() + 1, last.end());
-        }
+        const auto run_result = load_run(dir, run);
+        const at::Tensor losses = run_result[0];
+        const std::vector<at::Tensor> parameters(run_result.begin() + 1, run_result.end());
         for (int64_t step = 0; step < kSteps; ++step) {
-          const double loss = last[0][step].item<double>();
+          const double loss = losses[step].item<double>();
           EXPECT_NEAR(loss, expected.losses[step],
                       (bf16 ? 2e-2 : 1e-5) * std::abs(expected.losses[step]))
               << "step " << step;
@@ -114,6 +127,26 @@ class Regression : public Module {
     return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.05));
   }
 };
+
+// Micro-batches of 4, 3, 3 and 3 rows: two shapes, so two sets of graphs per slot.
+TEST(CudaPipe, CudaGraphsGiveWhatEagerGives) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const auto dir = make_temp_dir("cuda-graphs");
+  ASSERT_EQ(run_ranks(2, "cuda_pipe_worker", {{"RESULT_DIR", dir}}), 0);
+  for (const auto& schedule : kSchedules) {
+    for (const auto dtype : kDtypes) {
+      SCOPED_TRACE(run_name(schedule, "never", dtype));
+      const auto eager = load_run(dir, run_name(schedule, "never", dtype));
+      const auto graphs = load_run(dir, run_name(schedule, "never", dtype, true));
+      ASSERT_EQ(graphs.size(), eager.size());
+      for (size_t i = 0; i < eager.size(); ++i) {
+        EXPECT_TRUE(
+            torch::allclose(graphs[i].to(torch::kFloat), eager[i].to(torch::kFloat), 1e-6, 1e-7))
+            << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1));
+      }
+    }
+  }
+}
 
 TEST(CudaTrainer, Bf16MixedKeepsFp32MasterWeightsOnTheGpuAndLearns) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";

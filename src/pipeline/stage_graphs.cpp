@@ -1,0 +1,148 @@
+#include "stage_graphs.h"
+
+#include <torch/torch.h>
+
+#ifdef PIPETRAIN_HAS_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include <stdexcept>
+
+namespace pipetrain {
+
+#ifdef PIPETRAIN_HAS_CUDA
+
+namespace {
+
+constexpr int kWarmups = 3;
+
+// `waiter` waits (on the GPU) for what is already queued on `done`.
+void stream_wait(const at::cuda::CUDAStream& waiter, const at::cuda::CUDAStream& done) {
+  at::cuda::CUDAEvent event;
+  event.record(done);
+  event.block(waiter);
+}
+
+}  // namespace
+
+struct StageGraphs::Graphs {
+  at::Tensor input, output, grad_output, grad_input;  // the graphs' fixed buffers
+  at::cuda::CUDAGraph forward, backward;
+};
+
+bool StageGraphs::supported() { return true; }
+
+StageGraphs::StageGraphs(torch::nn::Sequential stage, bool input_requires_grad)
+    : stage_(std::move(stage)), input_requires_grad_(input_requires_grad) {
+  for (const auto& p : stage_->parameters()) {
+    if (p.requires_grad()) parameters_.push_back(p);
+  }
+}
+
+StageGraphs::~StageGraphs() = default;
+
+void StageGraphs::adopt_gradients() {
+  if (gradients_.empty()) return;  // nothing captured yet
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    at::Tensor& p = parameters_[i];
+    const at::Tensor grad = p.grad();
+    if (!grad.defined()) {
+      gradients_[i].zero_();
+    } else if (!grad.is_same(gradients_[i])) {
+      gradients_[i].copy_(grad);
+    } else {
+      continue;
+    }
+    p.mutable_grad() = gradients_[i];
+  }
+}
+
+std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& example) {
+  auto g = std::make_unique<Graphs>();
+  g->input = example.detach().clone().requires_grad_(input_requires_grad_);
+  // The graphs add into the gradients in place: they must exist first. Warm-up adds to them too.
+  if (gradients_.empty()) {
+    for (auto& p : parameters_) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      gradients_.push_back(p.grad());
+    }
+  }
+  adopt_gradients();
+  std::vector<at::Tensor> saved;
+  for (const auto& grad : gradients_) saved.push_back(grad.clone());
+
+  const auto caller = at::cuda::getCurrentCUDAStream();
+  const auto side = at::cuda::getStreamFromPool();
+  stream_wait(side, caller);
+  {
+    const at::cuda::CUDAStreamGuard guard(side);
+    for (int i = 0; i < kWarmups; ++i) {
+      auto out = stage_->forward(g->input);
+      out.backward(torch::ones_like(out));
+      g->grad_output = torch::zeros_like(out);
+    }
+    // Captured with no gradient yet, the input's gradient is written afresh at every replay.
+    if (input_requires_grad_) g->input.mutable_grad() = at::Tensor();
+    g->forward.capture_begin();
+    g->output = stage_->forward(g->input);
+    g->forward.capture_end();
+    g->backward.capture_begin(g->forward.pool());
+    torch::autograd::backward({g->output}, {g->grad_output}, /*retain_graph=*/true);
+    g->backward.capture_end();
+    if (input_requires_grad_) g->grad_input = g->input.grad();
+  }
+  stream_wait(caller, side);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < gradients_.size(); ++i) gradients_[i].copy_(saved[i]);
+  return g;
+}
+
+at::Tensor StageGraphs::forward(int64_t slot, const at::Tensor& input) {
+  const auto key = std::make_pair(slot, input.sizes().vec());
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) it = graphs_.emplace(key, capture(input)).first;
+  Graphs& g = *it->second;
+  {
+    torch::NoGradGuard no_grad;
+    g.input.copy_(input);
+  }
+  g.forward.replay();
+  in_flight_[slot] = &g;
+  return g.output.detach();
+}
+
+at::Tensor StageGraphs::backward(int64_t slot, const at::Tensor& grad_output) {
+  Graphs& g = *in_flight_.at(slot);
+  {
+    torch::NoGradGuard no_grad;
+    g.grad_output.copy_(grad_output);
+  }
+  g.backward.replay();
+  in_flight_.erase(slot);
+  return g.grad_input;
+}
+
+#else  // no CUDA in this Torch
+
+struct StageGraphs::Graphs {};
+
+bool StageGraphs::supported() { return false; }
+
+StageGraphs::StageGraphs(torch::nn::Sequential stage, bool input_requires_grad)
+    : stage_(std::move(stage)), input_requires_grad_(input_requires_grad) {
+  throw std::runtime_error("CUDA graphs need a libtorch with CUDA");
+}
+
+StageGraphs::~StageGraphs() = default;
+void StageGraphs::adopt_gradients() {}
+std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor&) { return nullptr; }
+at::Tensor StageGraphs::forward(int64_t, const at::Tensor&) { return {}; }
+at::Tensor StageGraphs::backward(int64_t, const at::Tensor&) { return {}; }
+
+#endif
+
+}  // namespace pipetrain

@@ -1,0 +1,59 @@
+// CUDA graphs of a stage's forward and backward. On a GPU the cost of a pipeline with many
+// micro-batches is the CPU's: launching the kernels of one micro-batch through 8 transformer-size
+// blocks takes ~3 ms whatever its size, so small micro-batches leave the GPU idle. A captured
+// graph replays all of a forward (or backward) in one launch.
+//
+// A captured forward also captures its autograd graph, whose saved activations live at the
+// graph's fixed addresses: so each micro-batch in flight needs graphs of its own. They are kept
+// per slot (a micro-batch holds a slot from its forward to its backward; a stage needs as many
+// as its schedule keeps in flight) and per input shape, captured on first use: three warm-up
+// passes on a side stream, then the forward and the backward (retaining the autograd graph) into
+// one memory pool. Gradients accumulate in place into buffers that must outlive the graphs, so
+// the stage adopts them: an optimizer that resets gradients to undefined gets them back, zeroed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace pipetrain {
+
+class StageGraphs {
+ public:
+  // Whether this build can capture CUDA graphs (Torch with CUDA).
+  static bool supported();
+
+  // `input_requires_grad`: whether the stage sends a gradient back (every stage but the first).
+  StageGraphs(torch::nn::Sequential stage, bool input_requires_grad);
+  ~StageGraphs();
+  StageGraphs(const StageGraphs&) = delete;
+  StageGraphs& operator=(const StageGraphs&) = delete;
+
+  // Call before a step's first forward: gradients an optimizer reset or replaced become the
+  // buffers the graphs accumulate into again (zeroed if they had been reset).
+  void adopt_gradients();
+  // The forward of one micro-batch in `slot`. The output is a buffer of the slot's graph, valid
+  // until the slot's next forward; it carries no autograd graph (backward() is the way back).
+  at::Tensor forward(int64_t slot, const at::Tensor& input);
+  // The backward of the micro-batch in `slot`, given the gradient of its output: accumulates the
+  // parameters' gradients and returns the gradient of its input (a buffer of the slot's graph,
+  // valid until the slot's next backward), undefined on the first stage.
+  at::Tensor backward(int64_t slot, const at::Tensor& grad_output);
+
+ private:
+  struct Graphs;
+  std::unique_ptr<Graphs> capture(const at::Tensor& example);
+
+  torch::nn::Sequential stage_;
+  bool input_requires_grad_;
+  std::vector<at::Tensor> parameters_;
+  std::vector<at::Tensor> gradients_;  // what the graphs accumulate into, per parameter
+  std::map<std::pair<int64_t, std::vector<int64_t>>, std::unique_ptr<Graphs>> graphs_;
+  std::map<int64_t, Graphs*> in_flight_;  // slot -> the graphs of its micro-batch
+};
+
+}  // namespace pipetrain
