@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cstring>
@@ -34,6 +35,13 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
       throw std::runtime_error("rank " + std::to_string(world->rank_) +
                                ": --accelerator cuda, but no GPU is visible (or this libtorch has "
                                "no CUDA): use --accelerator cpu");
+    }
+    const int64_t visible = static_cast<int64_t>(torch::cuda::device_count());
+    if (env.local_rank() >= visible) {
+      throw std::runtime_error("rank " + std::to_string(world->rank_) + " is process " +
+                               std::to_string(env.local_rank()) + " on its node, but only " +
+                               std::to_string(visible) +
+                               " GPUs are visible: run at most one process per GPU (--devices)");
     }
     world->device_ =
         c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank()));

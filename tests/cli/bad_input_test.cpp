@@ -84,6 +84,17 @@ TEST(BadInput, SingleOnTwoDevices) {
                             {"strategy 'single' runs on one device"});
 }
 
+TEST(BadInput, UnknownAcceleratorAndCudaWithoutAGpu) {
+  expect_failure_mentioning(fit({"--accelerator", "tpu"}), {"unknown accelerator 'tpu'"});
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has a GPU";
+  expect_failure_mentioning(fit({"--accelerator", "cuda"}), {"no GPU is visible"});
+}
+
+TEST(BadInput, NodeRankMissingForSeveralNodes) {
+  expect_failure_mentioning(fit({"--strategy", "ddp", "--devices", "2", "--num-nodes", "2"}),
+                            {"NODE_RANK"});
+}
+
 // Stage 0 ends in Linear(4, 8) but stage 1 starts with Linear(16, 2).
 PIPETRAIN_WORKER(mismatched_stages) {
   auto world = World::connect(*select_cluster_environment(), std::chrono::seconds(30));
