@@ -40,6 +40,7 @@ struct Args {
   std::string checkpoint = "except_last";
   std::string schedule = "gpipe";
   bool cuda_graphs = false;
+  std::string trace;
   int64_t max_epochs = 1000;
   int64_t min_epochs = 0;
   int64_t max_steps = -1;
@@ -142,6 +143,7 @@ void add_flags(CLI::App& app, Args& a) {
   add("--batch-size", a.batch_size, "samples per step and replica (split into --chunks)");
   add("--seed", a.seed, "seed for initial weights and shuffling");
   add("--default-root-dir", a.default_root_dir, "where lightning_logs/ goes");
+  add("--trace", a.trace, "fit: write a Chrome-trace JSON of every rank's spans to this file");
   add("--timeout", a.timeout, "seconds to wait for another rank before failing");
   add("--ckpt-path", a.ckpt_path, "checkpoint to resume from or evaluate: a path, or last");
   add("--monitor", a.monitor, "metric that picks the best checkpoints (default: by recency)");
@@ -238,6 +240,7 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
                 .checkpoint(a.checkpoint)
                 .schedule(a.schedule)
                 .cuda_graphs(a.cuda_graphs))
+      .trace(a.trace)
       .max_epochs(a.max_epochs)
       .min_epochs(a.min_epochs)
       .max_steps(a.max_steps)

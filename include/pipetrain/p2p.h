@@ -48,11 +48,10 @@ class PeerToPeer {
     std::vector<int64_t> sizes;
   };
   const ProcessGroupPtr& group(Flow flow) const;
-  [[noreturn]] void fail_recv(const std::exception& e, int64_t src, Flow flow) const;
 
   std::shared_ptr<World> world_;
   std::shared_ptr<World> gradients_;  // a twin of world_ carrying gradients only
-  std::vector<WorkPtr> pending_sends_;
+  std::vector<std::pair<WorkPtr, int64_t>> pending_sends_;  // with their destination
   std::vector<at::Tensor> pending_tensors_;
   // What this step's first header said, per (peer, flow).
   std::map<std::pair<int64_t, Flow>, Shape> sent_, received_;

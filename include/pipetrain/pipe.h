@@ -27,6 +27,7 @@ namespace pipetrain {
 class World;
 class PeerToPeer;
 class StageGraphs;
+class Trace;
 
 struct PipeOptions {
   // Layers per stage; empty: split by parameter count (balance_by_size) over the world's ranks.
@@ -40,6 +41,8 @@ struct PipeOptions {
   // On CUDA with checkpoint "never": replay each micro-batch's forward and backward as captured
   // CUDA graphs, so the CPU no longer launches every kernel (see stage_graphs.h).
   TORCH_ARG(bool, cuda_graphs) = false;
+  // Where this stage records its forward, backward, send and receive spans (trace.h); null: none.
+  TORCH_ARG(std::shared_ptr<Trace>, trace) = nullptr;
 };
 
 // Runs on the last stage once per micro-batch: given the pipeline's output for that micro-batch,

@@ -81,6 +81,9 @@ struct TrainerOptions {
   TORCH_ARG(std::vector<std::shared_ptr<Callback>>, callbacks) = {};
   TORCH_ARG(uint64_t, seed) = 0;
   TORCH_ARG(std::string, default_root_dir) = ".";
+  // Chrome-trace JSON of fit's forward, backward, send, receive and optimizer spans on every rank
+  // (trace.h); empty: none.
+  TORCH_ARG(std::string, trace) = "";
   // Longest wait for another rank before giving up with an error.
   TORCH_ARG(int64_t, timeout_seconds) = 300;
 };

@@ -73,6 +73,11 @@ class World {
   void publish_error(const std::string& message) const;
   // The first error another rank published, or "" when none did (or the store is gone).
   std::string published_error() const;
+  // Throws std::runtime_error for `error`, met while this rank was doing `what` ("send to") with
+  // rank `peer` of this world (-1: all of them): "rank 0 could not send to rank 1: ...", then the
+  // first published error, or that the rank may have exited.
+  [[noreturn]] void fail(const std::string& what, const std::exception& error,
+                         int64_t peer = -1) const;
 
  private:
   int64_t rank_ = 0;

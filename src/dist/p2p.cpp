@@ -62,7 +62,7 @@ WorkPtr PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow) {
     for (int64_t d = 0; d < payload.dim(); ++d) h[2 + d] = payload.size(d);
     header = header.to(world_->device());
     std::vector<at::Tensor> tensors{header};
-    pending_sends_.push_back(pg->send(tensors, static_cast<int>(dst), header_tag(flow)));
+    pending_sends_.emplace_back(pg->send(tensors, static_cast<int>(dst), header_tag(flow)), dst);
     pending_tensors_.push_back(header);
     if (flow != Flow::kResult) sent_[key] = {payload.scalar_type(), payload.sizes().vec()};
   } else {
@@ -79,9 +79,9 @@ WorkPtr PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow) {
     }
   }
   std::vector<at::Tensor> body{payload};
-  pending_sends_.push_back(pg->send(body, static_cast<int>(dst), payload_tag(flow)));
+  pending_sends_.emplace_back(pg->send(body, static_cast<int>(dst), payload_tag(flow)), dst);
   pending_tensors_.push_back(payload);
-  return pending_sends_.back();
+  return pending_sends_.back().first;
 }
 
 at::Tensor PeerToPeer::recv(int64_t src, Flow flow, int64_t rows) {
@@ -108,26 +108,18 @@ at::Tensor PeerToPeer::recv(int64_t src, Flow flow, int64_t rows) {
     world_->wait(pg->recv(body, static_cast<int>(src), payload_tag(flow)));
     return body[0];
   } catch (const std::exception& e) {
-    fail_recv(e, src, flow);
+    world_->fail(std::string("receive the ") + flow_name(flow) + " from", e, src);
   }
 }
 
-void PeerToPeer::fail_recv(const std::exception& e, int64_t src, Flow flow) const {
-  std::ostringstream message;
-  message << "rank " << world_->global_rank(world_->rank()) << " could not receive the "
-          << flow_name(flow) << " from rank " << world_->global_rank(src) << ": "
-          << error_message(e);
-  const auto first = world_->published_error();
-  if (!first.empty())
-    message << "\nfirst error: " << first;
-  else
-    message << "\nrank " << world_->global_rank(src)
-            << " may have exited: see its error, if any, above.";
-  throw std::runtime_error(message.str());
-}
-
 void PeerToPeer::wait_for_sends() {
-  for (auto& work : pending_sends_) world_->wait(work);
+  for (auto& [work, dst] : pending_sends_) {
+    try {
+      world_->wait(work);
+    } catch (const std::exception& e) {
+      world_->fail("send to", e, dst);
+    }
+  }
   pending_sends_.clear();
   pending_tensors_.clear();
   sent_.clear();

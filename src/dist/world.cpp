@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include "pipetrain/cluster_environment.h"
+#include "pipetrain/error.h"
 #include "process_group.h"
 
 namespace pipetrain {
@@ -125,15 +127,41 @@ void World::barrier() const {
     all_reduce_sum(0);  // the host waits for its result; NCCL's barrier would not block it
     return;
   }
-  wait(process_group_->barrier());
+  try {
+    wait(process_group_->barrier());
+  } catch (const std::exception& e) {
+    fail("wait at a barrier with", e);
+  }
 }
 
 double World::all_reduce_sum(double value) const {
   if (!process_group_) return value;
   std::vector<at::Tensor> tensors{
       at::full({1}, value, at::TensorOptions(at::kDouble).device(device_))};
-  wait(process_group_->allreduce(tensors));
-  return tensors[0].item<double>();
+  try {
+    wait(process_group_->allreduce(tensors));
+    return tensors[0].item<double>();
+  } catch (const std::exception& e) {
+    fail("sum a value with", e);
+  }
+}
+
+void World::fail(const std::string& what, const std::exception& error, int64_t peer) const {
+  // In a world of two, "the others" is one known rank.
+  if (peer < 0 && size_ == 2) peer = 1 - rank_;
+  const std::string others =
+      peer < 0 ? "the other ranks" : "rank " + std::to_string(global_rank(peer));
+  std::ostringstream message;
+  message << "rank " << global_rank(rank_) << " could not " << what << " " << others << ": "
+          << error_message(error);
+  const auto first = published_error();
+  if (!first.empty()) {
+    message << "\nfirst error: " << first;
+  } else {
+    message << "\n"
+            << (peer < 0 ? "a rank" : others) << " may have exited: see its error, if any, above.";
+  }
+  throw std::runtime_error(message.str());
 }
 
 std::string World::broadcast(const std::string& text, int64_t root) const {
@@ -143,13 +171,17 @@ std::string World::broadcast(const std::string& text, int64_t root) const {
                                         at::TensorOptions(at::kLong).device(device_))};
   c10d::BroadcastOptions options;
   options.rootRank = static_cast<int>(root);
-  wait(process_group_->broadcast(size, options));
-  at::Tensor bytes = at::empty({size[0].item<int64_t>()}, at::kByte);
-  if (rank_ == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  std::vector<at::Tensor> tensors{bytes.to(on_device)};
-  wait(process_group_->broadcast(tensors, options));
-  bytes = tensors[0].cpu();
-  return std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
+  try {
+    wait(process_group_->broadcast(size, options));
+    at::Tensor bytes = at::empty({size[0].item<int64_t>()}, at::kByte);
+    if (rank_ == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+    std::vector<at::Tensor> tensors{bytes.to(on_device)};
+    wait(process_group_->broadcast(tensors, options));
+    bytes = tensors[0].cpu();
+    return std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
+  } catch (const std::exception& e) {
+    fail("share a message with", e, rank_ == root ? -1 : root);
+  }
 }
 
 void World::publish_error(const std::string& message) const {

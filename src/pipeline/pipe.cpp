@@ -12,6 +12,7 @@
 #include "pipetrain/balance.h"
 #include "pipetrain/error.h"
 #include "pipetrain/p2p.h"
+#include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 #include "stage_graphs.h"
 
@@ -143,6 +144,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   std::map<int64_t, InFlight> in_flight;
   Slots slots;
   if (graphs_) graphs_->adopt_gradients();
+  Trace* trace = options_.trace().get();
   at::Tensor total_loss;
   const Action* last_backward = nullptr;
   for (const Action& action : schedule[stage_]) {
@@ -157,9 +159,11 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       if (is_first_stage()) {
         state.input = input.slice(0, mb.begin, mb.end);
       } else {
+        Trace::Span span(trace, "recv activation", mb.index);
         state.input = p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
         if (state.input.is_floating_point()) state.input.requires_grad_(true);
       }
+      Trace::Span forward_span(trace, "forward", mb.index);
       if (graphs_) {
         state.slot = slots.take();
         world_->wait(slots.activation_sends[state.slot]);
@@ -180,6 +184,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         state.loss = loss_fn(state.output, mb) * share;
         total_loss = total_loss.defined() ? total_loss + state.loss.detach() : state.loss.detach();
       } else {
+        Trace::Span span(trace, "send activation", mb.index);
         auto sent = p2p_->send(state.output.detach(), stage_ + 1, Flow::kActivation);
         if (graphs_) slots.activation_sends[state.slot] = sent;
       }
@@ -189,11 +194,14 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       auto node = in_flight.extract(action.microbatch);
       InFlight& state = node.mapped();
       at::Tensor grad_output;
+      if (!is_last_stage()) {
+        Trace::Span span(trace, "recv gradient", mb.index);
+        grad_output = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size());
+      }
+      Trace::Span backward_span(trace, "backward", mb.index);
       if (is_last_stage()) {
         state.loss.backward();
         if (state.checkpointed || graphs_) grad_output = state.output.grad();
-      } else {
-        grad_output = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size());
       }
       at::Tensor grad_input;
       if (graphs_) {
@@ -212,6 +220,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         // stage of an uncheckpointed pipe).
         if (!graphs_) grad_input = state.input.grad();
         if (!grad_input.defined()) grad_input = torch::zeros_like(state.input);
+        Trace::Span span(trace, "send gradient", mb.index);
         auto sent = p2p_->send(grad_input, stage_ - 1, Flow::kGradient);
         if (graphs_) slots.gradient_sends[state.slot] = sent;
       }

@@ -328,7 +328,8 @@ std::unique_ptr<Strategy> make_single_strategy(const TrainerOptions& options) {
                                 ": use --devices 1, or --strategy pipe to split the model");
   }
   return std::make_unique<PipelineStrategy>(
-      "single", 1, 1, PipeOptions().chunks(1).checkpoint("never").schedule("gpipe"));
+      "single", 1, 1,
+      PipeOptions().chunks(1).checkpoint("never").schedule("gpipe").trace(options.pipe().trace()));
 }
 
 namespace {
@@ -368,7 +369,7 @@ std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
 std::unique_ptr<Strategy> make_ddp_strategy(const TrainerOptions& options) {
   return std::make_unique<PipelineStrategy>(
       "ddp", 1, total_devices(options),
-      PipeOptions().chunks(1).checkpoint("never").schedule("gpipe"));
+      PipeOptions().chunks(1).checkpoint("never").schedule("gpipe").trace(options.pipe().trace()));
 }
 
 std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) {

@@ -27,6 +27,7 @@
 #include "pipetrain/progress_bar.h"
 #include "pipetrain/strategy.h"
 #include "pipetrain/tensorboard_logger.h"
+#include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 #include "precision.h"
 
@@ -53,6 +54,7 @@ TrainerOptions resolve(TrainerOptions options) {
     return dynamic_cast<const ModelCheckpoint*>(callback.get()) == nullptr;
   });
   options.callbacks(callbacks);
+  if (!options.trace().empty()) options.pipe().trace(std::make_shared<Trace>());
   if (options.fast_dev_run() > 0) {
     const int64_t n = options.fast_dev_run();
     options.max_epochs(1).max_steps(n).num_sanity_val_steps(0).enable_checkpointing(false);
@@ -279,6 +281,7 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
 
   fit_start_seconds_ = now_seconds();
   stop_requested_ = false;
+  if (options_.pipe().trace()) options_.pipe().trace()->start(*world_);
   while (current_epoch_ < options_.max_epochs() && !stop_requested_) {
     train_epoch(module, train_loader, val_loader, state);
   }
@@ -291,6 +294,10 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
   }
   optimizer_.reset();
   lr_scheduler_.reset();
+  if (options_.pipe().trace()) {
+    options_.pipe().trace()->write(*world_, options_.trace());
+    print("trace written to " + options_.trace() + " (open it in https://ui.perfetto.dev)");
+  }
   world_->barrier();
 }
 
@@ -414,6 +421,7 @@ void Trainer::optimizer_step(Module& module) {
     }
   }
   for (auto& callback : options_.callbacks()) callback->on_before_optimizer_step(*this, module);
+  Trace::Span span(options_.pipe().trace().get(), "optimizer");
   optimizer_->step();
   optimizer_->zero_grad();
   if (lr_scheduler_ && scheduler_interval_ == "step") lr_scheduler_->step();

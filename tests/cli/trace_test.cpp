@@ -1,0 +1,67 @@
+// `--trace`: a Chrome-trace file with every rank's spans, in the order the schedule ran them.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "support/command.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain::testing {
+namespace {
+
+TEST(Trace, FitWritesEveryRanksSpansInScheduleOrder) {
+  const auto root = make_temp_dir("trace");
+  const auto path = root + "/trace.json";
+  const auto result = run_command(
+      {PIPETRAIN_CLI, "fit", "--model", "mlp", "--strategy", "pipe", "--devices", "2", "--chunks",
+       "2", "--max-steps", "3", "--batch-size", "8", "--default-root-dir", root, "--trace", path});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::ifstream in(path);
+  const auto trace = nlohmann::json::parse(in);
+
+  std::map<int, std::vector<nlohmann::json>> spans;  // rank -> spans in file order
+  for (const auto& event : trace.at("traceEvents")) {
+    if (event.at("ph") == "X") spans[event.at("pid").get<int>()].push_back(event);
+  }
+  ASSERT_EQ(spans.size(), 2u);
+  std::map<int, std::set<std::string>> names;
+  for (const auto& [rank, events] : spans) {
+    double previous_start = -1;
+    for (const auto& event : events) {
+      names[rank].insert(event.at("name").get<std::string>());
+      EXPECT_GE(event.at("dur").get<double>(), 0);
+      previous_start = event.at("ts").get<double>();
+      EXPECT_GE(previous_start, 0);
+    }
+  }
+  for (const auto* name : {"forward 0", "forward 1", "backward 0", "backward 1",
+                           "send activation 0", "recv gradient 1", "optimizer"}) {
+    EXPECT_TRUE(names[0].count(name)) << "rank 0 lacks " << name;
+  }
+  for (const auto* name :
+       {"recv activation 0", "forward 1", "backward 0", "send gradient 1", "optimizer"}) {
+    EXPECT_TRUE(names[1].count(name)) << "rank 1 lacks " << name;
+  }
+  // 3 steps x 2 micro-batches x (forward, backward, send, receive) + 3 optimizer steps per rank.
+  EXPECT_EQ(spans[0].size(), 3u * 2 * 4 + 3);
+  // Stage 1 cannot start micro-batch 0 before stage 0 has finished it.
+  auto first = [](const std::vector<nlohmann::json>& events, const std::string& name) {
+    for (const auto& event : events) {
+      if (event.at("name") == name) return event;
+    }
+    return nlohmann::json();
+  };
+  const auto stage0_forward = first(spans[0], "forward 0");
+  const auto stage1_forward = first(spans[1], "forward 0");
+  EXPECT_GE(stage1_forward.at("ts").get<double>(),
+            stage0_forward.at("ts").get<double>() + stage0_forward.at("dur").get<double>() - 1000)
+      << "(1 ms of slack for the ranks' clocks)";
+  std::filesystem::remove_all(root);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
