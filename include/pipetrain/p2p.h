@@ -51,8 +51,12 @@ class PeerToPeer {
 
   std::shared_ptr<World> world_;
   std::shared_ptr<World> gradients_;  // a twin of world_ carrying gradients only
-  std::vector<std::pair<WorkPtr, int64_t>> pending_sends_;  // with their destination
-  std::vector<at::Tensor> pending_tensors_;
+  struct Send {
+    WorkPtr work;
+    int64_t dst;
+    at::Tensor tensor;  // alive until the send completes
+  };
+  std::vector<Send> pending_sends_;
   // What this step's first header said, per (peer, flow).
   std::map<std::pair<int64_t, Flow>, Shape> sent_, received_;
 };

@@ -62,8 +62,8 @@ WorkPtr PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow) {
     for (int64_t d = 0; d < payload.dim(); ++d) h[2 + d] = payload.size(d);
     header = header.to(world_->device());
     std::vector<at::Tensor> tensors{header};
-    pending_sends_.emplace_back(pg->send(tensors, static_cast<int>(dst), header_tag(flow)), dst);
-    pending_tensors_.push_back(header);
+    pending_sends_.push_back(
+        {pg->send(tensors, static_cast<int>(dst), header_tag(flow)), dst, header});
     if (flow != Flow::kResult) sent_[key] = {payload.scalar_type(), payload.sizes().vec()};
   } else {
     const Shape& shape = first->second;
@@ -79,9 +79,9 @@ WorkPtr PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow) {
     }
   }
   std::vector<at::Tensor> body{payload};
-  pending_sends_.emplace_back(pg->send(body, static_cast<int>(dst), payload_tag(flow)), dst);
-  pending_tensors_.push_back(payload);
-  return pending_sends_.back().first;
+  pending_sends_.push_back(
+      {pg->send(body, static_cast<int>(dst), payload_tag(flow)), dst, payload});
+  return pending_sends_.back().work;
 }
 
 at::Tensor PeerToPeer::recv(int64_t src, Flow flow, int64_t rows) {
@@ -113,15 +113,14 @@ at::Tensor PeerToPeer::recv(int64_t src, Flow flow, int64_t rows) {
 }
 
 void PeerToPeer::wait_for_sends() {
-  for (auto& [work, dst] : pending_sends_) {
+  for (auto& send : pending_sends_) {
     try {
-      world_->wait(work);
+      world_->wait(send.work);
     } catch (const std::exception& e) {
-      world_->fail("send to", e, dst);
+      world_->fail("send to", e, send.dst);
     }
   }
   pending_sends_.clear();
-  pending_tensors_.clear();
   sent_.clear();
   received_.clear();
 }

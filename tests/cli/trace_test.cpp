@@ -18,7 +18,8 @@ TEST(Trace, FitWritesEveryRanksSpansInScheduleOrder) {
   const auto path = root + "/trace.json";
   const auto result = run_command(
       {PIPETRAIN_CLI, "fit", "--model", "mlp", "--strategy", "pipe", "--devices", "2", "--chunks",
-       "2", "--max-steps", "3", "--batch-size", "8", "--default-root-dir", root, "--trace", path});
+       "2", "--max-steps", "3", "--batch-size", "8", "--default-root-dir", root, "--trace", path},
+      {{"PIPETRAIN_ACCELERATOR", "auto"}});  // on GPUs where there are some
   ASSERT_EQ(result.exit_code, 0) << result.output;
   std::ifstream in(path);
   const auto trace = nlohmann::json::parse(in);

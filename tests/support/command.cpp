@@ -28,6 +28,9 @@ RunningCommand start_command(const std::vector<std::string>& argv,
     dup2(fd, 1);
     dup2(fd, 2);
     setpgid(0, 0);  // its own process group, so a timeout kills its ranks too
+    // The command's tests compare CPU runs of up to 6 processes: on a GPU machine, "auto" would
+    // put them on GPUs it may not have. A test (or the caller's environment) can choose otherwise.
+    setenv("PIPETRAIN_ACCELERATOR", "cpu", /*overwrite=*/0);
     for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
