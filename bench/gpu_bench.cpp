@@ -27,6 +27,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pipetrain/cluster_environment.h"
@@ -175,17 +176,19 @@ void run_pipe_rank() {
     auto y = torch::randn_like(x);
     for (const std::string schedule : {"gpipe", "1f1b"}) {
       for (const int64_t chunks : {4, 8, 16, 32}) {
-        // (checkpoint, CUDA graphs)
-        std::vector<std::pair<std::string, bool>> variants{{"never", false}, {"never", true}};
-        if (chunks == 8) variants.emplace_back("always", false);
-        for (const auto& [mode, graphs] : variants) {
+        // (checkpoint, CUDA graphs, fused gradient accumulation)
+        std::vector<std::tuple<std::string, bool, bool>> variants{
+            {"never", false, false}, {"never", true, false}, {"never", true, true}};
+        if (chunks == 8) variants.emplace_back("always", false, false);
+        for (const auto& [mode, graphs, fused] : variants) {
           pipetrain::Pipe pipe(model,
                                pipetrain::PipeOptions()
                                    .balance({32, 32})
                                    .chunks(chunks)
                                    .checkpoint(mode)
                                    .schedule(schedule)
-                                   .cuda_graphs(graphs),
+                                   .cuda_graphs(graphs)
+                                   .fuse_gradient_accumulation(fused),
                                world);
           torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
           auto step = [&] {
@@ -220,10 +223,10 @@ void run_pipe_rank() {
             const double bound = busiest * static_cast<double>(chunks + world->size() - 1) / chunks;
             std::printf(
                 "RESULT {\"kind\": \"pipetrain\", \"B\": %ld, \"M\": %ld, \"schedule\": \"%s\", "
-                "\"checkpoint\": \"%s\", \"cuda_graphs\": %s, \"step_ms\": %.3f, "
+                "\"checkpoint\": \"%s\", \"cuda_graphs\": %s, \"fused\": %s, \"step_ms\": %.3f, "
                 "\"bound_ms\": %.3f, \"stages\": [%s]}\n",
                 batch, chunks, schedule.c_str(), mode.c_str(), graphs ? "true" : "false",
-                seconds * 1e3, bound * 1e3, stages.str().c_str());
+                fused ? "true" : "false", seconds * 1e3, bound * 1e3, stages.str().c_str());
             std::fflush(stdout);
           }
         }

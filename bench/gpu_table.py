@@ -48,7 +48,8 @@ def main():
         label = {"pipetrain": r["schedule"], "ddp": "ddp (2 replicas)"}.get(r["kind"],
                                                                         "plain libtorch loop")
         cells = [
-            r["B"], r["M"], label, r["checkpoint"], "yes" if r["cuda_graphs"] else "no",
+            r["B"], r["M"], label, r["checkpoint"],
+            ("yes" if r["cuda_graphs"] else "no") + (", fused acc." if r.get("fused") else ""),
             f'{r["step_ms"]:.2f}',
             f"{peer_ms:.2f}" if peer_ms else "",
             f'{peer_ms / r["step_ms"]:.2f}x' if peer_ms else "",
@@ -59,7 +60,8 @@ def main():
         ]
         print("| " + " | ".join(str(c) for c in cells) + " |")
         entry = {"B": r["B"], "M": r["M"], "schedule": label, "checkpoint": r["checkpoint"],
-                 "cuda_graphs": r["cuda_graphs"], "step_ms": r["step_ms"],
+                 "cuda_graphs": r["cuda_graphs"], "fused_accumulation": r.get("fused", False),
+                 "step_ms": r["step_ms"],
                  "peer_step_ms": peer_ms, "peak_gib": peak}
         if r["kind"] == "ddp":
             notes.append(f'ddp: {r["step_ms"]:.2f} ms a step, {r["no_sync_step_ms"]:.2f} ms without '

@@ -40,6 +40,7 @@ struct Args {
   std::string checkpoint = "except_last";
   std::string schedule = "gpipe";
   bool cuda_graphs = false;
+  bool fuse_gradient_accumulation = false;
   std::string trace;
   int64_t max_epochs = 1000;
   int64_t min_epochs = 0;
@@ -116,6 +117,8 @@ void add_flags(CLI::App& app, Args& a) {
   add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b");
   add("--cuda-graphs", a.cuda_graphs,
       "replay forward and backward as CUDA graphs (cuda, checkpoint never)");
+  add("--fuse-gradient-accumulation", a.fuse_gradient_accumulation,
+      "Linear layers add weight gradients inside their GEMM");
   add("--max-epochs", a.max_epochs, "stop after this many epochs");
   add("--min-epochs", a.min_epochs, "train at least this many epochs, even if asked to stop");
   add("--max-steps", a.max_steps, "stop after this many optimizer steps (-1: no limit)");
@@ -239,7 +242,8 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
                 .chunks(a.chunks)
                 .checkpoint(a.checkpoint)
                 .schedule(a.schedule)
-                .cuda_graphs(a.cuda_graphs))
+                .cuda_graphs(a.cuda_graphs)
+                .fuse_gradient_accumulation(a.fuse_gradient_accumulation))
       .trace(a.trace)
       .max_epochs(a.max_epochs)
       .min_epochs(a.min_epochs)

@@ -41,6 +41,9 @@ struct PipeOptions {
   // On CUDA with checkpoint "never": replay each micro-batch's forward and backward as captured
   // CUDA graphs, so the CPU no longer launches every kernel (see stage_graphs.h).
   TORCH_ARG(bool, cuda_graphs) = false;
+  // Linear layers accumulate their weight gradients inside the GEMM (src/pipeline/fused_linear.h)
+  // instead of adding each micro-batch's gradient afterwards.
+  TORCH_ARG(bool, fuse_gradient_accumulation) = false;
   // Where this stage records its forward, backward, send and receive spans (trace.h); null: none.
   TORCH_ARG(std::shared_ptr<Trace>, trace) = nullptr;
 };

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "fused_linear.h"
 #include "pipetrain/balance.h"
 #include "pipetrain/error.h"
 #include "pipetrain/p2p.h"
@@ -77,7 +78,10 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   stage_ = world_->rank();
   for (int64_t s = 0; s < stage_; ++s) first_layer_ += balance_[s];
   for (int64_t i = first_layer_; i < first_layer_ + balance_[stage_]; ++i) {
-    stage_module_->push_back(std::to_string(i), *(sequential->begin() + i));
+    const auto& layer = *(sequential->begin() + i);
+    stage_module_->push_back(std::to_string(i), options_.fuse_gradient_accumulation()
+                                                    ? fuse_gradient_accumulation(layer)
+                                                    : layer);
   }
   // Only this stage's layers go to the device; the rest of the Sequential stays where it was built.
   if (world_->device() != c10::Device(c10::DeviceType::CPU)) stage_module_->to(world_->device());

@@ -1,0 +1,70 @@
+#include "fused_linear.h"
+
+#include <torch/torch.h>
+
+namespace pipetrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Adds into `parameter`'s gradient, creating it (zeros) the first time.
+at::Tensor& gradient_of(at::Tensor& parameter) {
+  if (!parameter.grad().defined()) parameter.mutable_grad() = torch::zeros_like(parameter);
+  return parameter.mutable_grad();
+}
+
+struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    ctx->save_for_backward({input});
+    // The parameters themselves (not saved copies): backward writes their .grad.
+    ctx->saved_data["weight"] = weight;
+    ctx->saved_data["bias"] = bias;
+    return at::linear(
+        input, weight,
+        bias.defined() ? c10::optional<at::Tensor>(bias) : c10::optional<at::Tensor>());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor input = ctx->get_saved_variables()[0];
+    at::Tensor weight = ctx->saved_data["weight"].toTensor();
+    at::Tensor bias = ctx->saved_data["bias"].toTensor();
+    const at::Tensor& grad = grads[0];
+    const auto rows = grad.reshape({-1, grad.size(-1)});
+    if (weight.requires_grad()) {
+      gradient_of(weight).addmm_(rows.t(), input.reshape({-1, input.size(-1)}));
+    }
+    if (bias.defined() && bias.requires_grad()) gradient_of(bias).add_(rows.sum(0));
+    return {grad.matmul(weight), at::Tensor(), at::Tensor()};
+  }
+};
+
+class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImpl> {
+ public:
+  explicit AccumulatingLinearImpl(const torch::nn::Linear& linear) : linear_(linear) { reset(); }
+  void reset() override {
+    weight = register_parameter("weight", linear_->weight);
+    if (linear_->bias.defined()) bias = register_parameter("bias", linear_->bias);
+  }
+  at::Tensor forward(const at::Tensor& input) {
+    return LinearAccumulatingGrad::apply(input, weight, bias);
+  }
+  at::Tensor weight, bias;
+
+ private:
+  torch::nn::Linear linear_;
+};
+TORCH_MODULE(AccumulatingLinear);
+
+}  // namespace
+
+torch::nn::AnyModule fuse_gradient_accumulation(const torch::nn::AnyModule& layer) {
+  auto module = layer.ptr();
+  if (auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(module)) {
+    return torch::nn::AnyModule(AccumulatingLinear(torch::nn::Linear(linear)));
+  }
+  return layer;
+}
+
+}  // namespace pipetrain
