@@ -178,7 +178,7 @@ void run_pipe_rank() {
       for (const int64_t chunks : {4, 8, 16, 32}) {
         // (checkpoint, CUDA graphs, fused gradient accumulation)
         std::vector<std::tuple<std::string, bool, bool>> variants{
-            {"never", false, false}, {"never", true, false}, {"never", true, true}};
+            {"never", false, false}, {"never", false, true}, {"never", true, false}};
         if (chunks == 8) variants.emplace_back("always", false, false);
         for (const auto& [mode, graphs, fused] : variants) {
           pipetrain::Pipe pipe(model,
