@@ -195,6 +195,34 @@ TEST_F(TrainerLoops, ValidateTestAndPredictReturnResultsInOrder) {
   EXPECT_TRUE(torch::allclose(torch::cat(predictions), model.layers()->forward(data(12).inputs)));
 }
 
+// Debian's CPU libtorch has no bf16 mse_loss: the step takes its loss in fp32, as users must there.
+class Bf16Regression : public Module {
+ public:
+  Bf16Regression()
+      : Module(torch::nn::Sequential(torch::nn::Linear(3, 16), torch::nn::Tanh(),
+                                     torch::nn::Linear(16, 1))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    EXPECT_EQ(batch.data.scalar_type(), torch::kBFloat16);
+    auto loss =
+        torch::mse_loss(forward(batch.data).to(torch::kFloat), batch.target.to(torch::kFloat));
+    log("train_loss", loss, LogOptions().on_step(false).on_epoch(true));
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+
+TEST_F(TrainerLoops, Bf16TrueTrainsBf16WeightsOnBf16Inputs) {
+  Trainer trainer(options().max_epochs(3).precision("bf16-true"));
+  Bf16Regression model;
+  trainer.fit(model, train);
+  for (const auto& p : model.parameters()) EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
+  const auto losses = testing::read_csv_column(trainer.log_dir() + "/metrics.csv", "train_loss");
+  ASSERT_EQ(losses.size(), 3u);
+  EXPECT_LT(losses.back(), losses.front());
+}
+
 TEST_F(TrainerLoops, Bf16MixedKeepsFp32WeightsAndStillLearns) {
   Trainer trainer(options().max_epochs(3).precision("bf16-mixed"));
   Recorder model;
