@@ -11,22 +11,17 @@
 #include <system_error>
 #include <vector>
 
+#include "environment_variables.h"
+
 extern char** environ;
 
 namespace pipetrain {
-namespace {
 
 const std::string* find_variable(const EnvironmentVariables& env, const std::string& name) {
   auto it = env.find(name);
   return it == env.end() ? nullptr : &it->second;
 }
 
-bool has_variable(const EnvironmentVariables& env, const std::string& name) {
-  return env.count(name) != 0;
-}
-
-// Strict: the whole value must be a base-10 integer. "8 " or "0x8" are rejected rather than
-// guessed at, since a launcher never produces them and a person who typed them made a mistake.
 int64_t parse_integer(const std::string& name, const std::string& value, const std::string& hint) {
   int64_t result = 0;
   const char* begin = value.data();
@@ -37,6 +32,21 @@ int64_t parse_integer(const std::string& name, const std::string& value, const s
                                 "' is not an integer; " + hint);
   }
   return result;
+}
+
+int parse_port(const std::string& name, const std::string& value, const std::string& hint) {
+  const int64_t port = parse_integer(name, value, hint);
+  if (port < 1 || port > 65535) {
+    throw std::invalid_argument("pipetrain: environment variable " + name + "=" + value +
+                                " is not a valid port; " + hint);
+  }
+  return static_cast<int>(port);
+}
+
+namespace {
+
+bool has_variable(const EnvironmentVariables& env, const std::string& name) {
+  return env.count(name) != 0;
 }
 
 const std::string& required_string(const EnvironmentVariables& env, const std::string& name,
@@ -59,15 +69,10 @@ int64_t optional_integer(const EnvironmentVariables& env, const std::string& nam
   return value == nullptr ? fallback : parse_integer(name, *value, hint);
 }
 
-int parse_port(const std::string& name, const std::string& value) {
-  const std::string hint = "set " + name + " to a TCP port in [1, 65535] that is free on the " +
-                           "rank-0 host and the same for every process";
-  const int64_t port = parse_integer(name, value, hint);
-  if (port < 1 || port > 65535) {
-    throw std::invalid_argument("pipetrain: environment variable " + name + "=" + value +
-                                " is not a valid port; " + hint);
-  }
-  return static_cast<int>(port);
+int parse_master_port(const std::string& name, const std::string& value) {
+  return parse_port(name, value,
+                    "set " + name + " to a TCP port in [1, 65535] that is free on the " +
+                        "rank-0 host and the same for every process");
 }
 
 std::string nonempty_address(const std::string& name, const std::string& value) {
@@ -183,9 +188,10 @@ TorchElasticEnvironment::TorchElasticEnvironment(const EnvironmentVariables& env
   main_address_ = nonempty_address(
       "MASTER_ADDR",
       required_string(env, "MASTER_ADDR", "set it to the host of the rank-0 process"));
-  main_port_ = parse_port("MASTER_PORT", required_string(env, "MASTER_PORT",
-                                                         "set it to the rendezvous port of the "
-                                                         "rank-0 process"));
+  main_port_ =
+      parse_master_port("MASTER_PORT", required_string(env, "MASTER_PORT",
+                                                       "set it to the rendezvous port of the "
+                                                       "rank-0 process"));
   world_size_ = required_integer(env, "WORLD_SIZE", hint);
   global_rank_ = required_integer(env, "RANK", hint);
   local_rank_ = optional_integer(env, "LOCAL_RANK", global_rank_, hint);
@@ -288,7 +294,7 @@ SLURMEnvironment::SLURMEnvironment(const EnvironmentVariables& env) {
   }
 
   if (const std::string* port = find_variable(env, "MASTER_PORT")) {
-    main_port_ = parse_port("MASTER_PORT", *port);
+    main_port_ = parse_master_port("MASTER_PORT", *port);
   } else if (const std::string* job_id = find_variable(env, "SLURM_JOB_ID")) {
     // All tasks of a job see the same job id, so they agree on the port without communicating;
     // different jobs sharing a node mostly get different ports. The range 15000-24999 is below

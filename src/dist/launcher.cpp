@@ -25,16 +25,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <stdexcept>
-#include <system_error>
 #include <thread>
 #include <utility>
+
+#include "environment_variables.h"
 
 namespace pipetrain {
 namespace {
@@ -446,25 +446,6 @@ void validate_options(const LaunchOptions& options) {
   }
 }
 
-// Strict like the cluster environment's parsing: the whole value must be a base-10 integer,
-// because "1 " or "node1" is a typo that would otherwise put two nodes at the same index.
-int64_t parse_integer_variable(const std::string& name, const std::string& value,
-                               const std::string& hint) {
-  int64_t result = 0;
-  const char* end = value.data() + value.size();
-  const auto [ptr, error] = std::from_chars(value.data(), end, result);
-  if (value.empty() || error != std::errc() || ptr != end) {
-    throw std::invalid_argument("pipetrain: environment variable " + name + "='" + value +
-                                "' is not an integer; " + hint);
-  }
-  return result;
-}
-
-const std::string* find_variable(const EnvironmentVariables& env, const std::string& name) {
-  const auto it = env.find(name);
-  return it == env.end() ? nullptr : &it->second;
-}
-
 }  // namespace
 
 LaunchOptions multi_node_launch_options(int64_t nprocs, int64_t nnodes,
@@ -496,7 +477,7 @@ LaunchOptions multi_node_launch_options(int64_t nprocs, int64_t nnodes,
                                 "), 0 on the node whose address is MASTER_ADDR and a different "
                                 "index on every other node";
   if (node_value != nullptr) {
-    options.node_rank = parse_integer_variable(node_variable, *node_value, node_hint);
+    options.node_rank = parse_integer(node_variable, *node_value, node_hint);
     if (options.node_rank < 0 || options.node_rank >= nnodes) {
       throw std::invalid_argument("pipetrain: environment variable " + std::string(node_variable) +
                                   "=" + *node_value + " is outside [0, " + nodes + "); " +
@@ -528,12 +509,7 @@ LaunchOptions multi_node_launch_options(int64_t nprocs, int64_t nnodes,
       "set MASTER_PORT to a TCP port in [1, 65535] that is free on node 0, the same on every "
       "node";
   if (const std::string* port = find_variable(env, "MASTER_PORT")) {
-    const int64_t value = parse_integer_variable("MASTER_PORT", *port, port_hint);
-    if (value < 1 || value > 65535) {
-      throw std::invalid_argument("pipetrain: environment variable MASTER_PORT=" + *port +
-                                  " is not a valid port; " + port_hint);
-    }
-    options.main_port = static_cast<int>(value);
+    options.main_port = parse_port("MASTER_PORT", *port, port_hint);
   } else if (multi_node) {
     throw std::invalid_argument(
         "pipetrain: environment variable MASTER_PORT is not set, but with " + nodes +

@@ -53,6 +53,12 @@ ReducedMetrics decode(const std::string& text) {
 // The index of the layer a global name ("3.weight") belongs to.
 int64_t layer_of(const std::string& name) { return std::stoll(name.substr(0, name.find('.'))); }
 
+// `single` and `ddp` run the whole batch as one micro-batch, with nothing to recompute.
+PipeOptions whole_batches(const TrainerOptions& options) {
+  return PipeOptions().chunks(1).checkpoint("never").schedule("gpipe").trace(
+      options.pipe().trace());
+}
+
 std::string join_names(const std::map<std::string, std::pair<double, int64_t>>& totals) {
   std::string names;
   for (const auto& item : totals) names += item.first + '\n';
@@ -149,18 +155,19 @@ class PipelineStrategy : public Strategy {
                    [&](const at::Tensor& output, const MicroBatch& mb) {
                      outputs.push_back(run_user_step(module, batch, mb, output, ignored, predict));
                    });
-    if (world_->size() == 1) return torch::cat(outputs).cpu();
+    const at::Tensor mine = pipe_->is_last_stage() ? torch::cat(outputs) : at::Tensor();
+    if (world_->size() == 1) return mine.cpu();
     // Each replica's last stage sends its shard's predictions to rank 0, which puts them back in
     // the batch's order: replica by replica.
     if (pipe_->is_last_stage() && !world_->is_global_zero()) {
-      results_->send(torch::cat(outputs), 0, Flow::kResult);
+      results_->send(mine, 0, Flow::kResult);
       results_->wait_for_sends();
     }
     if (!world_->is_global_zero()) return {};
     std::vector<at::Tensor> gathered;
     for (int64_t replica = 0; replica < replicas_; ++replica) {
       const int64_t last = replica * stages_ + stages_ - 1;
-      gathered.push_back(last == 0 ? torch::cat(outputs) : results_->recv(last, Flow::kResult));
+      gathered.push_back(last == 0 ? mine : results_->recv(last, Flow::kResult));
     }
     return torch::cat(gathered).cpu();
   }
@@ -327,9 +334,7 @@ std::unique_ptr<Strategy> make_single_strategy(const TrainerOptions& options) {
                                 std::to_string(options.devices() * options.num_nodes()) +
                                 ": use --devices 1, or --strategy pipe to split the model");
   }
-  return std::make_unique<PipelineStrategy>(
-      "single", 1, 1,
-      PipeOptions().chunks(1).checkpoint("never").schedule("gpipe").trace(options.pipe().trace()));
+  return std::make_unique<PipelineStrategy>("single", 1, 1, whole_batches(options));
 }
 
 namespace {
@@ -367,9 +372,8 @@ std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
 }
 
 std::unique_ptr<Strategy> make_ddp_strategy(const TrainerOptions& options) {
-  return std::make_unique<PipelineStrategy>(
-      "ddp", 1, total_devices(options),
-      PipeOptions().chunks(1).checkpoint("never").schedule("gpipe").trace(options.pipe().trace()));
+  return std::make_unique<PipelineStrategy>("ddp", 1, total_devices(options),
+                                            whole_batches(options));
 }
 
 std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) {
