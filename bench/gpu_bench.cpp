@@ -5,15 +5,16 @@
 //
 //   gpu_bench single   one GPU: a plain libtorch loop, and the same model through pipetrain
 //   gpu_bench pipe     two GPUs (it launches its two ranks itself): GPipe and 1F1B at
-//                      B in {1024, 8192}, M in {4, 8, 16, 32}; checkpoint "always" at M = 8
+//                      B in {1024, 8192}, M in {4, 8, 16, 32}, eager and with CUDA graphs, each
+//                      with and without fused gradient accumulation; checkpoint "always" at M = 8
 //   gpu_bench ddp      two GPUs, each holding the whole model and half of B = 8192, gradients
 //                      averaged by GradientSync; and the same without averaging, whose difference
 //                      is the all-reduce time backward did not hide
 //
 // Every measurement prints one line "RESULT {json}" (bench/gpu_table.py turns them into the table
-// and bench/results/gpu.json). Per configuration it also measures each stage's busy time (its
-// forward and backward of M micro-batches with no communication) and the peak memory of the step
-// above what the weights and gradients hold.
+// and bench/results/gpu.json). Per configuration it also measures each stage's busy time (the GPU
+// time of its forwards and backwards inside the pipelined step, from a --trace of three more
+// steps) and the peak memory of the step above what the weights and gradients hold.
 #include <torch/torch.h>
 
 #ifdef PIPETRAIN_HAS_CUDA
@@ -34,6 +35,7 @@
 #include "pipetrain/gradient_sync.h"
 #include "pipetrain/launcher.h"
 #include "pipetrain/pipe.h"
+#include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 
 namespace {
@@ -96,6 +98,14 @@ int64_t step_peak(const Step& step, c10::DeviceIndex device) {
   return allocated_peak(device) - before;
 }
 
+void print_single_result(const char* kind, int64_t batch, bool graphs, double seconds,
+                         double peak_gib) {
+  std::printf(
+      "RESULT {\"kind\": \"%s\", \"B\": %ld, \"M\": 1, \"schedule\": \"single\", "
+      "\"checkpoint\": \"never\", \"cuda_graphs\": %s, \"step_ms\": %.3f, \"peak_gib\": %.3f}\n",
+      kind, batch, graphs ? "true" : "false", seconds * 1e3, peak_gib);
+}
+
 void run_single() {
   const c10::Device device(c10::DeviceType::CUDA, 0);
   auto model = reference_model();
@@ -112,12 +122,7 @@ void run_single() {
         optimizer.step();
       };
       const double seconds = time_steps(step, sync);
-      const double peak = gib(allocated_peak(0));
-      std::printf(
-          "RESULT {\"kind\": \"plain\", \"B\": %ld, \"M\": 1, \"schedule\": \"single\", "
-          "\"checkpoint\": \"never\", \"cuda_graphs\": false, \"step_ms\": %.3f, \"peak_gib\": "
-          "%.3f}\n",
-          batch, seconds * 1e3, peak);
+      print_single_result("plain", batch, false, seconds, gib(allocated_peak(0)));
     }
     for (const bool graphs : {false, true}) {
       pipetrain::LocalEnvironment env;
@@ -135,30 +140,21 @@ void run_single() {
       };
       c10::cuda::CUDACachingAllocator::resetPeakStats(0);
       const double seconds = time_steps(step, sync);
-      const double peak = gib(allocated_peak(0));
-      std::printf(
-          "RESULT {\"kind\": \"pipetrain\", \"B\": %ld, \"M\": 1, \"schedule\": \"single\", "
-          "\"checkpoint\": \"never\", \"cuda_graphs\": %s, \"step_ms\": %.3f, \"peak_gib\": "
-          "%.3f}\n",
-          batch, graphs ? "true" : "false", seconds * 1e3, peak);
+      print_single_result("pipetrain", batch, graphs, seconds, gib(allocated_peak(0)));
     }
     std::fflush(stdout);
   }
 }
 
-// Seconds this stage alone takes for the forward and backward of `chunks` micro-batches of `rows`
-// rows (no communication): what it would be busy for in a perfect pipeline.
-double stage_busy_seconds(pipetrain::Pipe& pipe, int64_t rows, int64_t chunks) {
-  const auto options = torch::TensorOptions(torch::kBFloat16).device(torch::kCUDA);
-  auto input = torch::randn({rows, kWidth}, options).requires_grad_(!pipe.is_first_stage());
-  auto module = pipe.stage_module();
-  auto run = [&] {
-    for (int64_t i = 0; i < chunks; ++i) {
-      auto out = module->forward(input);
-      out.backward(torch::ones_like(out));
-    }
-  };
-  return time_steps(run, [] { torch::cuda::synchronize(); });
+// Milliseconds this stage's GPU spends in forwards and backwards per step, from a trace of a few
+// pipelined steps: what it would be busy for in a perfect pipeline.
+template <typename Step>
+double stage_busy_ms(pipetrain::Trace& trace, const pipetrain::World& world, const Step& step) {
+  constexpr int kTracedSteps = 3;
+  trace.start(world);
+  for (int i = 0; i < kTracedSteps; ++i) step();
+  auto totals = trace.total_ms();
+  return (totals["forward"] + totals["backward"]) / kTracedSteps;
 }
 
 void run_pipe_rank() {
@@ -177,10 +173,13 @@ void run_pipe_rank() {
     for (const std::string schedule : {"gpipe", "1f1b"}) {
       for (const int64_t chunks : {4, 8, 16, 32}) {
         // (checkpoint, CUDA graphs, fused gradient accumulation)
-        std::vector<std::tuple<std::string, bool, bool>> variants{
-            {"never", false, false}, {"never", false, true}, {"never", true, false}};
+        std::vector<std::tuple<std::string, bool, bool>> variants{{"never", false, false},
+                                                                  {"never", false, true},
+                                                                  {"never", true, false},
+                                                                  {"never", true, true}};
         if (chunks == 8) variants.emplace_back("always", false, false);
         for (const auto& [mode, graphs, fused] : variants) {
+          auto trace = std::make_shared<pipetrain::Trace>();  // started after the timed steps
           pipetrain::Pipe pipe(model,
                                pipetrain::PipeOptions()
                                    .balance({32, 32})
@@ -188,7 +187,8 @@ void run_pipe_rank() {
                                    .checkpoint(mode)
                                    .schedule(schedule)
                                    .cuda_graphs(graphs)
-                                   .fuse_gradient_accumulation(fused),
+                                   .fuse_gradient_accumulation(fused)
+                                   .trace(trace),
                                world);
           torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
           auto step = [&] {
@@ -201,7 +201,7 @@ void run_pipe_rank() {
           };
           const double seconds = time_steps(step, sync);
           const double activations = gib(step_peak(step, device.index()));
-          const double busy = stage_busy_seconds(pipe, batch / chunks, chunks);
+          const double busy = stage_busy_ms(*trace, *world, step);
           world->barrier();
           // Every rank's figures to rank 0, through the store-backed broadcast.
           std::ostringstream mine;
@@ -217,8 +217,8 @@ void run_pipe_rank() {
               double b = 0, a = 0, p = 0;
               in >> b >> a >> p;
               busiest = std::max(busiest, b);
-              stages << (r ? ", " : "") << "{\"busy_ms\": " << b * 1e3
-                     << ", \"activation_gib\": " << a << ", \"peak_gib\": " << p << "}";
+              stages << (r ? ", " : "") << "{\"busy_ms\": " << b << ", \"activation_gib\": " << a
+                     << ", \"peak_gib\": " << p << "}";
             }
             const double bound = busiest * static_cast<double>(chunks + world->size() - 1) / chunks;
             std::printf(
@@ -226,7 +226,7 @@ void run_pipe_rank() {
                 "\"checkpoint\": \"%s\", \"cuda_graphs\": %s, \"fused\": %s, \"step_ms\": %.3f, "
                 "\"bound_ms\": %.3f, \"stages\": [%s]}\n",
                 batch, chunks, schedule.c_str(), mode.c_str(), graphs ? "true" : "false",
-                fused ? "true" : "false", seconds * 1e3, bound * 1e3, stages.str().c_str());
+                fused ? "true" : "false", seconds * 1e3, bound, stages.str().c_str());
             std::fflush(stdout);
           }
         }

@@ -1,9 +1,11 @@
 // The one place that knows the two libtorch versions pipetrain builds against: Debian's 1.13
-// (CPU) and the 2.x of the GPU machines. Everything else spells c10d types through these names.
-// In 2.x the Gloo and NCCL process groups are c10d::Backends behind a dispatching ProcessGroup;
-// pipetrain holds the backend itself, whose collectives have 1.13's signatures.
+// (CPU) and the 2.x of the GPU machines. Everything else spells c10d types and autocast's
+// switches through these names. In 2.x the Gloo and NCCL process groups are c10d::Backends behind
+// a dispatching ProcessGroup; pipetrain holds the backend itself, whose collectives have 1.13's
+// signatures. Autocast's switches are per device type in 2.x, one function per device in 1.13.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -23,5 +25,30 @@ using ProcessGroup = c10d::ProcessGroup;
 using ProcessGroupPtr = c10::intrusive_ptr<ProcessGroup>;
 using StorePtr = c10::intrusive_ptr<c10d::Store>;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+inline bool autocast_enabled(c10::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::is_enabled()
+                                         : at::autocast::is_cpu_enabled();
+#endif
+}
+
+// Turns autocast on (to bf16) or off for `device`.
+inline void set_autocast_to_bf16(c10::DeviceType device, bool enabled) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_enabled(device, enabled);
+  if (enabled) at::autocast::set_autocast_dtype(device, at::kBFloat16);
+#else
+  if (device == c10::DeviceType::CUDA) {
+    at::autocast::set_enabled(enabled);
+    if (enabled) at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+    if (enabled) at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  }
+#endif
+}
 
 }  // namespace pipetrain

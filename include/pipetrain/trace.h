@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,9 @@ class Trace {
 
   // Gathers every rank's spans on rank 0, which writes `path` (a collective).
   void write(const World& world, const std::string& path);
+
+  // Milliseconds this rank spent in spans of each name (waits for the GPU to finish them).
+  std::map<std::string, double> total_ms();
 
  private:
   struct Mark;  // a point in time: a CUDA event or a clock reading

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "pipetrain/compat.h"
+
 namespace pipetrain {
 namespace {
 
@@ -14,16 +16,23 @@ at::Tensor& gradient_of(at::Tensor& parameter) {
   return parameter.mutable_grad();
 }
 
+// The parameters reach the Function as plain state, not as tensor arguments: autograd then has no
+// edges to them, so their gradient accumulators never run. (As inputs with no gradient returned,
+// their accumulators would run empty on the stream they were created on; under CUDA graph capture
+// the engine's end-of-backward wait on that stream is "a dependency on uncaptured work".)
+struct LinearParameters {
+  at::Tensor weight, bias;
+};
+
 struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& bias) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const LinearParameters& parameters) {
     ctx->save_for_backward({input});
-    // The parameters themselves (not saved copies): backward writes their .grad.
-    ctx->saved_data["weight"] = weight;
-    ctx->saved_data["bias"] = bias;
-    return at::linear(
-        input, weight,
-        bias.defined() ? c10::optional<at::Tensor>(bias) : c10::optional<at::Tensor>());
+    ctx->saved_data["weight"] = parameters.weight;
+    ctx->saved_data["bias"] = parameters.bias;
+    return at::linear(input, parameters.weight,
+                      parameters.bias.defined() ? c10::optional<at::Tensor>(parameters.bias)
+                                                : c10::optional<at::Tensor>());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -36,7 +45,7 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
       gradient_of(weight).addmm_(rows.t(), input.reshape({-1, input.size(-1)}));
     }
     if (bias.defined() && bias.requires_grad()) gradient_of(bias).add_(rows.sum(0));
-    return {grad.matmul(weight), at::Tensor(), at::Tensor()};
+    return {grad.matmul(weight), at::Tensor()};
   }
 };
 
@@ -48,7 +57,14 @@ class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImp
     if (linear_->bias.defined()) bias = register_parameter("bias", linear_->bias);
   }
   at::Tensor forward(const at::Tensor& input) {
-    return LinearAccumulatingGrad::apply(input, weight, bias);
+    // Autograd calls the Function's backward only for an input that carries a gradient (not the
+    // data entering the first stage), and under autocast the GEMM runs in bf16 while the
+    // gradients are fp32, which addmm_ cannot mix: both take the ordinary path.
+    if (!at::GradMode::is_enabled() || !input.requires_grad() ||
+        autocast_enabled(input.device().type())) {
+      return linear_->forward(input);
+    }
+    return LinearAccumulatingGrad::apply(input, LinearParameters{weight, bias});
   }
   at::Tensor weight, bias;
 

@@ -10,7 +10,7 @@
 namespace pipetrain {
 
 // `layer` itself, or, for a torch::nn::Linear, a module sharing its parameters whose backward
-// accumulates their gradients in place (and hands autograd none for them).
+// accumulates their gradients in place, outside autograd (whose graph has no edges to them).
 torch::nn::AnyModule fuse_gradient_accumulation(const torch::nn::AnyModule& layer);
 
 }  // namespace pipetrain

@@ -93,10 +93,6 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     } else if (checkpoint_mode_ != CheckpointMode::kNever) {
       why = "checkpoint '" + options_.checkpoint() +
             "' recomputes forwards outside any graph (use never)";
-    } else if (options_.fuse_gradient_accumulation()) {
-      // Capturing the fused Linear's backward failed on the GPU ("dependency created on
-      // uncaptured work in another stream"); until that is understood, one or the other.
-      why = "fused gradient accumulation cannot be captured yet";
     }
     if (why.empty()) {
       graphs_ = std::make_unique<StageGraphs>(stage_module_, !is_first_stage());

@@ -87,6 +87,14 @@ std::string Trace::events_json(int64_t rank) {
   return out.str();
 }
 
+std::map<std::string, double> Trace::total_ms() {
+  std::map<std::string, double> totals;
+  for (const Record& record : records_) {
+    if (record.end) totals[record.name] += (micros(*record.end) - micros(*record.begin)) / 1e3;
+  }
+  return totals;
+}
+
 void Trace::write(const World& world, const std::string& path) {
   if (!started_) return;
   const std::string mine = events_json(world.rank());

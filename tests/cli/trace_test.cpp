@@ -6,7 +6,10 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
+#include "pipetrain/trace.h"
+#include "pipetrain/world.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
 
@@ -61,6 +64,35 @@ TEST(Trace, FitWritesEveryRanksSpansInScheduleOrder) {
   EXPECT_GE(stage1_forward.at("ts").get<double>(),
             stage0_forward.at("ts").get<double>() + stage0_forward.at("dur").get<double>() - 1000)
       << "(1 ms of slack for the ranks' clocks)";
+  std::filesystem::remove_all(root);
+}
+
+// total_ms() is what the written file says, added up by span name (benchmarks read busy times
+// from it).
+TEST(Trace, TotalsAddUpTheSpansOfEachName) {
+  World world;
+  Trace trace;
+  trace.start(world);
+  for (int i = 0; i < 3; ++i) {
+    auto forward = trace.span("forward", i);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  { auto step = trace.span("optimizer"); }
+  const auto totals = trace.total_ms();
+  const auto root = make_temp_dir("trace-totals");
+  trace.write(world, root + "/trace.json");
+  std::ifstream in(root + "/trace.json");
+  const auto file = nlohmann::json::parse(in);
+  std::map<std::string, double> from_file;
+  for (const auto& event : file.at("traceEvents")) {
+    if (event.at("ph") == "X") {
+      from_file[event.at("cat").get<std::string>()] += event.at("dur").get<double>() / 1e3;
+    }
+  }
+  ASSERT_EQ(totals.size(), 2u);
+  EXPECT_NEAR(totals.at("forward"), from_file.at("forward"), 1e-4);
+  EXPECT_NEAR(totals.at("optimizer"), from_file.at("optimizer"), 1e-4);
+  EXPECT_GE(totals.at("forward"), 6.0) << "three spans of at least 2 ms";
   std::filesystem::remove_all(root);
 }
 

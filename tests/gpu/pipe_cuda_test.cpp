@@ -44,7 +44,8 @@ PIPETRAIN_WORKER(cuda_pipe_worker) {
          {std::tuple<std::string, bool, bool>{"never", false, false},
           {"always", false, false},
           {"never", true, false},
-          {"never", false, true}}) {
+          {"never", false, true},
+          {"never", true, true}}) {
       for (const auto dtype : kDtypes) {
         auto model = make_reference_model(kSeed);
         model->to(dtype);
@@ -138,8 +139,8 @@ class Regression : public Module {
   }
 };
 
-// Micro-batches of 4, 3, 3 and 3 rows: two shapes, so two sets of graphs per slot. And eager
-// with the Linear layers accumulating gradients inside their GEMMs.
+// Micro-batches of 4, 3, 3 and 3 rows: two shapes, so two sets of graphs per slot. And the Linear
+// layers accumulating gradients inside their GEMMs, eager and captured.
 TEST(CudaPipe, CudaGraphsAndFusedAccumulationGiveWhatEagerGives) {
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   const auto dir = make_temp_dir("cuda-graphs");
@@ -163,6 +164,15 @@ TEST(CudaPipe, CudaGraphsAndFusedAccumulationGiveWhatEagerGives) {
         EXPECT_TRUE(torch::allclose(fused[i].to(torch::kFloat), eager[i].to(torch::kFloat),
                                     bf16 ? 2e-2 : 1e-5, bf16 ? 2e-3 : 1e-6))
             << "fused accumulation, " << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1));
+      }
+      // Captured, fused accumulation does what it does eagerly.
+      const auto fused_graphs = load_run(dir, run_name(schedule, "never", dtype, true, true));
+      ASSERT_EQ(fused_graphs.size(), fused.size());
+      for (size_t i = 0; i < fused.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(fused_graphs[i].to(torch::kFloat), fused[i].to(torch::kFloat),
+                                    1e-6, 1e-7))
+            << "fused accumulation under CUDA graphs, "
+            << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1));
       }
     }
   }

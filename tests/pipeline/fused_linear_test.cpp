@@ -19,6 +19,14 @@ std::vector<at::Tensor> train(bool fused) {
     plain_linears += std::dynamic_pointer_cast<torch::nn::LinearImpl>(child) != nullptr;
   }
   EXPECT_EQ(plain_linears, fused ? 0 : 4) << "the fused pipe must not run torch::nn::Linear";
+  if (fused) {
+    // Linear layers whose input carries a gradient (all but the first, which sees the data)
+    // accumulate inside their GEMM.
+    auto layer = pipe.stage_module()->begin()[2];
+    const auto out = layer.forward(torch::ones({2, 16}, torch::requires_grad()));
+    EXPECT_NE(out.grad_fn()->name().find("LinearAccumulatingGrad"), std::string::npos)
+        << out.grad_fn()->name();
+  }
   torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
   std::vector<at::Tensor> result;
   for (int64_t step = 0; step < kSteps; ++step) {
