@@ -146,15 +146,15 @@ void run_single() {
   }
 }
 
-// Milliseconds this stage's GPU spends in forwards and backwards per step, from a trace of a few
-// pipelined steps: what it would be busy for in a perfect pipeline.
+// Milliseconds this stage's GPU spends in forwards and backwards (deferred weight gradients too)
+// per step, from a trace of a few pipelined steps: what it would be busy for in a perfect pipeline.
 template <typename Step>
 double stage_busy_ms(pipetrain::Trace& trace, const pipetrain::World& world, const Step& step) {
   constexpr int kTracedSteps = 3;
   trace.start(world);
   for (int i = 0; i < kTracedSteps; ++i) step();
   auto totals = trace.total_ms();
-  return (totals["forward"] + totals["backward"]) / kTracedSteps;
+  return (totals["forward"] + totals["backward"] + totals["weight gradients"]) / kTracedSteps;
 }
 
 void run_pipe_rank() {
@@ -179,6 +179,12 @@ void run_pipe_rank() {
                                                                   {"never", true, true}};
         if (chunks == 8) variants.emplace_back("always", false, false);
         for (const auto& [mode, graphs, fused] : variants) {
+          // Dozens of pipes in one process: the memory pools of the last one's CUDA graphs return
+          // to the driver only on emptyCache, and NCCL allocates outside the caching allocator.
+          torch::cuda::synchronize();
+          c10::cuda::CUDACachingAllocator::emptyCache();
+          // What earlier configurations left allocated (nothing, unless something leaks).
+          const double left_before = gib(allocated_now(device.index()));
           auto trace = std::make_shared<pipetrain::Trace>();  // started after the timed steps
           pipetrain::Pipe pipe(model,
                                pipetrain::PipeOptions()
@@ -205,7 +211,8 @@ void run_pipe_rank() {
           world->barrier();
           // Every rank's figures to rank 0, through the store-backed broadcast.
           std::ostringstream mine;
-          mine << busy << " " << activations << " " << gib(allocated_peak(device.index()));
+          mine << busy << " " << activations << " " << gib(allocated_peak(device.index())) << " "
+               << left_before;
           std::vector<std::string> all;
           for (int64_t r = 0; r < world->size(); ++r)
             all.push_back(world->broadcast(mine.str(), r));
@@ -214,11 +221,11 @@ void run_pipe_rank() {
             std::ostringstream stages;
             for (size_t r = 0; r < all.size(); ++r) {
               std::istringstream in(all[r]);
-              double b = 0, a = 0, p = 0;
-              in >> b >> a >> p;
+              double b = 0, a = 0, p = 0, l = 0;
+              in >> b >> a >> p >> l;
               busiest = std::max(busiest, b);
               stages << (r ? ", " : "") << "{\"busy_ms\": " << b << ", \"activation_gib\": " << a
-                     << ", \"peak_gib\": " << p << "}";
+                     << ", \"peak_gib\": " << p << ", \"allocated_before_gib\": " << l << "}";
             }
             const double bound = busiest * static_cast<double>(chunks + world->size() - 1) / chunks;
             std::printf(

@@ -27,6 +27,7 @@ namespace pipetrain {
 class World;
 class PeerToPeer;
 class StageGraphs;
+class DeferredWeightGradients;
 class Trace;
 
 struct PipeOptions {
@@ -111,6 +112,8 @@ class Pipe {
   torch::nn::Sequential stage_module_;
   std::function<void()> last_backward_hook_;
   std::unique_ptr<StageGraphs> graphs_;  // null: eager
+  // Fused Linear layers' weight gradients, run after the input's gradient is sent (null: unfused).
+  std::shared_ptr<DeferredWeightGradients> deferred_;
 };
 
 }  // namespace pipetrain

@@ -16,23 +16,31 @@ at::Tensor& gradient_of(at::Tensor& parameter) {
   return parameter.mutable_grad();
 }
 
+// Where a fused Linear's backward leaves its weight gradients: autograd's context keeps opaque
+// state as a capsule.
+struct DeferralHandle : torch::CustomClassHolder {
+  std::shared_ptr<DeferredWeightGradients> queue;  // null: never deferred
+};
+
 // The parameters reach the Function as plain state, not as tensor arguments: autograd then has no
 // edges to them, so their gradient accumulators never run. (As inputs with no gradient returned,
 // their accumulators would run empty on the stream they were created on; under CUDA graph capture
 // the engine's end-of-backward wait on that stream is "a dependency on uncaptured work".)
-struct LinearParameters {
+struct LinearState {
   at::Tensor weight, bias;
+  c10::intrusive_ptr<DeferralHandle> deferral;
 };
 
 struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
-                            const LinearParameters& parameters) {
+                            const LinearState& state) {
     ctx->save_for_backward({input});
-    ctx->saved_data["weight"] = parameters.weight;
-    ctx->saved_data["bias"] = parameters.bias;
-    return at::linear(input, parameters.weight,
-                      parameters.bias.defined() ? c10::optional<at::Tensor>(parameters.bias)
-                                                : c10::optional<at::Tensor>());
+    ctx->saved_data["weight"] = state.weight;
+    ctx->saved_data["bias"] = state.bias;
+    ctx->saved_data["deferral"] = c10::IValue::make_capsule(state.deferral);
+    return at::linear(
+        input, state.weight,
+        state.bias.defined() ? c10::optional<at::Tensor>(state.bias) : c10::optional<at::Tensor>());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -40,18 +48,31 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
     at::Tensor weight = ctx->saved_data["weight"].toTensor();
     at::Tensor bias = ctx->saved_data["bias"].toTensor();
     const at::Tensor& grad = grads[0];
-    const auto rows = grad.reshape({-1, grad.size(-1)});
-    if (weight.requires_grad()) {
-      gradient_of(weight).addmm_(rows.t(), input.reshape({-1, input.size(-1)}));
+    auto accumulate = [weight, bias, rows = grad.reshape({-1, grad.size(-1)}),
+                       inputs = input.reshape({-1, input.size(-1)})]() mutable {
+      torch::NoGradGuard no_grad;  // run() may be called where autograd records
+      if (weight.requires_grad()) gradient_of(weight).addmm_(rows.t(), inputs);
+      if (bias.defined() && bias.requires_grad()) gradient_of(bias).add_(rows.sum(0));
+    };
+    const auto& queue =
+        static_cast<DeferralHandle*>(ctx->saved_data["deferral"].toCapsule().get())->queue;
+    if (queue && queue->deferring()) {
+      queue->add(std::move(accumulate));
+    } else {
+      accumulate();
     }
-    if (bias.defined() && bias.requires_grad()) gradient_of(bias).add_(rows.sum(0));
     return {grad.matmul(weight), at::Tensor()};
   }
 };
 
 class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImpl> {
  public:
-  explicit AccumulatingLinearImpl(const torch::nn::Linear& linear) : linear_(linear) { reset(); }
+  AccumulatingLinearImpl(const torch::nn::Linear& linear,
+                         std::shared_ptr<DeferredWeightGradients> deferred)
+      : linear_(linear), deferral_(c10::make_intrusive<DeferralHandle>()) {
+    deferral_->queue = std::move(deferred);
+    reset();
+  }
   void reset() override {
     weight = register_parameter("weight", linear_->weight);
     if (linear_->bias.defined()) bias = register_parameter("bias", linear_->bias);
@@ -64,21 +85,37 @@ class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImp
         autocast_enabled(input.device().type())) {
       return linear_->forward(input);
     }
-    return LinearAccumulatingGrad::apply(input, LinearParameters{weight, bias});
+    return LinearAccumulatingGrad::apply(input, LinearState{weight, bias, deferral_});
   }
   at::Tensor weight, bias;
 
  private:
   torch::nn::Linear linear_;
+  c10::intrusive_ptr<DeferralHandle> deferral_;
 };
 TORCH_MODULE(AccumulatingLinear);
 
 }  // namespace
 
-torch::nn::AnyModule fuse_gradient_accumulation(const torch::nn::AnyModule& layer) {
+DeferredWeightGradients::Deferral::Deferral(DeferredWeightGradients* queue) : queue_(queue) {
+  if (queue_) queue_->deferring_ = true;
+}
+
+DeferredWeightGradients::Deferral::~Deferral() {
+  if (queue_) queue_->deferring_ = false;
+}
+
+void DeferredWeightGradients::run() {
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& work : pending) work();
+}
+
+torch::nn::AnyModule fuse_gradient_accumulation(const torch::nn::AnyModule& layer,
+                                                std::shared_ptr<DeferredWeightGradients> deferred) {
   auto module = layer.ptr();
   if (auto linear = std::dynamic_pointer_cast<torch::nn::LinearImpl>(module)) {
-    return torch::nn::AnyModule(AccumulatingLinear(torch::nn::Linear(linear)));
+    return torch::nn::AnyModule(AccumulatingLinear(torch::nn::Linear(linear), std::move(deferred)));
   }
   return layer;
 }

@@ -77,11 +77,13 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   schedule_ = make_schedule(options_.schedule(), stages(), options_.chunks());
   stage_ = world_->rank();
   for (int64_t s = 0; s < stage_; ++s) first_layer_ += balance_[s];
+  if (options_.fuse_gradient_accumulation()) {
+    deferred_ = std::make_shared<DeferredWeightGradients>();
+  }
   for (int64_t i = first_layer_; i < first_layer_ + balance_[stage_]; ++i) {
     const auto& layer = *(sequential->begin() + i);
-    stage_module_->push_back(std::to_string(i), options_.fuse_gradient_accumulation()
-                                                    ? fuse_gradient_accumulation(layer)
-                                                    : layer);
+    stage_module_->push_back(std::to_string(i),
+                             deferred_ ? fuse_gradient_accumulation(layer, deferred_) : layer);
   }
   // Only this stage's layers go to the device; the rest of the Sequential stays where it was built.
   if (world_->device() != c10::Device(c10::DeviceType::CPU)) stage_module_->to(world_->device());
@@ -95,7 +97,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
             "' recomputes forwards outside any graph (use never)";
     }
     if (why.empty()) {
-      graphs_ = std::make_unique<StageGraphs>(stage_module_, !is_first_stage());
+      graphs_ = std::make_unique<StageGraphs>(stage_module_, !is_first_stage(), deferred_.get());
     } else if (stage_ == 0) {
       std::cerr << "pipetrain: not using CUDA graphs: " << why << "; running eagerly" << std::endl;
     }
@@ -202,22 +204,25 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         Trace::Span span(trace, "recv gradient", mb.index);
         grad_output = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size());
       }
-      Trace::Span backward_span(trace, "backward", mb.index);
-      if (is_last_stage()) {
-        state.loss.backward();
-        if (state.checkpointed || graphs_) grad_output = state.output.grad();
-      }
       at::Tensor grad_input;
-      if (graphs_) {
-        world_->wait(slots.gradient_sends[state.slot]);
-        grad_input = graphs_->backward(state.slot, grad_output);
-        slots.release(state.slot);
-      } else if (grad_output.defined()) {
-        at::Tensor output = state.output;
-        if (state.checkpointed) {
-          output = state.rng.replay([&] { return run_stage(state.input, mb.index); });
+      {
+        Trace::Span backward_span(trace, "backward", mb.index);
+        // Fused Linear layers leave their weight gradients for after the send below.
+        DeferredWeightGradients::Deferral deferral(deferred_.get());
+        if (is_last_stage()) {
+          state.loss.backward();
+          if (state.checkpointed || graphs_) grad_output = state.output.grad();
         }
-        torch::autograd::backward({output}, {grad_output});
+        if (graphs_) {
+          world_->wait(slots.gradient_sends[state.slot]);
+          grad_input = graphs_->backward(state.slot, grad_output);
+        } else if (grad_output.defined()) {
+          at::Tensor output = state.output;
+          if (state.checkpointed) {
+            output = state.rng.replay([&] { return run_stage(state.input, mb.index); });
+          }
+          torch::autograd::backward({output}, {grad_output});
+        }
       }
       if (!is_first_stage()) {
         // Eagerly, the input's gradient is where backward left it (through the loss, on the last
@@ -228,6 +233,15 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         auto sent = p2p_->send(grad_input, stage_ - 1, Flow::kGradient);
         if (graphs_) slots.gradient_sends[state.slot] = sent;
       }
+      if (deferred_) {
+        Trace::Span span(trace, "weight gradients", mb.index);
+        if (graphs_) {
+          graphs_->weight_backward(state.slot);
+        } else {
+          deferred_->run();
+        }
+      }
+      if (graphs_) slots.release(state.slot);
     }
   }
   if (p2p_) p2p_->wait_for_sends();

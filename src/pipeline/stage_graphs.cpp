@@ -11,6 +11,8 @@
 
 #include <stdexcept>
 
+#include "fused_linear.h"
+
 namespace pipetrain {
 
 #ifdef PIPETRAIN_HAS_CUDA
@@ -30,13 +32,14 @@ void stream_wait(const at::cuda::CUDAStream& waiter, const at::cuda::CUDAStream&
 
 struct StageGraphs::Graphs {
   at::Tensor input, output, grad_output, grad_input;  // the graphs' fixed buffers
-  at::cuda::CUDAGraph forward, backward;
+  at::cuda::CUDAGraph forward, backward, weight_backward;
 };
 
 bool StageGraphs::supported() { return true; }
 
-StageGraphs::StageGraphs(torch::nn::Sequential stage, bool input_requires_grad)
-    : stage_(std::move(stage)), input_requires_grad_(input_requires_grad) {
+StageGraphs::StageGraphs(torch::nn::Sequential stage, bool input_requires_grad,
+                         DeferredWeightGradients* deferred)
+    : stage_(std::move(stage)), input_requires_grad_(input_requires_grad), deferred_(deferred) {
   for (const auto& p : stage_->parameters()) {
     if (p.requires_grad()) parameters_.push_back(p);
   }
@@ -91,8 +94,16 @@ std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& exam
     g->output = stage_->forward(g->input);
     g->forward.capture_end();
     g->backward.capture_begin(g->forward.pool());
-    torch::autograd::backward({g->output}, {g->grad_output}, /*retain_graph=*/true);
+    {
+      DeferredWeightGradients::Deferral deferral(deferred_);
+      torch::autograd::backward({g->output}, {g->grad_output}, /*retain_graph=*/true);
+    }
     g->backward.capture_end();
+    if (deferred_) {
+      g->weight_backward.capture_begin(g->forward.pool());
+      deferred_->run();
+      g->weight_backward.capture_end();
+    }
     if (input_requires_grad_) g->grad_input = g->input.grad();
   }
   stream_wait(caller, side);
@@ -122,8 +133,13 @@ at::Tensor StageGraphs::backward(int64_t slot, const at::Tensor& grad_output) {
     g.grad_output.copy_(grad_output);
   }
   g.backward.replay();
-  in_flight_.erase(slot);
+  if (!deferred_) in_flight_.erase(slot);
   return g.grad_input;
+}
+
+void StageGraphs::weight_backward(int64_t slot) {
+  in_flight_.at(slot)->weight_backward.replay();
+  in_flight_.erase(slot);
 }
 
 #else  // no CUDA in this Torch
@@ -132,8 +148,9 @@ struct StageGraphs::Graphs {};
 
 bool StageGraphs::supported() { return false; }
 
-StageGraphs::StageGraphs(torch::nn::Sequential stage, bool input_requires_grad)
-    : stage_(std::move(stage)), input_requires_grad_(input_requires_grad) {
+StageGraphs::StageGraphs(torch::nn::Sequential stage, bool input_requires_grad,
+                         DeferredWeightGradients* deferred)
+    : stage_(std::move(stage)), input_requires_grad_(input_requires_grad), deferred_(deferred) {
   throw std::runtime_error("CUDA graphs need a libtorch with CUDA");
 }
 
@@ -142,6 +159,7 @@ void StageGraphs::adopt_gradients() {}
 std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor&) { return nullptr; }
 at::Tensor StageGraphs::forward(int64_t, const at::Tensor&) { return {}; }
 at::Tensor StageGraphs::backward(int64_t, const at::Tensor&) { return {}; }
+void StageGraphs::weight_backward(int64_t) {}
 
 #endif
 

@@ -8,8 +8,10 @@
 // per slot (a micro-batch holds a slot from its forward to its backward; a stage needs as many
 // as its schedule keeps in flight) and per input shape, captured on first use: three warm-up
 // passes on a side stream, then the forward and the backward (retaining the autograd graph) into
-// one memory pool. Gradients accumulate in place into buffers that must outlive the graphs, so
-// the stage adopts them: an optimizer that resets gradients to undefined gets them back, zeroed.
+// one memory pool (and, with deferred weight gradients, those into a third graph after the
+// backward, in the same pool). Gradients accumulate in place into buffers that must outlive the
+// graphs, so the stage adopts them: an optimizer that resets gradients to undefined gets them back,
+// zeroed.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,13 +24,18 @@
 
 namespace pipetrain {
 
+class DeferredWeightGradients;
+
 class StageGraphs {
  public:
   // Whether this build can capture CUDA graphs (Torch with CUDA).
   static bool supported();
 
   // `input_requires_grad`: whether the stage sends a gradient back (every stage but the first).
-  StageGraphs(torch::nn::Sequential stage, bool input_requires_grad);
+  // `deferred`: the stage's fused Linear layers' queue (null if none), whose weight gradients get
+  // a graph of their own, replayed by weight_backward().
+  StageGraphs(torch::nn::Sequential stage, bool input_requires_grad,
+              DeferredWeightGradients* deferred = nullptr);
   ~StageGraphs();
   StageGraphs(const StageGraphs&) = delete;
   StageGraphs& operator=(const StageGraphs&) = delete;
@@ -41,8 +48,11 @@ class StageGraphs {
   at::Tensor forward(int64_t slot, const at::Tensor& input);
   // The backward of the micro-batch in `slot`, given the gradient of its output: accumulates the
   // parameters' gradients and returns the gradient of its input (a buffer of the slot's graph,
-  // valid until the slot's next backward), undefined on the first stage.
+  // valid until the slot's next backward), undefined on the first stage. With deferred weight
+  // gradients, those of the fused Linear layers wait for weight_backward(slot).
   at::Tensor backward(int64_t slot, const at::Tensor& grad_output);
+  // The deferred weight gradients of the micro-batch in `slot`: call after backward(slot).
+  void weight_backward(int64_t slot);
 
  private:
   struct Graphs;
@@ -50,6 +60,7 @@ class StageGraphs {
 
   torch::nn::Sequential stage_;
   bool input_requires_grad_;
+  DeferredWeightGradients* deferred_;
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> gradients_;  // what the graphs accumulate into, per parameter
   std::map<std::pair<int64_t, std::vector<int64_t>>, std::unique_ptr<Graphs>> graphs_;
