@@ -112,7 +112,8 @@ class Pipe {
   torch::nn::Sequential stage_module_;
   std::function<void()> last_backward_hook_;
   std::unique_ptr<StageGraphs> graphs_;  // null: eager
-  // Fused Linear layers' weight gradients, run after the input's gradient is sent (null: unfused).
+  // Fused Linear layers' weight gradients, run after the input's gradient is sent (null: unfused,
+  // or the first stage).
   std::shared_ptr<DeferredWeightGradients> deferred_;
 };
 

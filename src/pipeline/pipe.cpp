@@ -77,13 +77,16 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   schedule_ = make_schedule(options_.schedule(), stages(), options_.chunks());
   stage_ = world_->rank();
   for (int64_t s = 0; s < stage_; ++s) first_layer_ += balance_[s];
-  if (options_.fuse_gradient_accumulation()) {
+  // The first stage sends no gradient on, so nothing waits for its weight gradients: deferring
+  // them would only keep their inputs alive longer.
+  if (options_.fuse_gradient_accumulation() && !is_first_stage()) {
     deferred_ = std::make_shared<DeferredWeightGradients>();
   }
   for (int64_t i = first_layer_; i < first_layer_ + balance_[stage_]; ++i) {
     const auto& layer = *(sequential->begin() + i);
-    stage_module_->push_back(std::to_string(i),
-                             deferred_ ? fuse_gradient_accumulation(layer, deferred_) : layer);
+    stage_module_->push_back(std::to_string(i), options_.fuse_gradient_accumulation()
+                                                    ? fuse_gradient_accumulation(layer, deferred_)
+                                                    : layer);
   }
   // Only this stage's layers go to the device; the rest of the Sequential stays where it was built.
   if (world_->device() != c10::Device(c10::DeviceType::CPU)) stage_module_->to(world_->device());
