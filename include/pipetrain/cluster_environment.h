@@ -38,12 +38,20 @@ class ClusterEnvironment {
   virtual int64_t local_rank() const = 0;
   virtual int64_t local_world_size() const = 0;
   virtual int64_t node_rank() const = 0;
+  // Whether the launcher hosts the rendezvous store at main_address():main_port() (torchrun's
+  // agent does, and so does pipetrain's own launcher), so rank 0 joins it like every other rank
+  // instead of listening there itself.
+  virtual bool launcher_hosts_store() const { return false; }
+  // The prefix of this run's keys in a launcher-hosted store, which outlives restarts.
+  virtual std::string store_prefix() const { return ""; }
 };
 
 // Processes started by torchrun (torch.distributed.elastic) or by pipetrain's own launcher,
 // which sets the same variables: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, GROUP_RANK. A hand-written launch that sets only the four detection
-// variables is treated as a single node: LOCAL_RANK defaults to RANK, LOCAL_WORLD_SIZE to
+// LOCAL_WORLD_SIZE, GROUP_RANK, and TORCHELASTIC_USE_AGENT_STORE=True when the launcher hosts
+// the store (keys then go under /worker/attempt_<TORCHELASTIC_RESTART_COUNT>/, as
+// torch.distributed's env:// rendezvous puts them). A hand-written launch that sets only the four
+// detection variables is treated as a single node: LOCAL_RANK defaults to RANK, LOCAL_WORLD_SIZE to
 // WORLD_SIZE and GROUP_RANK to 0.
 class TorchElasticEnvironment final : public ClusterEnvironment {
  public:
@@ -60,6 +68,10 @@ class TorchElasticEnvironment final : public ClusterEnvironment {
   int64_t local_rank() const override { return local_rank_; }
   int64_t local_world_size() const override { return local_world_size_; }
   int64_t node_rank() const override { return node_rank_; }
+  bool launcher_hosts_store() const override { return launcher_hosts_store_; }
+  std::string store_prefix() const override {
+    return "/worker/attempt_" + std::to_string(restart_count_);
+  }
 
  private:
   std::string main_address_;
@@ -69,6 +81,8 @@ class TorchElasticEnvironment final : public ClusterEnvironment {
   int64_t local_rank_ = 0;
   int64_t local_world_size_ = 1;
   int64_t node_rank_ = 0;
+  bool launcher_hosts_store_ = false;
+  int64_t restart_count_ = 0;
 };
 
 // Processes started by `srun`. Ranks come from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and

@@ -87,7 +87,8 @@ LaunchOptions multi_node_launch_options(int64_t nprocs, int64_t nnodes,
 std::vector<std::string> current_command_line();
 
 // A TCP port that was free on 127.0.0.1 a moment ago (bind to port 0, read it back, close).
-// Another process may take it before it is used again; torchrun accepts the same race.
+// Another process may take it before it is used again (the launcher itself never relies on
+// this: with no port given it hosts the rendezvous store on a port the system picks).
 // Throws std::runtime_error if no socket can be bound.
 int find_free_port();
 

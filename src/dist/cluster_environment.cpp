@@ -199,6 +199,14 @@ TorchElasticEnvironment::TorchElasticEnvironment(const EnvironmentVariables& env
   node_rank_ = optional_integer(env, "GROUP_RANK", 0, hint);
   validate_ranks({"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"},
                  world_size_, global_rank_, local_rank_, local_world_size_, node_rank_);
+  if (const std::string* agent_store = find_variable(env, "TORCHELASTIC_USE_AGENT_STORE")) {
+    if (*agent_store != "True" && *agent_store != "False") {
+      throw std::invalid_argument("TORCHELASTIC_USE_AGENT_STORE='" + *agent_store +
+                                  "' is neither True nor False (torchrun sets it)");
+    }
+    launcher_hosts_store_ = *agent_store == "True";
+  }
+  restart_count_ = optional_integer(env, "TORCHELASTIC_RESTART_COUNT", 0, hint);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@
 #include <thread>
 #include <utility>
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include "environment_variables.h"
 
 namespace pipetrain {
@@ -584,8 +586,19 @@ int launch_local_processes(const LaunchOptions& options) {
         std::to_string(std::max<int64_t>(1, usable_cpus() / options.nprocs));
   }
   shared_env["MASTER_ADDR"] = options.main_address.empty() ? "127.0.0.1" : options.main_address;
-  shared_env["MASTER_PORT"] =
-      std::to_string(options.main_port != 0 ? options.main_port : find_free_port());
+  // With no port given, this process hosts the rendezvous store on a port the system picks, as
+  // torchrun's agent does: a port only found free here could be taken (by any connection's
+  // ephemeral port) before rank 0 listened on it.
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  if (options.main_port == 0) {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = 0;
+    store_options.isServer = true;
+    store_options.waitWorkers = false;
+    store = c10::make_intrusive<c10d::TCPStore>(shared_env["MASTER_ADDR"], store_options);
+  }
+  shared_env["MASTER_PORT"] = std::to_string(store ? store->getPort() : options.main_port);
+  shared_env["TORCHELASTIC_USE_AGENT_STORE"] = store ? "True" : "False";
   shared_env["WORLD_SIZE"] = std::to_string(options.nnodes * options.nprocs);
   shared_env["LOCAL_WORLD_SIZE"] = std::to_string(options.nprocs);
   shared_env["GROUP_RANK"] = std::to_string(options.node_rank);

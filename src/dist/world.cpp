@@ -52,12 +52,15 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
 
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(env.main_port());
-  store_options.isServer = world->rank_ == 0;
+  store_options.isServer = world->rank_ == 0 && !env.launcher_hosts_store();
   store_options.numWorkers = static_cast<std::size_t>(world->size_);
   store_options.waitWorkers = true;
   store_options.timeout = timeout;
   try {
     world->store_ = c10::make_intrusive<c10d::TCPStore>(env.main_address(), store_options);
+    if (env.launcher_hosts_store()) {
+      world->store_ = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), world->store_);
+    }
   } catch (const std::exception& e) {
     throw std::runtime_error("rank " + std::to_string(world->rank_) +
                              ": could not join the rendezvous at " + env.main_address() + ":" +

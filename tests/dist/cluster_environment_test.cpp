@@ -59,6 +59,21 @@ TEST(TorchElasticEnvironmentTest, ReadsTorchrunVariables) {
   EXPECT_EQ(env.node_rank(), 1);
 }
 
+TEST(TorchElasticEnvironmentTest, AgentStoreAndRestartCountAsTorchrunSetsThem) {
+  EXPECT_FALSE(TorchElasticEnvironment(torchrun_env()).launcher_hosts_store());
+  EnvironmentVariables env = torchrun_env();
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["TORCHELASTIC_RESTART_COUNT"] = "2";
+  const TorchElasticEnvironment agent(env);
+  EXPECT_TRUE(agent.launcher_hosts_store());
+  EXPECT_EQ(agent.store_prefix(), "/worker/attempt_2");
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_FALSE(TorchElasticEnvironment(env).launcher_hosts_store());
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "yes";
+  const std::string message = invalid_argument_message([&] { TorchElasticEnvironment{env}; });
+  EXPECT_NE(message.find("TORCHELASTIC_USE_AGENT_STORE='yes'"), std::string::npos) << message;
+}
+
 TEST(TorchElasticEnvironmentTest, HandWrittenLaunchIsOneNode) {
   const TorchElasticEnvironment env(
       {{"MASTER_ADDR", "localhost"}, {"MASTER_PORT", "1234"}, {"RANK", "2"}, {"WORLD_SIZE", "3"}});
