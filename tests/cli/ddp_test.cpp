@@ -146,6 +146,32 @@ TEST(DdpPipe, GlobalNormClippingAndAccumulationEqualOneProcess) {
       {"--gradient-clip-val", "0.05", "--accumulate-grad-batches", "2"});
 }
 
+// Fused Linear layers hand autograd no weight gradient, so GradientSync's hooks never see theirs;
+// it must still average them (at the end of backward), and stage 1 must still defer them past
+// its send. The MLP (8 Linear layers) against the same layout unfused; both run Adam, and only
+// where the adds happen differs.
+TEST(DdpPipe, FusedGradientAccumulationTrainsAsUnfused) {
+  const auto root = make_temp_dir("ddp-fused");
+  const std::vector<std::string> layout{"--strategy",
+                                        "ddp_pipe",
+                                        "--devices",
+                                        "4",
+                                        "--stages",
+                                        "2",
+                                        "--chunks",
+                                        "2",
+                                        "--schedule",
+                                        "1f1b",
+                                        "--accumulate-grad-batches",
+                                        "2"};
+  auto fused = layout;
+  fused.insert(fused.end(), {"--fuse-gradient-accumulation", "true"});
+  run_ok(fit(root + "/unfused", 16, layout, kSteps, "mlp"));
+  run_ok(fit(root + "/fused", 16, fused, kSteps, "mlp"));
+  expect_same_run(root + "/unfused", root + "/fused");
+  fs::remove_all(root);
+}
+
 // Lightning's manual multi-node launch: the same command on every node with NODE_RANK, MASTER_ADDR
 // and MASTER_PORT set; here two "nodes" on 127.0.0.1.
 TEST(DdpPipe, TwoNodeLaunchesOfTwoProcessesEachEqualOneProcess) {
