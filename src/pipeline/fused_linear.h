@@ -36,6 +36,8 @@ class DeferredWeightGradients {
   bool deferring() const { return deferring_; }
   void add(std::function<void()> work) { pending_.push_back(std::move(work)); }
   void run();
+  // Drops what is queued without running it (left by a step that failed half-way).
+  void clear() { pending_.clear(); }
 
  private:
   bool deferring_ = false;

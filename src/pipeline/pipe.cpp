@@ -153,6 +153,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   std::map<int64_t, InFlight> in_flight;
   Slots slots;
   if (graphs_) graphs_->adopt_gradients();
+  if (deferred_) deferred_->clear();  // a failed step's leftovers must not add to this one
   Trace* trace = options_.trace().get();
   at::Tensor total_loss;
   const Action* last_backward = nullptr;
