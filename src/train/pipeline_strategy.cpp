@@ -53,10 +53,12 @@ ReducedMetrics decode(const std::string& text) {
 // The index of the layer a global name ("3.weight") belongs to.
 int64_t layer_of(const std::string& name) { return std::stoll(name.substr(0, name.find('.'))); }
 
-// `single` and `ddp` run the whole batch as one micro-batch, with nothing to recompute.
+// `single` and `ddp` run the whole batch as one micro-batch on one stage, with nothing to
+// recompute; CUDA graphs, fused accumulation and the trace apply as given.
 PipeOptions whole_batches(const TrainerOptions& options) {
-  return PipeOptions().chunks(1).checkpoint("never").schedule("gpipe").trace(
-      options.pipe().trace());
+  PipeOptions pipe = options.pipe();
+  pipe.balance({}).chunks(1).checkpoint("never").schedule("gpipe");
+  return pipe;
 }
 
 std::string join_names(const std::map<std::string, std::pair<double, int64_t>>& totals) {

@@ -44,6 +44,28 @@ TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
   std::filesystem::remove_all(root);
 }
 
+// `single` runs the whole batch at once, but the pipe flags that still mean something reach it:
+// fused accumulation trains the same, and CUDA graphs say why they do not run on a CPU.
+TEST(FitCommand, SingleHonoursCudaGraphsAndFusedAccumulation) {
+  const auto root = make_temp_dir("fit-single-flags");
+  const auto plain = run_command(fit_command(root + "/plain", {"--strategy", "single"}));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto flagged =
+      run_command(fit_command(root + "/flagged", {"--strategy", "single", "--cuda-graphs", "true",
+                                                  "--fuse-gradient-accumulation", "true"}));
+  ASSERT_EQ(flagged.exit_code, 0) << flagged.output;
+  EXPECT_NE(flagged.output.find("not using CUDA graphs: they need a CUDA device"),
+            std::string::npos)
+      << flagged.output;
+  const auto expected = read_csv_column(metrics_csv(root + "/plain"), "train_loss");
+  const auto actual = read_csv_column(metrics_csv(root + "/flagged"), "train_loss");
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
+  }
+  std::filesystem::remove_all(root);
+}
+
 TEST(FitCommand, HelpListsEveryFlagWithItsDefault) {
   const auto help = run_command({PIPETRAIN_CLI, "fit", "--help"});
   EXPECT_EQ(help.exit_code, 0);
