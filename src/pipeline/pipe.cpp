@@ -11,6 +11,7 @@
 
 #include "fused_linear.h"
 #include "pipetrain/balance.h"
+#include "pipetrain/compat.h"
 #include "pipetrain/error.h"
 #include "pipetrain/p2p.h"
 #include "pipetrain/trace.h"
@@ -152,6 +153,16 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   const Schedule& schedule = chunks == options_.chunks() ? schedule_ : short_schedules_[chunks];
   std::map<int64_t, InFlight> in_flight;
   Slots slots;
+  if (graphs_ && autocast_enabled(world_->device().type())) {
+    // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any graph:
+    // a replay would read copies the cache has since freed.
+    if (stage_ == 0) {
+      std::cerr << "pipetrain: not using CUDA graphs: autocast (bf16-mixed) casts the weights "
+                   "through a cache graphs cannot capture; running eagerly (bf16-true can use them)"
+                << std::endl;
+    }
+    graphs_.reset();
+  }
   if (graphs_) graphs_->adopt_gradients();
   if (deferred_) deferred_->clear();  // a failed step's leftovers must not add to this one
   Trace* trace = options_.trace().get();
