@@ -344,15 +344,22 @@ int main(int argc, char** argv) {
     subcommands[name] = app.add_subcommand(name, help);
     add_flags(*subcommands[name], args[name]);
   }
+  // Errors name the rank that met them, once (the distributed layer's own messages already do).
   const char* rank = std::getenv("RANK");
-  const std::string who = rank ? std::string("rank ") + rank + ": " : "";
+  auto report = [&](const std::string& message) {
+    const std::string named = rank ? std::string("rank ") + rank : "";
+    const bool says_who = !named.empty() && message.rfind(named, 0) == 0 &&
+                          (message[named.size()] == ':' || message[named.size()] == ' ');
+    std::cerr << "pipetrain: error: " << (named.empty() || says_who ? "" : named + ": ") << message
+              << std::endl;
+  };
   try {
     const std::string config = find_config(argc, argv);
     if (!config.empty()) {
       for (auto& [name, sub] : subcommands) apply_config(*sub, config);
     }
   } catch (const std::exception& e) {
-    std::cerr << "pipetrain: error: " << who << e.what() << std::endl;
+    report(e.what());
     return 2;
   }
   CLI11_PARSE(app, argc, argv);
@@ -362,7 +369,7 @@ int main(int argc, char** argv) {
       if (sub->parsed()) return run(name, args[name]);
     }
   } catch (const std::exception& e) {
-    std::cerr << "pipetrain: error: " << who << pipetrain::error_message(e) << std::endl;
+    report(pipetrain::error_message(e));
     return 1;
   }
   return 0;

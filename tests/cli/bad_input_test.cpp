@@ -161,6 +161,9 @@ TEST(BadInput, PeerKilledMidStep) {
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, kLimit);
   // Wherever rank 0 was (receiving, sending, sharing metrics), it names the rank it lost.
   expect_failure_mentioning(result, {"rank 0 could not", "rank 1 may have exited"});
+  EXPECT_NE(result.output.find("pipetrain: error: rank 0 could not"), std::string::npos)
+      << "the rank named once:\n"
+      << result.output;
 }
 
 }  // namespace
