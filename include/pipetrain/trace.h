@@ -10,7 +10,6 @@
 
 #include <c10/core/Device.h>
 
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -33,7 +32,6 @@ class Trace {
 
   // Sets time zero on every rank of `world` (a collective), on its device's clock.
   void start(const World& world);
-  bool started() const { return started_; }
 
   // Ends when it goes out of scope. `microbatch` < 0: none.
   class Span {

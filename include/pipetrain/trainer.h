@@ -76,6 +76,8 @@ class Trainer {
   LRScheduler* lr_scheduler() const { return lr_scheduler_.get(); }
 
  private:
+  // Batch `index` of `epoch`: this rank's share, in the precision's dtype.
+  Batch load_batch(const DataLoader& loader, int64_t epoch, int64_t index) const;
   struct FitState;
   void setup(Module& module);
   void train_epoch(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,

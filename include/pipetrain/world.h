@@ -93,6 +93,8 @@ class World {
   ProcessGroupPtr process_group_;
 
   ProcessGroupPtr make_group(const StorePtr& store, int64_t rank, int64_t size) const;
+  // A process group of its own for this (sub)world, under its name in the run's store.
+  void connect_group();
 };
 
 }  // namespace pipetrain

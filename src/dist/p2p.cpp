@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <sstream>
 #include <stdexcept>
 
 #include "pipetrain/error.h"
@@ -29,10 +28,19 @@ const char* flow_name(Flow flow) {
   return "tensor";
 }
 
-std::string shape_text(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << sizes;
-  return out.str();
+// dtype, rank and sizes of `tensor`, as the receiver needs them to allocate its buffer.
+at::Tensor make_header(const at::Tensor& tensor) {
+  if (tensor.dim() > kMaxDims) {
+    throw std::invalid_argument("a stage output has " + std::to_string(tensor.dim()) +
+                                " dimensions; pipetrain sends at most " + std::to_string(kMaxDims) +
+                                " between stages");
+  }
+  auto header = torch::zeros({kHeaderSize}, torch::kInt64);
+  auto h = header.accessor<int64_t, 1>();
+  h[0] = static_cast<int64_t>(tensor.scalar_type());
+  h[1] = tensor.dim();
+  for (int64_t d = 0; d < tensor.dim(); ++d) h[2 + d] = tensor.size(d);
+  return header;
 }
 
 }  // namespace
@@ -50,17 +58,7 @@ WorkPtr PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow) {
   const auto key = std::make_pair(dst, flow);
   auto first = sent_.find(key);
   if (flow == Flow::kResult || first == sent_.end()) {
-    if (payload.dim() > kMaxDims) {
-      throw std::invalid_argument("a stage output has " + std::to_string(payload.dim()) +
-                                  " dimensions; pipetrain sends at most " +
-                                  std::to_string(kMaxDims) + " between stages");
-    }
-    auto header = torch::zeros({kHeaderSize}, torch::kInt64);
-    auto h = header.accessor<int64_t, 1>();
-    h[0] = static_cast<int64_t>(payload.scalar_type());
-    h[1] = payload.dim();
-    for (int64_t d = 0; d < payload.dim(); ++d) h[2 + d] = payload.size(d);
-    header = header.to(world_->device());
+    const auto header = make_header(payload).to(world_->device());
     std::vector<at::Tensor> tensors{header};
     pending_sends_.push_back(
         {pg->send(tensors, static_cast<int>(dst), header_tag(flow)), dst, header});

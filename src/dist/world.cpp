@@ -82,9 +82,7 @@ std::shared_ptr<World> World::twin() const {
   twin->twins_ = 0;
   if (size_ > 1) {
     twin->name_ = name_ + "/twin" + std::to_string(twins_++);
-    const std::string name = "pipetrain/group" + twin->name_;
-    twin->process_group_ =
-        make_group(c10::make_intrusive<c10d::PrefixStore>(name, store_), rank_, size_);
+    twin->connect_group();
   }
   return twin;
 }
@@ -107,21 +105,21 @@ std::shared_ptr<World> World::group(const std::vector<int64_t>& ranks,
     throw std::logic_error("World::group(" + name + "): rank " + std::to_string(me) +
                            " is not among the group's ascending ranks");
   }
-  auto group = std::make_shared<World>();
+  auto group = std::make_shared<World>(*this);  // same device, timeout and (run-wide) store
   group->rank_ = position - ranks.begin();
   group->size_ = static_cast<int64_t>(ranks.size());
-  group->local_rank_ = local_rank_;
-  group->timeout_ = timeout_;
-  group->main_address_ = main_address_;
-  group->device_ = device_;
-  group->store_ = store_;  // errors are published run-wide
   group->ranks_ = ranks;
   group->name_ = name_ + "/" + name;
-  if (group->size_ > 1) {
-    auto store = c10::make_intrusive<c10d::PrefixStore>("pipetrain/group" + group->name_, store_);
-    group->process_group_ = make_group(store, group->rank_, group->size_);
-  }
+  group->twins_ = 0;
+  group->process_group_.reset();
+  group->connect_group();
   return group;
+}
+
+void World::connect_group() {
+  if (size_ < 2) return;
+  auto store = c10::make_intrusive<c10d::PrefixStore>("pipetrain/group" + name_, store_);
+  process_group_ = make_group(store, rank_, size_);
 }
 
 void World::barrier() const {

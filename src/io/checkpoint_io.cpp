@@ -10,9 +10,9 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
 
+#include "pipetrain/error.h"
 #include "pipetrain/safetensors.h"
 #include "pipetrain/world.h"
 
@@ -21,12 +21,6 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string state_path(const std::string& checkpoint) { return checkpoint + "/trainer_state.json"; }
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream out;
-  out << t.sizes();
-  return out.str();
-}
 
 // Puts `staged` at `target`: an atomic exchange when `target` exists (the old folder then sits at
 // `staged` and is removed), a plain rename otherwise.
@@ -142,8 +136,9 @@ void load_weights(torch::nn::Sequential& model, const std::map<std::string, at::
     }
     if (!it->second.sizes().equals(item.value().sizes())) {
       throw std::runtime_error(source + " holds '" + item.key() + "' with shape " +
-                               shape_of(it->second) + " but the model's is " +
-                               shape_of(item.value()) + ": it was saved from a different model");
+                               shape_text(it->second.sizes()) + " but the model's is " +
+                               shape_text(item.value().sizes()) +
+                               ": it was saved from a different model");
     }
   }
   for (const auto& [name, tensor] : weights) {

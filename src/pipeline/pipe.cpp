@@ -21,12 +21,6 @@
 namespace pipetrain {
 namespace {
 
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream out;
-  out << t.sizes();
-  return out.str();
-}
-
 // What a stage keeps between the forward and the backward of one micro-batch.
 struct InFlight {
   at::Tensor input;   // requires grad on every stage but the first
@@ -118,7 +112,7 @@ at::Tensor Pipe::run_stage(const at::Tensor& input, int64_t microbatch) {
     message << "stage " << stage_ << " (rank " << world_->global_rank(stage_) << ", layers "
             << first_layer_ << ".." << first_layer_ + balance_[stage_] - 1
             << ") failed on micro-batch " << microbatch << " with an input of shape "
-            << shape_of(input);
+            << shape_text(input.sizes());
     if (stage_ > 0) message << " from stage " << stage_ - 1;
     message << ": " << error_message(e);
     if (stage_ > 0)

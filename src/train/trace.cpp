@@ -7,6 +7,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #endif
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>

@@ -198,6 +198,10 @@ bool Trainer::is_global_zero() const { return world_->is_global_zero(); }
 
 int64_t Trainer::replicas() const { return strategy_->batch_shard().replicas; }
 
+Batch Trainer::load_batch(const DataLoader& loader, int64_t epoch, int64_t index) const {
+  return convert_batch(loader.batch(epoch, index, strategy_->batch_shard()), options_.precision());
+}
+
 void Trainer::print(const std::string& message) const {
   if (!world_->is_global_zero()) return;
   if (progress_) {
@@ -320,9 +324,7 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
   LoggedMetrics window_metrics;  // since the last optimizer step
   const int64_t accumulate = options_.accumulate_grad_batches();
   for (int64_t batch_idx = first_batch; batch_idx < state.train_batches; ++batch_idx) {
-    const Batch batch =
-        convert_batch(train_loader.batch(current_epoch_, batch_idx, strategy_->batch_shard()),
-                      options_.precision());
+    const Batch batch = load_batch(train_loader, current_epoch_, batch_idx);
     for (auto& callback : options_.callbacks()) {
       callback->on_train_batch_start(*this, module, batch, batch_idx);
     }
@@ -453,8 +455,7 @@ std::map<std::string, double> Trainer::run_evaluation(Module& module, const Data
   if (progress_) progress_->start(test ? "Testing" : "Validation", batches);
   LoggedMetrics epoch_metrics;
   for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
-    const Batch batch =
-        convert_batch(loader.batch(0, batch_idx, strategy_->batch_shard()), options_.precision());
+    const Batch batch = load_batch(loader, 0, batch_idx);
     try {
       PrecisionGuard precision(options_.precision(), world_->device().type());
       strategy_->evaluation_step(
@@ -520,10 +521,7 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
   std::vector<at::Tensor> outputs;
   for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
     PrecisionGuard precision(options_.precision(), world_->device().type());
-    auto output = strategy_->predict_step(
-        module,
-        convert_batch(loader.batch(0, batch_idx, strategy_->batch_shard()), options_.precision()),
-        batch_idx);
+    auto output = strategy_->predict_step(module, load_batch(loader, 0, batch_idx), batch_idx);
     if (world_->is_global_zero()) outputs.push_back(output);
     if (progress_) progress_->update(batch_idx + 1, {});
   }
@@ -618,10 +616,11 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   load_weights(layers, weights, checkpoint_weights_path(path));
   if (!full) return;
 
+  const auto parameters = named_parameters(module);
   for (auto& archive : archives) {
     torch::serialize::InputArchive optimizer_archive;
     if (optimizer_ && archive.try_read("optimizer", optimizer_archive)) {
-      load_optimizer_state(*optimizer_, named_parameters(module), optimizer_archive);
+      load_optimizer_state(*optimizer_, parameters, optimizer_archive);
     }
   }
   // The generator belongs to a rank: only the same layout gets it back.

@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <sstream>
+
 namespace pipetrain {
 
 std::string error_message(const std::exception& e) {
@@ -9,6 +11,12 @@ std::string error_message(const std::exception& e) {
     return c10_error->what_without_backtrace();
   }
   return e.what();
+}
+
+std::string shape_text(c10::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
 }
 
 }  // namespace pipetrain

@@ -10,35 +10,17 @@
 namespace pipetrain::testing {
 namespace {
 
-std::vector<std::string> fit_command(const std::string& root, std::vector<std::string> extra) {
-  std::vector<std::string> argv{
-      PIPETRAIN_CLI,         "fit", "--model", "mlp", "--max-steps",        "12",
-      "--batch-size",        "24",  "--seed",  "3",   "--default-root-dir", root,
-      "--log-every-n-steps", "1"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
-}
-
-std::string metrics_csv(const std::string& root) {
-  return root + "/lightning_logs/version_0/metrics.csv";
-}
-
 TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
   const auto root = make_temp_dir("fit-cli");
-  const auto single = run_command(fit_command(root + "/single", {"--strategy", "single"}));
+  const auto single = run_command(mlp_fit_command(root + "/single", {"--strategy", "single"}));
   ASSERT_EQ(single.exit_code, 0) << single.output;
   const auto pipe = run_command(
-      fit_command(root + "/pipe", {"--strategy", "pipe", "--devices", "2", "--chunks", "3",
-                                   "--schedule", "1f1b", "--checkpoint", "always"}));
+      mlp_fit_command(root + "/pipe", {"--strategy", "pipe", "--devices", "2", "--chunks", "3",
+                                       "--schedule", "1f1b", "--checkpoint", "always"}));
   ASSERT_EQ(pipe.exit_code, 0) << pipe.output;
 
-  const auto expected = read_csv_column(metrics_csv(root + "/single"), "train_loss");
-  const auto actual = read_csv_column(metrics_csv(root + "/pipe"), "train_loss");
-  ASSERT_EQ(expected.size(), 12u);
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
-  }
+  ASSERT_EQ(read_csv_column(metrics_csv(root + "/single"), "train_loss").size(), 12u);
+  expect_same_train_losses(root + "/single", root + "/pipe");
   EXPECT_EQ(read_csv_column(metrics_csv(root + "/pipe"), "step").back(), 11);
   EXPECT_NE(pipe.output.find("lightning_logs/version_0"), std::string::npos) << pipe.output;
   std::filesystem::remove_all(root);
@@ -48,21 +30,16 @@ TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
 // fused accumulation trains the same, and CUDA graphs say why they do not run on a CPU.
 TEST(FitCommand, SingleHonoursCudaGraphsAndFusedAccumulation) {
   const auto root = make_temp_dir("fit-single-flags");
-  const auto plain = run_command(fit_command(root + "/plain", {"--strategy", "single"}));
+  const auto plain = run_command(mlp_fit_command(root + "/plain", {"--strategy", "single"}));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  const auto flagged =
-      run_command(fit_command(root + "/flagged", {"--strategy", "single", "--cuda-graphs", "true",
-                                                  "--fuse-gradient-accumulation", "true"}));
+  const auto flagged = run_command(mlp_fit_command(
+      root + "/flagged",
+      {"--strategy", "single", "--cuda-graphs", "true", "--fuse-gradient-accumulation", "true"}));
   ASSERT_EQ(flagged.exit_code, 0) << flagged.output;
   EXPECT_NE(flagged.output.find("not using CUDA graphs: they need a CUDA device"),
             std::string::npos)
       << flagged.output;
-  const auto expected = read_csv_column(metrics_csv(root + "/plain"), "train_loss");
-  const auto actual = read_csv_column(metrics_csv(root + "/flagged"), "train_loss");
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
-  }
+  expect_same_train_losses(root + "/plain", root + "/flagged");
   std::filesystem::remove_all(root);
 }
 

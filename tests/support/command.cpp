@@ -1,5 +1,7 @@
 #include "support/command.h"
 
+#include <gtest/gtest.h>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -97,6 +99,19 @@ std::vector<double> read_csv_column(const std::string& path, const std::string& 
     }
   }
   return values;
+}
+
+std::string metrics_csv(const std::string& root) {
+  return root + "/lightning_logs/version_0/metrics.csv";
+}
+
+void expect_same_train_losses(const std::string& expected_root, const std::string& actual_root) {
+  const auto expected = read_csv_column(metrics_csv(expected_root), "train_loss");
+  const auto actual = read_csv_column(metrics_csv(actual_root), "train_loss");
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
+  }
 }
 
 }  // namespace pipetrain::testing

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,5 +36,36 @@ CommandResult run_command(const std::vector<std::string>& argv,
 
 // Column `name` of a Lightning metrics.csv, in row order (rows without a value are skipped).
 std::vector<double> read_csv_column(const std::string& path, const std::string& name);
+
+#ifdef PIPETRAIN_CLI
+// `pipetrain fit` of the built-in MLP (batch 24, seed 3, a loss logged every step) into `root`,
+// with `extra` flags. (Inline: PIPETRAIN_CLI is defined for the test executables alone.)
+inline std::vector<std::string> mlp_fit_command(const std::string& root,
+                                                std::vector<std::string> extra,
+                                                int64_t max_steps = 12) {
+  std::vector<std::string> argv{PIPETRAIN_CLI,
+                                "fit",
+                                "--model",
+                                "mlp",
+                                "--max-steps",
+                                std::to_string(max_steps),
+                                "--batch-size",
+                                "24",
+                                "--seed",
+                                "3",
+                                "--default-root-dir",
+                                root,
+                                "--log-every-n-steps",
+                                "1"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+#endif
+
+// Where the first run under `root` logged its metrics.
+std::string metrics_csv(const std::string& root);
+// The runs under `expected_root` and `actual_root` logged as many train losses, equal to a
+// relative 1e-5 (gtest expectations).
+void expect_same_train_losses(const std::string& expected_root, const std::string& actual_root);
 
 }  // namespace pipetrain::testing
