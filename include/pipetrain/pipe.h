@@ -43,7 +43,10 @@ struct PipeOptions {
   // CUDA graphs, so the CPU no longer launches every kernel (see stage_graphs.h).
   TORCH_ARG(bool, cuda_graphs) = false;
   // Linear layers accumulate their weight gradients inside the GEMM (src/pipeline/fused_linear.h)
-  // instead of adding each micro-batch's gradient afterwards.
+  // instead of adding each micro-batch's gradient afterwards. Where a stage keeps every
+  // micro-batch's activations until its backwards anyway (GPipe, checkpoint "never"), it computes
+  // them after its last backward, one GEMM per layer over the whole batch, keeping the layers'
+  // output gradients until then.
   TORCH_ARG(bool, fuse_gradient_accumulation) = false;
   // Where this stage records its forward, backward, send and receive spans (trace.h); null: none.
   TORCH_ARG(std::shared_ptr<Trace>, trace) = nullptr;
@@ -99,6 +102,8 @@ class Pipe {
  private:
   at::Tensor run_schedule(const at::Tensor& batch_input, int64_t batch_size, const LossFn& loss_fn);
   at::Tensor run_stage(const at::Tensor& input, int64_t microbatch);
+  // The deferred weight gradients (of the micro-batches in `slots`, under CUDA graphs).
+  void run_weight_gradients(const std::vector<int64_t>& slots);
 
   PipeOptions options_;
   std::shared_ptr<World> world_;
@@ -112,8 +117,8 @@ class Pipe {
   torch::nn::Sequential stage_module_;
   std::function<void()> last_backward_hook_;
   std::unique_ptr<StageGraphs> graphs_;  // null: eager
-  // Fused Linear layers' weight gradients, run after the input's gradient is sent (null: unfused,
-  // or the first stage).
+  // Fused Linear layers' weight gradients, left by their backwards for run_weight_gradients()
+  // (null: unfused).
   std::shared_ptr<DeferredWeightGradients> deferred_;
 };
 

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <map>
+
 #include "pipetrain/compat.h"
 
 namespace pipetrain {
@@ -48,18 +50,14 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
     at::Tensor weight = ctx->saved_data["weight"].toTensor();
     at::Tensor bias = ctx->saved_data["bias"].toTensor();
     const at::Tensor& grad = grads[0];
-    auto accumulate = [weight, bias, rows = grad.reshape({-1, grad.size(-1)}),
-                       inputs = input.reshape({-1, input.size(-1)})]() mutable {
-      torch::NoGradGuard no_grad;  // run() may be called where autograd records
-      if (weight.requires_grad()) gradient_of(weight).addmm_(rows.t(), inputs);
-      if (bias.defined() && bias.requires_grad()) gradient_of(bias).add_(rows.sum(0));
-    };
+    WeightGradient work{weight, bias, grad.reshape({-1, grad.size(-1)}),
+                        input.reshape({-1, input.size(-1)})};
     const auto& queue =
         static_cast<DeferralHandle*>(ctx->saved_data["deferral"].toCapsule().get())->queue;
     if (queue && queue->deferring()) {
-      queue->add(std::move(accumulate));
+      queue->add(std::move(work));
     } else {
-      accumulate();
+      DeferredWeightGradients::accumulate({std::move(work)});
     }
     return {grad.matmul(weight), at::Tensor()};
   }
@@ -105,10 +103,38 @@ DeferredWeightGradients::Deferral::~Deferral() {
   if (queue_) queue_->deferring_ = false;
 }
 
-void DeferredWeightGradients::run() {
+std::vector<WeightGradient> DeferredWeightGradients::take() {
   auto pending = std::move(pending_);
   pending_.clear();
-  for (auto& work : pending) work();
+  return pending;
+}
+
+void DeferredWeightGradients::accumulate(const std::vector<WeightGradient>& work) {
+  torch::NoGradGuard no_grad;  // may be called where autograd records
+  std::vector<std::vector<const WeightGradient*>> layers;
+  std::map<c10::TensorImpl*, size_t> layer_of;  // weight -> index into layers
+  for (const auto& piece : work) {
+    const auto [it, added] = layer_of.emplace(piece.weight.unsafeGetTensorImpl(), layers.size());
+    if (added) layers.emplace_back();
+    layers[it->second].push_back(&piece);
+  }
+  for (const auto& pieces : layers) {
+    auto rows = [&](at::Tensor WeightGradient::*member) {
+      if (pieces.size() == 1) return pieces[0]->*member;
+      std::vector<at::Tensor> parts;
+      for (const auto* piece : pieces) parts.push_back(piece->*member);
+      return at::cat(parts);
+    };
+    const at::Tensor grad_output = rows(&WeightGradient::grad_output);
+    at::Tensor weight = pieces[0]->weight;
+    at::Tensor bias = pieces[0]->bias;
+    if (weight.requires_grad())
+      gradient_of(weight).addmm_(grad_output.t(), rows(&WeightGradient::input));
+    if (bias.defined() && bias.requires_grad()) {
+      gradient_of(bias).addmv_(grad_output.t(),
+                               at::ones({grad_output.size(0)}, grad_output.options()));
+    }
+  }
 }
 
 torch::nn::AnyModule fuse_gradient_accumulation(const torch::nn::AnyModule& layer,

@@ -2,24 +2,33 @@
 // Megatron's gradient-accumulation fusion does. With micro-batches every backward of a Linear
 // computes its weight gradient into a new tensor and then adds it to .grad: a second pass over a
 // buffer as large as the weight, per micro-batch. Here backward runs `grad.addmm_(g^T, x)`, so the
-// GEMM's epilogue does the accumulation (in fp32 inside cuBLAS, rounded once into .grad).
+// GEMM's epilogue does the accumulation (in fp32 inside cuBLAS, rounded once into .grad), and the
+// bias's gradient is one `addmv_` (a sum over rows followed by an add is two kernels, and the sum
+// over the short columns of a micro-batch is slow).
 //
-// A stage can also put those weight-gradient GEMMs off until it has sent its input's gradient to
-// the previous stage (the B/W split of zero-bubble pipelines): the previous stage then waits for
-// the input-gradient half of the backward alone, which shortens the pipeline's drain.
+// A stage can also put those weight-gradient GEMMs off: until it has sent its input's gradient to
+// the previous stage (the B/W split of zero-bubble pipelines: the previous stage then waits for
+// the input-gradient half of the backward alone), or until its last backward of the step, where
+// each layer's micro-batches join into one GEMM (a micro-batch's GEMM is short in the summed
+// dimension, and each one reads and writes the whole weight gradient).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
 
-#include <functional>
 #include <memory>
 #include <vector>
 
 namespace pipetrain {
 
+// The weight-gradient work of one fused Linear for one micro-batch.
+struct WeightGradient {
+  at::Tensor weight, bias;        // the parameters (bias undefined if the layer has none)
+  at::Tensor grad_output, input;  // rows x out_features, rows x in_features
+};
+
 // Weight-gradient work the fused Linear layers of one stage left for later. While a Deferral is
-// alive their backwards compute only their input's gradient and queue the rest here; run() does
-// what is queued, in the order it came.
+// alive their backwards compute only their input's gradient and queue the rest here.
 class DeferredWeightGradients {
  public:
   class Deferral {
@@ -34,14 +43,22 @@ class DeferredWeightGradients {
   };
 
   bool deferring() const { return deferring_; }
-  void add(std::function<void()> work) { pending_.push_back(std::move(work)); }
-  void run();
+  void add(WeightGradient work) { pending_.push_back(std::move(work)); }
+  // Accumulates what is queued (see accumulate) and empties the queue.
+  void run() { accumulate(take()); }
+  // Empties the queue, handing its work over (to run later, or, under CUDA graphs, to keep its
+  // tensors alive at their captured addresses).
+  std::vector<WeightGradient> take();
   // Drops what is queued without running it (left by a step that failed half-way).
   void clear() { pending_.clear(); }
 
+  // Adds `work`'s gradients into the parameters' .grad (created as zeros if undefined): one GEMM
+  // per layer, its micro-batches' rows joined, layers in the order they first appear.
+  static void accumulate(const std::vector<WeightGradient>& work);
+
  private:
   bool deferring_ = false;
-  std::vector<std::function<void()>> pending_;
+  std::vector<WeightGradient> pending_;
 };
 
 // `layer` itself, or, for a torch::nn::Linear, a module sharing its parameters whose backward

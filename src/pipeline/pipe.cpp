@@ -50,6 +50,23 @@ struct Slots {
   void release(int64_t slot) { taken[slot] = false; }
 };
 
+// Whether a stage computes its fused Linear layers' weight gradients after its last backward,
+// each layer's micro-batches joined into one GEMM: when it holds every micro-batch's activations
+// until then anyway (all its forwards come first and none is recomputed). The dY it keeps for
+// that is as large as the Linear layers' outputs.
+bool joins_weight_gradients(const std::vector<Action>& actions, int64_t recompute_below) {
+  if (recompute_below > 0) return false;
+  bool backward_seen = false;
+  for (const Action& action : actions) {
+    if (action.phase == Phase::kBackward) {
+      backward_seen = true;
+    } else if (backward_seen) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_ptr<World> world)
@@ -72,9 +89,13 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   schedule_ = make_schedule(options_.schedule(), stages(), options_.chunks());
   stage_ = world_->rank();
   for (int64_t s = 0; s < stage_; ++s) first_layer_ += balance_[s];
-  // The first stage sends no gradient on, so nothing waits for its weight gradients: deferring
-  // them would only keep their inputs alive longer.
-  if (options_.fuse_gradient_accumulation() && !is_first_stage()) {
+  // Fused Linear layers put their weight gradients off: after the last backward (see
+  // joins_weight_gradients), or else until the input's gradient is sent on. The first stage sends
+  // none, so it would only keep their inputs alive longer.
+  if (options_.fuse_gradient_accumulation() &&
+      (!is_first_stage() ||
+       joins_weight_gradients(schedule_[stage_],
+                              checkpoint_stop(checkpoint_mode_, options_.chunks())))) {
     deferred_ = std::make_shared<DeferredWeightGradients>();
   }
   for (int64_t i = first_layer_; i < first_layer_ + balance_[stage_]; ++i) {
@@ -165,6 +186,9 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   for (const Action& action : schedule[stage_]) {
     if (action.phase == Phase::kBackward) last_backward = &action;
   }
+  const bool join_weight_gradients =
+      deferred_ && joins_weight_gradients(schedule[stage_], recompute_below);
+  std::vector<int64_t> weight_gradient_slots;  // under graphs, slots whose work waits for the end
 
   for (const Action& action : schedule[stage_]) {
     const MicroBatch& mb = microbatches[action.microbatch];
@@ -216,8 +240,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       at::Tensor grad_input;
       {
         Trace::Span backward_span(trace, "backward", mb.index);
-        // Fused Linear layers leave their weight gradients for after the send below.
-        DeferredWeightGradients::Deferral deferral(deferred_.get());
+        DeferredWeightGradients::Deferral deferral(deferred_.get());  // weight gradients wait
         if (is_last_stage()) {
           state.loss.backward();
           if (state.checkpointed || graphs_) grad_output = state.output.grad();
@@ -242,19 +265,33 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         auto sent = p2p_->send(grad_input, stage_ - 1, Flow::kGradient);
         if (graphs_) slots.gradient_sends[state.slot] = sent;
       }
-      if (deferred_) {
-        Trace::Span span(trace, "weight gradients", mb.index);
-        if (graphs_) {
-          graphs_->weight_backward(state.slot);
-        } else {
-          deferred_->run();
+      // The fused Linear layers' weight gradients: after the last backward, or now that the
+      // previous stage has what it waits for.
+      if (join_weight_gradients) {
+        weight_gradient_slots.push_back(state.slot);
+      } else {
+        if (deferred_) {
+          Trace::Span span(trace, "weight gradients", mb.index);
+          run_weight_gradients({state.slot});
         }
+        if (graphs_) slots.release(state.slot);
       }
-      if (graphs_) slots.release(state.slot);
     }
+  }
+  if (join_weight_gradients) {
+    Trace::Span span(trace, "weight gradients");
+    run_weight_gradients(weight_gradient_slots);
   }
   if (p2p_) p2p_->wait_for_sends();
   return total_loss;
+}
+
+void Pipe::run_weight_gradients(const std::vector<int64_t>& slots) {
+  if (graphs_) {
+    graphs_->weight_backward(slots);
+  } else {
+    deferred_->run();
+  }
 }
 
 }  // namespace pipetrain

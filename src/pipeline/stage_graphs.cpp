@@ -32,7 +32,13 @@ void stream_wait(const at::cuda::CUDAStream& waiter, const at::cuda::CUDAStream&
 
 struct StageGraphs::Graphs {
   at::Tensor input, output, grad_output, grad_input;  // the graphs' fixed buffers
-  at::cuda::CUDAGraph forward, backward, weight_backward;
+  at::cuda::CUDAGraph forward, backward;
+  // What backward leaves for weight_backward(): held so that its tensors keep their addresses.
+  std::vector<WeightGradient> weight_gradients;
+};
+
+struct StageGraphs::WeightGraph {
+  at::cuda::CUDAGraph graph;
 };
 
 bool StageGraphs::supported() { return true; }
@@ -99,11 +105,7 @@ std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& exam
       torch::autograd::backward({g->output}, {g->grad_output}, /*retain_graph=*/true);
     }
     g->backward.capture_end();
-    if (deferred_) {
-      g->weight_backward.capture_begin(g->forward.pool());
-      deferred_->run();
-      g->weight_backward.capture_end();
-    }
+    if (deferred_) g->weight_gradients = deferred_->take();
     if (input_requires_grad_) g->grad_input = g->input.grad();
   }
   stream_wait(caller, side);
@@ -137,14 +139,40 @@ at::Tensor StageGraphs::backward(int64_t slot, const at::Tensor& grad_output) {
   return g.grad_input;
 }
 
-void StageGraphs::weight_backward(int64_t slot) {
-  in_flight_.at(slot)->weight_backward.replay();
-  in_flight_.erase(slot);
+void StageGraphs::weight_backward(const std::vector<int64_t>& slots) {
+  std::vector<Graphs*> key;
+  std::vector<WeightGradient> work;
+  for (const int64_t slot : slots) {
+    Graphs* g = in_flight_.at(slot);
+    key.push_back(g);
+    work.insert(work.end(), g->weight_gradients.begin(), g->weight_gradients.end());
+    in_flight_.erase(slot);
+  }
+  if (auto it = weight_graphs_.find(key); it != weight_graphs_.end()) {
+    it->second->graph.replay();
+    return;
+  }
+  // First time for these slots: run eagerly on a side stream (which also readies cuBLAS there),
+  // then capture the same work for the next steps.
+  auto captured = std::make_unique<WeightGraph>();
+  const auto caller = at::cuda::getCurrentCUDAStream();
+  const auto side = at::cuda::getStreamFromPool();
+  stream_wait(side, caller);
+  {
+    const at::cuda::CUDAStreamGuard guard(side);
+    DeferredWeightGradients::accumulate(work);
+    captured->graph.capture_begin();
+    DeferredWeightGradients::accumulate(work);
+    captured->graph.capture_end();
+  }
+  stream_wait(caller, side);
+  weight_graphs_.emplace(std::move(key), std::move(captured));
 }
 
 #else  // no CUDA in this Torch
 
 struct StageGraphs::Graphs {};
+struct StageGraphs::WeightGraph {};
 
 bool StageGraphs::supported() { return false; }
 
@@ -159,7 +187,7 @@ void StageGraphs::adopt_gradients() {}
 std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor&) { return nullptr; }
 at::Tensor StageGraphs::forward(int64_t, const at::Tensor&) { return {}; }
 at::Tensor StageGraphs::backward(int64_t, const at::Tensor&) { return {}; }
-void StageGraphs::weight_backward(int64_t) {}
+void StageGraphs::weight_backward(const std::vector<int64_t>&) {}
 
 #endif
 

@@ -8,10 +8,10 @@
 // per slot (a micro-batch holds a slot from its forward to its backward; a stage needs as many
 // as its schedule keeps in flight) and per input shape, captured on first use: three warm-up
 // passes on a side stream, then the forward and the backward (retaining the autograd graph) into
-// one memory pool (and, with deferred weight gradients, those into a third graph after the
-// backward, in the same pool). Gradients accumulate in place into buffers that must outlive the
-// graphs, so the stage adopts them: an optimizer that resets gradients to undefined gets them back,
-// zeroed.
+// one memory pool. Deferred weight gradients get graphs of their own, one per sequence of slots
+// they are asked for together, captured on first use. Gradients accumulate in place into buffers
+// that must outlive the graphs, so the stage adopts them: an optimizer that resets gradients to
+// undefined gets them back, zeroed.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,8 +32,8 @@ class StageGraphs {
   static bool supported();
 
   // `input_requires_grad`: whether the stage sends a gradient back (every stage but the first).
-  // `deferred`: the stage's fused Linear layers' queue (null if none), whose weight gradients get
-  // a graph of their own, replayed by weight_backward().
+  // `deferred`: the stage's fused Linear layers' queue (null if none): backward() then leaves
+  // their weight gradients for weight_backward().
   StageGraphs(torch::nn::Sequential stage, bool input_requires_grad,
               DeferredWeightGradients* deferred = nullptr);
   ~StageGraphs();
@@ -49,13 +49,15 @@ class StageGraphs {
   // The backward of the micro-batch in `slot`, given the gradient of its output: accumulates the
   // parameters' gradients and returns the gradient of its input (a buffer of the slot's graph,
   // valid until the slot's next backward), undefined on the first stage. With deferred weight
-  // gradients, those of the fused Linear layers wait for weight_backward(slot).
+  // gradients, those of the fused Linear layers wait for weight_backward().
   at::Tensor backward(int64_t slot, const at::Tensor& grad_output);
-  // The deferred weight gradients of the micro-batch in `slot`: call after backward(slot).
-  void weight_backward(int64_t slot);
+  // The deferred weight gradients of the micro-batches in `slots` (after their backward()), each
+  // layer's joined into one GEMM (DeferredWeightGradients::accumulate); frees the slots.
+  void weight_backward(const std::vector<int64_t>& slots);
 
  private:
   struct Graphs;
+  struct WeightGraph;
   std::unique_ptr<Graphs> capture(const at::Tensor& example);
 
   torch::nn::Sequential stage_;
@@ -65,6 +67,7 @@ class StageGraphs {
   std::vector<at::Tensor> gradients_;  // what the graphs accumulate into, per parameter
   std::map<std::pair<int64_t, std::vector<int64_t>>, std::unique_ptr<Graphs>> graphs_;
   std::map<int64_t, Graphs*> in_flight_;  // slot -> the graphs of its micro-batch
+  std::map<std::vector<Graphs*>, std::unique_ptr<WeightGraph>> weight_graphs_;
 };
 
 }  // namespace pipetrain

@@ -1,11 +1,13 @@
 // Gradient-accumulation fusion changes where the adds happen, not what they add up to: a pipe of
 // Linear layers trains the same with it as without it (fp32, relative 1e-6, absolute 1e-7), over
-// several micro-batches, on one stage and on two, where every stage but the first puts its weight
-// gradients off until it has sent its input's gradient on.
+// several micro-batches, on one stage and on two, where stages put their weight gradients off:
+// under 1F1B every stage but the first until it has sent its input's gradient on, under GPipe
+// every stage until its last backward, joining each layer's micro-batches into one GEMM.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 
@@ -72,7 +74,8 @@ TEST(FusedGradientAccumulation, TrainsLikeSeparateAccumulation) {
 }
 
 // Inside a Deferral a fused Linear's backward gives its input's gradient at once and leaves the
-// weight's and bias's for run(), which then gives what torch::nn::Linear gives.
+// weight's and bias's for run(), which then gives what torch::nn::Linear gives: here for two
+// micro-batches, whose rows run() joins into one GEMM.
 TEST(FusedGradientAccumulation, DeferredWeightGradientsWaitForRun) {
   torch::manual_seed(5);
   torch::nn::Linear plain(4, 3), reference(4, 3);
@@ -81,19 +84,20 @@ TEST(FusedGradientAccumulation, DeferredWeightGradientsWaitForRun) {
     reference->weight.copy_(plain->weight);
     reference->bias.copy_(plain->bias);
   }
-  const auto x = torch::randn({5, 4});
-  const auto g = torch::randn({5, 3});
-  const auto x_reference = x.clone().requires_grad_(true);
-  reference->forward(x_reference).backward(g);
-
+  const std::vector<at::Tensor> xs = {torch::randn({5, 4}), torch::randn({2, 4})};
+  const std::vector<at::Tensor> gs = {torch::randn({5, 3}), torch::randn({2, 3})};
   auto deferred = std::make_shared<DeferredWeightGradients>();
   auto fused = fuse_gradient_accumulation(torch::nn::AnyModule(plain), deferred);
-  const auto x_fused = x.clone().requires_grad_(true);
-  {
-    DeferredWeightGradients::Deferral deferral(deferred.get());
-    fused.forward(x_fused).backward(g);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const auto x_reference = xs[i].clone().requires_grad_(true);
+    reference->forward(x_reference).backward(gs[i]);
+    const auto x_fused = xs[i].clone().requires_grad_(true);
+    {
+      DeferredWeightGradients::Deferral deferral(deferred.get());
+      fused.forward(x_fused).backward(gs[i]);
+    }
+    EXPECT_TRUE(torch::allclose(x_fused.grad(), x_reference.grad())) << "micro-batch " << i;
   }
-  EXPECT_TRUE(torch::allclose(x_fused.grad(), x_reference.grad()));
   EXPECT_FALSE(plain->weight.grad().defined()) << "the weight gradient must wait for run()";
   EXPECT_FALSE(plain->bias.grad().defined());
   deferred->run();
@@ -121,17 +125,24 @@ PIPETRAIN_WORKER(fused_pipe_worker) {
       }
     }
   }
-  // One traced step: where each stage ran its weight gradients.
-  auto trace = std::make_shared<Trace>();
-  Pipe pipe(make_reference_model(3),
-            PipeOptions().chunks(3).schedule("1f1b").fuse_gradient_accumulation(true).trace(trace),
-            world);
-  trace->start(*world);
-  const auto [inputs, targets] = reference_batch(0);
-  pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
-    return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
-  });
-  trace->write(*world, dir + "/trace.json");
+  // One traced step per schedule: where each stage ran its weight gradients.
+  for (const auto& schedule : kSchedules) {
+    auto trace = std::make_shared<Trace>();
+    Pipe pipe(make_reference_model(3),
+              PipeOptions()
+                  .chunks(3)
+                  .schedule(schedule)
+                  .checkpoint("never")
+                  .fuse_gradient_accumulation(true)
+                  .trace(trace),
+              world);
+    trace->start(*world);
+    const auto [inputs, targets] = reference_batch(0);
+    pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
+      return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
+    });
+    trace->write(*world, dir + "/trace_" + schedule + ".json");
+  }
 }
 
 TEST(FusedGradientAccumulation, TwoStagesSendInputGradientsBeforeWeightGradients) {
@@ -148,12 +159,17 @@ TEST(FusedGradientAccumulation, TwoStagesSendInputGradientsBeforeWeightGradients
       }
     }
   }
-  std::ifstream in(dir + "/trace.json");
-  const auto trace = nlohmann::json::parse(in);
-  std::map<int, std::vector<std::string>> order;  // rank -> span names as they ran
-  for (const auto& event : trace.at("traceEvents")) {
-    if (event.at("ph") == "X") order[event.at("pid").get<int>()].push_back(event.at("name"));
-  }
+  // rank -> span names as they ran
+  auto span_order = [&](const std::string& schedule) {
+    std::ifstream in(dir + "/trace_" + schedule + ".json");
+    const auto trace = nlohmann::json::parse(in);
+    std::map<int, std::vector<std::string>> order;
+    for (const auto& event : trace.at("traceEvents")) {
+      if (event.at("ph") == "X") order[event.at("pid").get<int>()].push_back(event.at("name"));
+    }
+    return order;
+  };
+  auto order = span_order("1f1b");
   auto position = [&](int rank, const std::string& name) {
     const auto& names = order[rank];
     return std::find(names.begin(), names.end(), name) - names.begin();
@@ -161,10 +177,23 @@ TEST(FusedGradientAccumulation, TwoStagesSendInputGradientsBeforeWeightGradients
   for (int mb = 0; mb < 3; ++mb) {
     const auto m = std::to_string(mb);
     EXPECT_EQ(position(0, "weight gradients " + m), static_cast<std::ptrdiff_t>(order[0].size()))
-        << "the first stage sends no gradient, so it has no reason to defer";
+        << "1F1B: the first stage sends no gradient, so it has no reason to defer";
     EXPECT_LT(position(1, "backward " + m), position(1, "weight gradients " + m));
     EXPECT_LT(position(1, "send gradient " + m), position(1, "weight gradients " + m))
-        << "stage 1 must send micro-batch " << m << "'s gradient before its weight gradients";
+        << "1F1B: stage 1 must send micro-batch " << m << "'s gradient before its weight gradients";
+  }
+  // GPipe keeps every micro-batch's activations until its backward anyway: each stage computes
+  // all its weight gradients once, after its last backward.
+  order = span_order("gpipe");
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("GPipe, rank " + std::to_string(rank));
+    EXPECT_EQ(std::count(order[rank].begin(), order[rank].end(), "weight gradients"), 1);
+    for (int mb = 0; mb < 3; ++mb) {
+      const auto m = std::to_string(mb);
+      EXPECT_LT(position(rank, "backward " + m), position(rank, "weight gradients"));
+      EXPECT_EQ(position(rank, "weight gradients " + m),
+                static_cast<std::ptrdiff_t>(order[rank].size()));
+    }
   }
 }
 
