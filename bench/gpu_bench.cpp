@@ -13,8 +13,11 @@
 //
 // Every measurement prints one line "RESULT {json}" (bench/gpu_table.py turns them into the table
 // and bench/results/gpu.json). Per configuration it also measures each stage's busy time (the GPU
-// time of its forwards and backwards inside the pipelined step, from a --trace of three more
-// steps) and the peak memory of the step above what the weights and gradients hold.
+// time of its forwards, backwards and weight gradients inside the pipelined step, and of its
+// optimizer, from a --trace of three more steps) and the peak memory of the step above what the
+// weights and gradients hold.
+// BATCHES, SCHEDULES and CHUNKS (comma-separated) restrict `pipe` to some configurations;
+// TRACE_DIR=dir writes each configuration's traced steps there as Chrome-trace JSON.
 #include <torch/torch.h>
 
 #ifdef PIPETRAIN_HAS_CUDA
@@ -45,6 +48,18 @@ namespace {
 constexpr int64_t kWidth = 2048;
 constexpr int64_t kBlocks = 16;
 constexpr int kWarmup = 5;
+
+// Whether `value` is among the comma-separated values of environment variable `name` (unset: all
+// are): BATCHES=1024 SCHEDULES=gpipe CHUNKS=8,16 gpu_bench pipe runs only those configurations.
+bool selected(const char* name, const std::string& value) {
+  const char* list = std::getenv(name);
+  if (!list) return true;
+  std::istringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (item == value) return true;
+  }
+  return false;
+}
 
 int steps() {
   const char* text = std::getenv("STEPS");
@@ -146,15 +161,21 @@ void run_single() {
   }
 }
 
-// Milliseconds this stage's GPU spends in forwards and backwards (deferred weight gradients too)
-// per step, from a trace of a few pipelined steps: what it would be busy for in a perfect pipeline.
+// Milliseconds this stage's GPU spends per step, from a trace of a few pipelined steps: in
+// forwards, backwards and deferred weight gradients (what a perfect pipeline overlaps with the
+// other stages'), and in the optimizer (zero_grad and step, which no pipeline overlaps).
+struct BusyTime {
+  double pipelined_ms = 0, optimizer_ms = 0;
+};
+
 template <typename Step>
-double stage_busy_ms(pipetrain::Trace& trace, const pipetrain::World& world, const Step& step) {
+BusyTime stage_busy(pipetrain::Trace& trace, const pipetrain::World& world, const Step& step) {
   constexpr int kTracedSteps = 3;
   trace.start(world);
   for (int i = 0; i < kTracedSteps; ++i) step();
   auto totals = trace.total_ms();
-  return (totals["forward"] + totals["backward"] + totals["weight gradients"]) / kTracedSteps;
+  return {(totals["forward"] + totals["backward"] + totals["weight gradients"]) / kTracedSteps,
+          totals["optimizer"] / kTracedSteps};
 }
 
 void run_pipe_rank() {
@@ -168,10 +189,13 @@ void run_pipe_rank() {
     world->barrier();
   };
   for (const int64_t batch : {1024, 8192}) {
+    if (!selected("BATCHES", std::to_string(batch))) continue;
     auto x = torch::randn({batch, kWidth}, torch::TensorOptions(torch::kBFloat16).device(device));
     auto y = torch::randn_like(x);
     for (const std::string schedule : {"gpipe", "1f1b"}) {
+      if (!selected("SCHEDULES", schedule)) continue;
       for (const int64_t chunks : {4, 8, 16, 32}) {
+        if (!selected("CHUNKS", std::to_string(chunks))) continue;
         // (checkpoint, CUDA graphs, fused gradient accumulation)
         std::vector<std::tuple<std::string, bool, bool>> variants{{"never", false, false},
                                                                   {"never", false, true},
@@ -198,36 +222,48 @@ void run_pipe_rank() {
                                world);
           torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(1e-3));
           auto step = [&] {
-            optimizer.zero_grad(false);
+            {
+              pipetrain::Trace::Span span(trace.get(), "optimizer");
+              optimizer.zero_grad(false);
+            }
             pipe.forward_backward(x, batch,
                                   [&](const at::Tensor& out, const pipetrain::MicroBatch& mb) {
                                     return torch::mse_loss(out, y.slice(0, mb.begin, mb.end));
                                   });
+            pipetrain::Trace::Span span(trace.get(), "optimizer");
             optimizer.step();
           };
           const double seconds = time_steps(step, sync);
           const double activations = gib(step_peak(step, device.index()));
-          const double busy = stage_busy_ms(*trace, *world, step);
+          const BusyTime busy = stage_busy(*trace, *world, step);
+          if (const char* dir = std::getenv("TRACE_DIR")) {  // the traced steps, for Perfetto
+            trace->write(*world, std::string(dir) + "/B" + std::to_string(batch) + "_M" +
+                                     std::to_string(chunks) + "_" + schedule + "_" + mode +
+                                     (graphs ? "_graphs" : "") + (fused ? "_fused" : "") + ".json");
+          }
           world->barrier();
           // Every rank's figures to rank 0, through the store-backed broadcast.
           std::ostringstream mine;
-          mine << busy << " " << activations << " " << gib(allocated_peak(device.index())) << " "
-               << left_before;
+          mine << busy.pipelined_ms << " " << busy.optimizer_ms << " " << activations << " "
+               << gib(allocated_peak(device.index())) << " " << left_before;
           std::vector<std::string> all;
           for (int64_t r = 0; r < world->size(); ++r)
             all.push_back(world->broadcast(mine.str(), r));
           if (world->is_global_zero()) {
-            double busiest = 0;
+            // A perfect pipeline: the busiest stage's pipelined work stretched by the bubble,
+            // (M + p - 1) / M, then its optimizer.
+            double bound = 0;
+            const double stretch = static_cast<double>(chunks + world->size() - 1) / chunks;
             std::ostringstream stages;
             for (size_t r = 0; r < all.size(); ++r) {
               std::istringstream in(all[r]);
-              double b = 0, a = 0, p = 0, l = 0;
-              in >> b >> a >> p >> l;
-              busiest = std::max(busiest, b);
-              stages << (r ? ", " : "") << "{\"busy_ms\": " << b << ", \"activation_gib\": " << a
-                     << ", \"peak_gib\": " << p << ", \"allocated_before_gib\": " << l << "}";
+              double b = 0, o = 0, a = 0, p = 0, l = 0;
+              in >> b >> o >> a >> p >> l;
+              bound = std::max(bound, b * stretch + o);
+              stages << (r ? ", " : "") << "{\"busy_ms\": " << b << ", \"optimizer_ms\": " << o
+                     << ", \"activation_gib\": " << a << ", \"peak_gib\": " << p
+                     << ", \"allocated_before_gib\": " << l << "}";
             }
-            const double bound = busiest * static_cast<double>(chunks + world->size() - 1) / chunks;
             std::printf(
                 "RESULT {\"kind\": \"pipetrain\", \"B\": %ld, \"M\": %ld, \"schedule\": \"%s\", "
                 "\"checkpoint\": \"%s\", \"cuda_graphs\": %s, \"fused\": %s, \"step_ms\": %.3f, "
