@@ -31,6 +31,7 @@ struct DeferralHandle : torch::CustomClassHolder {
 struct LinearState {
   at::Tensor weight, bias;
   c10::intrusive_ptr<DeferralHandle> deferral;
+  bool input_is_data = false;  // the input stands in for data that needs no gradient
 };
 
 struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad> {
@@ -40,6 +41,7 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
     ctx->saved_data["weight"] = state.weight;
     ctx->saved_data["bias"] = state.bias;
     ctx->saved_data["deferral"] = c10::IValue::make_capsule(state.deferral);
+    ctx->saved_data["input_is_data"] = state.input_is_data;
     return at::linear(
         input, state.weight,
         state.bias.defined() ? c10::optional<at::Tensor>(state.bias) : c10::optional<at::Tensor>());
@@ -59,6 +61,7 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
     } else {
       DeferredWeightGradients::accumulate({std::move(work)});
     }
+    if (ctx->saved_data["input_is_data"].toBool()) return {at::Tensor(), at::Tensor()};
     return {grad.matmul(weight), at::Tensor()};
   }
 };
@@ -76,14 +79,19 @@ class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImp
     if (linear_->bias.defined()) bias = register_parameter("bias", linear_->bias);
   }
   at::Tensor forward(const at::Tensor& input) {
-    // Autograd calls the Function's backward only for an input that carries a gradient (not the
-    // data entering the first stage), and under autocast the GEMM runs in bf16 while the
-    // gradients are fp32, which addmm_ cannot mix: both take the ordinary path.
-    if (!at::GradMode::is_enabled() || !input.requires_grad() ||
-        autocast_enabled(input.device().type())) {
+    // Under autocast the GEMM runs in bf16 while the gradients are fp32, which addmm_ cannot mix.
+    if (!at::GradMode::is_enabled() || autocast_enabled(input.device().type()) ||
+        !(input.requires_grad() || weight.requires_grad() ||
+          (bias.defined() && bias.requires_grad()))) {
       return linear_->forward(input);
     }
-    return LinearAccumulatingGrad::apply(input, LinearState{weight, bias, deferral_});
+    // Autograd calls a Function's backward only through an input that carries a gradient. Data
+    // entering the first stage carries none: an alias of it that does stands in, and gets none
+    // back (nor costs the GEMM that would compute it).
+    const bool input_is_data = !input.requires_grad();
+    return LinearAccumulatingGrad::apply(
+        input_is_data ? input.detach().requires_grad_(true) : input,
+        LinearState{weight, bias, deferral_, input_is_data});
   }
   at::Tensor weight, bias;
 

@@ -65,12 +65,20 @@ TEST(FusedGradientAccumulation, TrainsLikeSeparateAccumulation) {
     EXPECT_EQ(std::dynamic_pointer_cast<torch::nn::LinearImpl>(child), nullptr)
         << "the fused pipe must not run torch::nn::Linear";
   }
-  // Linear layers whose input carries a gradient (all but the first, which sees the data)
-  // accumulate inside their GEMM.
-  auto layer = pipe.stage_module()->begin()[2];
-  const auto out = layer.forward(torch::ones({2, 16}, torch::requires_grad()));
-  EXPECT_NE(out.grad_fn()->name().find("LinearAccumulatingGrad"), std::string::npos)
-      << out.grad_fn()->name();
+  // Every Linear accumulates inside its GEMM, the first one too, though the data it sees carries
+  // no gradient (and gets none).
+  for (const auto& [index, input] : {std::pair<int, at::Tensor>{0, torch::ones({2, 6})},
+                                     {2, torch::ones({2, 16}, torch::requires_grad())}}) {
+    auto layer = pipe.stage_module()->begin()[index];
+    const auto out = layer.forward(input);
+    EXPECT_NE(out.grad_fn()->name().find("LinearAccumulatingGrad"), std::string::npos)
+        << "layer " << index << ": " << out.grad_fn()->name();
+  }
+  const auto data = torch::ones({2, 6});
+  auto first = pipe.stage_module()->begin()[0];
+  first.forward(data).sum().backward();
+  EXPECT_FALSE(data.grad().defined());
+  EXPECT_TRUE(pipe.parameters()[0].grad().defined()) << "the first layer's weight gradient";
 }
 
 // Inside a Deferral a fused Linear's backward gives its input's gradient at once and leaves the
