@@ -147,28 +147,35 @@ TEST(DdpPipe, GlobalNormClippingAndAccumulationEqualOneProcess) {
 }
 
 // Fused Linear layers hand autograd no weight gradient, so GradientSync's hooks never see theirs;
-// it must still average them (at the end of backward), and stage 1 must still defer them past
-// its send. The MLP (8 Linear layers) against the same layout unfused; both run Adam, and only
-// where the adds happen differs.
+// it must still average them (at the end of backward), whether stage 1 defers them past its send
+// (1F1B) or both stages compute them after their last backward (GPipe, checkpoint never). The MLP
+// (8 Linear layers) against the same layout unfused; both run Adam, and only where the adds
+// happen differs.
 TEST(DdpPipe, FusedGradientAccumulationTrainsAsUnfused) {
   const auto root = make_temp_dir("ddp-fused");
-  const std::vector<std::string> layout{"--strategy",
-                                        "ddp_pipe",
-                                        "--devices",
-                                        "4",
-                                        "--stages",
-                                        "2",
-                                        "--chunks",
-                                        "2",
-                                        "--schedule",
-                                        "1f1b",
-                                        "--accumulate-grad-batches",
-                                        "2"};
-  auto fused = layout;
-  fused.insert(fused.end(), {"--fuse-gradient-accumulation", "true"});
-  run_ok(fit(root + "/unfused", 16, layout, kSteps, "mlp"));
-  run_ok(fit(root + "/fused", 16, fused, kSteps, "mlp"));
-  expect_same_run(root + "/unfused", root + "/fused");
+  for (const auto& schedule : {"1f1b", "gpipe"}) {
+    SCOPED_TRACE(schedule);
+    const std::vector<std::string> layout{"--strategy",
+                                          "ddp_pipe",
+                                          "--devices",
+                                          "4",
+                                          "--stages",
+                                          "2",
+                                          "--chunks",
+                                          "2",
+                                          "--schedule",
+                                          schedule,
+                                          "--checkpoint",
+                                          "never",
+                                          "--accumulate-grad-batches",
+                                          "2"};
+    auto fused = layout;
+    fused.insert(fused.end(), {"--fuse-gradient-accumulation", "true"});
+    const auto dir = root + "/" + schedule;
+    run_ok(fit(dir + "/unfused", 16, layout, kSteps, "mlp"));
+    run_ok(fit(dir + "/fused", 16, fused, kSteps, "mlp"));
+    expect_same_run(dir + "/unfused", dir + "/fused");
+  }
   fs::remove_all(root);
 }
 
