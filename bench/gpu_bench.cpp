@@ -250,8 +250,8 @@ void run_pipe_rank() {
           for (int64_t r = 0; r < world->size(); ++r)
             all.push_back(world->broadcast(mine.str(), r));
           if (world->is_global_zero()) {
-            // A perfect pipeline: the busiest stage's pipelined work stretched by the bubble,
-            // (M + p - 1) / M, then its optimizer.
+            // A perfect pipeline: each stage's pipelined work stretched by the bubble,
+            // (M + p - 1) / M, plus its optimizer; the bound is the largest of those.
             double bound = 0;
             const double stretch = static_cast<double>(chunks + world->size() - 1) / chunks;
             std::ostringstream stages;

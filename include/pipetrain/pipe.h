@@ -43,10 +43,11 @@ struct PipeOptions {
   // CUDA graphs, so the CPU no longer launches every kernel (see stage_graphs.h).
   TORCH_ARG(bool, cuda_graphs) = false;
   // Linear layers accumulate their weight gradients inside the GEMM (src/pipeline/fused_linear.h)
-  // instead of adding each micro-batch's gradient afterwards. Where a stage keeps every
-  // micro-batch's activations until its backwards anyway (GPipe, checkpoint "never"), it computes
-  // them after its last backward, one GEMM per layer over the whole batch, keeping the layers'
-  // output gradients until then.
+  // instead of adding each micro-batch's gradient afterwards. A stage that keeps every
+  // micro-batch's activations until its backwards anyway (all its forwards come first and none is
+  // recomputed: GPipe with checkpoint "never", or any schedule with one micro-batch) computes them
+  // after its last backward, one GEMM per layer over the whole batch, keeping the layers' output
+  // gradients until then; other stages but the first, after sending each input's gradient.
   TORCH_ARG(bool, fuse_gradient_accumulation) = false;
   // Where this stage records its forward, backward, send and receive spans (trace.h); null: none.
   TORCH_ARG(std::shared_ptr<Trace>, trace) = nullptr;
@@ -118,7 +119,7 @@ class Pipe {
   std::function<void()> last_backward_hook_;
   std::unique_ptr<StageGraphs> graphs_;  // null: eager
   // Fused Linear layers' weight gradients, left by their backwards for run_weight_gradients()
-  // (null: unfused).
+  // (null: unfused, or a first stage that computes them within its backwards).
   std::shared_ptr<DeferredWeightGradients> deferred_;
 };
 

@@ -117,31 +117,41 @@ std::vector<WeightGradient> DeferredWeightGradients::take() {
   return pending;
 }
 
-void DeferredWeightGradients::accumulate(const std::vector<WeightGradient>& work) {
+void DeferredWeightGradients::accumulate(std::vector<WeightGradient> work) {
   torch::NoGradGuard no_grad;  // may be called where autograd records
-  std::vector<std::vector<const WeightGradient*>> layers;
-  std::map<c10::TensorImpl*, size_t> layer_of;  // weight -> index into layers
-  for (const auto& piece : work) {
-    const auto [it, added] = layer_of.emplace(piece.weight.unsafeGetTensorImpl(), layers.size());
+  // Pieces by layer, layers in the order they first appear. A layer is its (weight, bias) pair:
+  // two layers may share a weight and not a bias.
+  std::vector<std::vector<WeightGradient*>> layers;
+  std::map<std::pair<c10::TensorImpl*, c10::TensorImpl*>, size_t> layer_of;
+  for (auto& piece : work) {
+    const auto key =
+        std::make_pair(piece.weight.unsafeGetTensorImpl(),
+                       piece.bias.defined() ? piece.bias.unsafeGetTensorImpl() : nullptr);
+    const auto [it, added] = layer_of.emplace(key, layers.size());
     if (added) layers.emplace_back();
     layers[it->second].push_back(&piece);
   }
-  for (const auto& pieces : layers) {
-    auto rows = [&](at::Tensor WeightGradient::*member) {
-      if (pieces.size() == 1) return pieces[0]->*member;
-      std::vector<at::Tensor> parts;
-      for (const auto* piece : pieces) parts.push_back(piece->*member);
-      return at::cat(parts);
-    };
-    const at::Tensor grad_output = rows(&WeightGradient::grad_output);
+  for (auto& pieces : layers) {
     at::Tensor weight = pieces[0]->weight;
     at::Tensor bias = pieces[0]->bias;
-    if (weight.requires_grad())
-      gradient_of(weight).addmm_(grad_output.t(), rows(&WeightGradient::input));
-    if (bias.defined() && bias.requires_grad()) {
-      gradient_of(bias).addmv_(grad_output.t(),
-                               at::ones({grad_output.size(0)}, grad_output.options()));
+    const bool bias_needs_grad = bias.defined() && bias.requires_grad();
+    if (weight.requires_grad() || bias_needs_grad) {
+      auto rows = [&](at::Tensor WeightGradient::*member) {
+        if (pieces.size() == 1) return pieces[0]->*member;
+        std::vector<at::Tensor> parts;
+        for (const auto* piece : pieces) parts.push_back(piece->*member);
+        return at::cat(parts);
+      };
+      const at::Tensor grad_output = rows(&WeightGradient::grad_output);
+      if (weight.requires_grad()) {
+        gradient_of(weight).addmm_(grad_output.t(), rows(&WeightGradient::input));
+      }
+      if (bias_needs_grad) {
+        gradient_of(bias).addmv_(grad_output.t(),
+                                 at::ones({grad_output.size(0)}, grad_output.options()));
+      }
     }
+    for (auto* piece : pieces) *piece = {};  // this layer's activations may go now
   }
 }
 

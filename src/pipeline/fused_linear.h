@@ -53,8 +53,9 @@ class DeferredWeightGradients {
   void clear() { pending_.clear(); }
 
   // Adds `work`'s gradients into the parameters' .grad (created as zeros if undefined): one GEMM
-  // per layer, its micro-batches' rows joined, layers in the order they first appear.
-  static void accumulate(const std::vector<WeightGradient>& work);
+  // per layer, its micro-batches' rows joined, layers in the order they first appear. Each
+  // layer's tensors are let go once its GEMM is issued.
+  static void accumulate(std::vector<WeightGradient> work);
 
  private:
   bool deferring_ = false;

@@ -148,6 +148,9 @@ at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
   try {
     return run_schedule(input, batch_size, loss_fn);
   } catch (const std::exception& e) {
+    // Queued weight-gradient work holds every queued micro-batch's activations, and must not
+    // add to the next step.
+    if (deferred_) deferred_->clear();
     // The other stages will only see this process vanish; tell them why.
     world_->publish_error(error_message(e));
     throw;
@@ -179,15 +182,13 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
     graphs_.reset();
   }
   if (graphs_) graphs_->adopt_gradients();
-  if (deferred_) deferred_->clear();  // a failed step's leftovers must not add to this one
   Trace* trace = options_.trace().get();
   at::Tensor total_loss;
   const Action* last_backward = nullptr;
   for (const Action& action : schedule[stage_]) {
     if (action.phase == Phase::kBackward) last_backward = &action;
   }
-  const bool join_weight_gradients =
-      deferred_ && joins_weight_gradients(schedule[stage_], recompute_below);
+  const bool join_at_end = deferred_ && joins_weight_gradients(schedule[stage_], recompute_below);
   std::vector<int64_t> weight_gradient_slots;  // under graphs, slots whose work waits for the end
 
   for (const Action& action : schedule[stage_]) {
@@ -267,8 +268,8 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       }
       // The fused Linear layers' weight gradients: after the last backward, or now that the
       // previous stage has what it waits for.
-      if (join_weight_gradients) {
-        weight_gradient_slots.push_back(state.slot);
+      if (join_at_end) {
+        if (graphs_) weight_gradient_slots.push_back(state.slot);
       } else {
         if (deferred_) {
           Trace::Span span(trace, "weight gradients", mb.index);
@@ -278,7 +279,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       }
     }
   }
-  if (join_weight_gradients) {
+  if (join_at_end) {
     Trace::Span span(trace, "weight gradients");
     run_weight_gradients(weight_gradient_slots);
   }

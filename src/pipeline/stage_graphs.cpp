@@ -148,6 +148,7 @@ void StageGraphs::weight_backward(const std::vector<int64_t>& slots) {
     work.insert(work.end(), g->weight_gradients.begin(), g->weight_gradients.end());
     in_flight_.erase(slot);
   }
+  if (work.empty()) return;  // no fused Linear on this stage
   if (auto it = weight_graphs_.find(key); it != weight_graphs_.end()) {
     it->second->graph.replay();
     return;

@@ -148,12 +148,14 @@ TEST(DdpPipe, GlobalNormClippingAndAccumulationEqualOneProcess) {
 
 // Fused Linear layers hand autograd no weight gradient, so GradientSync's hooks never see theirs;
 // it must still average them (at the end of backward), whether stage 1 defers them past its send
-// (1F1B) or both stages compute them after their last backward (GPipe, checkpoint never). The MLP
+// (1F1B, checkpoint except_last) or both stages compute them after their last backward (GPipe,
+// checkpoint never). The MLP
 // (8 Linear layers) against the same layout unfused; both run Adam, and only where the adds
 // happen differs.
 TEST(DdpPipe, FusedGradientAccumulationTrainsAsUnfused) {
   const auto root = make_temp_dir("ddp-fused");
-  for (const auto& schedule : {"1f1b", "gpipe"}) {
+  for (const auto& [schedule, checkpoint] :
+       {std::pair<std::string, std::string>{"1f1b", "except_last"}, {"gpipe", "never"}}) {
     SCOPED_TRACE(schedule);
     const std::vector<std::string> layout{"--strategy",
                                           "ddp_pipe",
@@ -166,7 +168,7 @@ TEST(DdpPipe, FusedGradientAccumulationTrainsAsUnfused) {
                                           "--schedule",
                                           schedule,
                                           "--checkpoint",
-                                          "never",
+                                          checkpoint,
                                           "--accumulate-grad-batches",
                                           "2"};
     auto fused = layout;

@@ -66,7 +66,7 @@ TEST(FusedGradientAccumulation, TrainsLikeSeparateAccumulation) {
         << "the fused pipe must not run torch::nn::Linear";
   }
   // Every Linear accumulates inside its GEMM, the first one too, though the data it sees carries
-  // no gradient (and gets none).
+  // no gradient.
   for (const auto& [index, input] : {std::pair<int, at::Tensor>{0, torch::ones({2, 6})},
                                      {2, torch::ones({2, 16}, torch::requires_grad())}}) {
     auto layer = pipe.stage_module()->begin()[index];
@@ -74,16 +74,29 @@ TEST(FusedGradientAccumulation, TrainsLikeSeparateAccumulation) {
     EXPECT_NE(out.grad_fn()->name().find("LinearAccumulatingGrad"), std::string::npos)
         << "layer " << index << ": " << out.grad_fn()->name();
   }
-  const auto data = torch::ones({2, 6});
-  auto first = pipe.stage_module()->begin()[0];
-  first.forward(data).sum().backward();
-  EXPECT_FALSE(data.grad().defined());
-  EXPECT_TRUE(pipe.parameters()[0].grad().defined()) << "the first layer's weight gradient";
+}
+
+// A fused Linear fed data (no gradient) gives its weight and bias what torch::nn::Linear gives.
+TEST(FusedGradientAccumulation, FirstLinearOnDataAccumulatesLikeLinear) {
+  torch::manual_seed(6);
+  torch::nn::Linear plain(4, 3), reference(4, 3);
+  {
+    torch::NoGradGuard no_grad;
+    reference->weight.copy_(plain->weight);
+    reference->bias.copy_(plain->bias);
+  }
+  const auto x = torch::randn({5, 4});
+  const auto g = torch::randn({5, 3});
+  reference->forward(x).backward(g);
+  auto fused = fuse_gradient_accumulation(torch::nn::AnyModule(plain));
+  fused.forward(x).backward(g);
+  EXPECT_TRUE(torch::allclose(plain->weight.grad(), reference->weight.grad()));
+  EXPECT_TRUE(torch::allclose(plain->bias.grad(), reference->bias.grad()));
 }
 
 // Inside a Deferral a fused Linear's backward gives its input's gradient at once and leaves the
 // weight's and bias's for run(), which then gives what torch::nn::Linear gives: here for two
-// micro-batches, whose rows run() joins into one GEMM.
+// micro-batches (run() joins their rows into one GEMM).
 TEST(FusedGradientAccumulation, DeferredWeightGradientsWaitForRun) {
   torch::manual_seed(5);
   torch::nn::Linear plain(4, 3), reference(4, 3);
@@ -113,6 +126,34 @@ TEST(FusedGradientAccumulation, DeferredWeightGradientsWaitForRun) {
   EXPECT_TRUE(torch::allclose(plain->bias.grad(), reference->bias.grad()));
   deferred->run();  // nothing left: run() does each piece of work once
   EXPECT_TRUE(torch::allclose(plain->weight.grad(), reference->weight.grad()));
+}
+
+// Two layers sharing a weight (tied, as embeddings and output heads are) but not a bias: the
+// weight gets both layers' gradients, each bias its own.
+TEST(FusedGradientAccumulation, LayersSharingAWeightKeepTheirOwnBiases) {
+  torch::manual_seed(7);
+  torch::nn::Linear first(4, 4), second(4, 4);
+  second->weight = first->weight;  // what its forward (and the fused layer) uses
+  const auto x = torch::randn({5, 4});
+  const auto g = torch::randn({5, 4});
+  auto reference = [&] { return second->forward(first->forward(x)); };
+  reference().backward(g);
+  std::vector<at::Tensor> expected;
+  for (const auto& p : {first->weight, first->bias, second->bias}) {
+    expected.push_back(p.grad().clone());
+    p.mutable_grad() = at::Tensor();
+  }
+  auto deferred = std::make_shared<DeferredWeightGradients>();
+  auto fused_first = fuse_gradient_accumulation(torch::nn::AnyModule(first), deferred);
+  auto fused_second = fuse_gradient_accumulation(torch::nn::AnyModule(second), deferred);
+  {
+    DeferredWeightGradients::Deferral deferral(deferred.get());
+    fused_second.forward(fused_first.forward(x)).backward(g);
+  }
+  deferred->run();
+  EXPECT_TRUE(torch::allclose(first->weight.grad(), expected[0]));
+  EXPECT_TRUE(torch::allclose(first->bias.grad(), expected[1]));
+  EXPECT_TRUE(torch::allclose(second->bias.grad(), expected[2]));
 }
 
 std::string result_path(const std::string& dir, const std::string& run, int64_t rank) {
@@ -186,6 +227,8 @@ TEST(FusedGradientAccumulation, TwoStagesSendInputGradientsBeforeWeightGradients
     const auto m = std::to_string(mb);
     EXPECT_EQ(position(0, "weight gradients " + m), static_cast<std::ptrdiff_t>(order[0].size()))
         << "1F1B: the first stage sends no gradient, so it has no reason to defer";
+    EXPECT_EQ(position(0, "weight gradients"), static_cast<std::ptrdiff_t>(order[0].size()))
+        << "1F1B interleaves stage 0's forwards and backwards: nothing to join";
     EXPECT_LT(position(1, "backward " + m), position(1, "weight gradients " + m));
     EXPECT_LT(position(1, "send gradient " + m), position(1, "weight gradients " + m))
         << "1F1B: stage 1 must send micro-batch " << m << "'s gradient before its weight gradients";
