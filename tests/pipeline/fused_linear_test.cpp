@@ -76,15 +76,19 @@ TEST(FusedGradientAccumulation, TrainsLikeSeparateAccumulation) {
   }
 }
 
+// Two Linear(4, 3) layers with the same (seeded) weights: one to fuse, one for reference.
+std::pair<torch::nn::Linear, torch::nn::Linear> twin_linears(uint64_t seed) {
+  torch::manual_seed(seed);
+  torch::nn::Linear plain(4, 3), reference(4, 3);
+  torch::NoGradGuard no_grad;
+  reference->weight.copy_(plain->weight);
+  reference->bias.copy_(plain->bias);
+  return {plain, reference};
+}
+
 // A fused Linear fed data (no gradient) gives its weight and bias what torch::nn::Linear gives.
 TEST(FusedGradientAccumulation, FirstLinearOnDataAccumulatesLikeLinear) {
-  torch::manual_seed(6);
-  torch::nn::Linear plain(4, 3), reference(4, 3);
-  {
-    torch::NoGradGuard no_grad;
-    reference->weight.copy_(plain->weight);
-    reference->bias.copy_(plain->bias);
-  }
+  auto [plain, reference] = twin_linears(6);
   const auto x = torch::randn({5, 4});
   const auto g = torch::randn({5, 3});
   reference->forward(x).backward(g);
@@ -98,13 +102,7 @@ TEST(FusedGradientAccumulation, FirstLinearOnDataAccumulatesLikeLinear) {
 // weight's and bias's for run(), which then gives what torch::nn::Linear gives: here for two
 // micro-batches (run() joins their rows into one GEMM).
 TEST(FusedGradientAccumulation, DeferredWeightGradientsWaitForRun) {
-  torch::manual_seed(5);
-  torch::nn::Linear plain(4, 3), reference(4, 3);
-  {
-    torch::NoGradGuard no_grad;
-    reference->weight.copy_(plain->weight);
-    reference->bias.copy_(plain->bias);
-  }
+  auto [plain, reference] = twin_linears(5);
   const std::vector<at::Tensor> xs = {torch::randn({5, 4}), torch::randn({2, 4})};
   const std::vector<at::Tensor> gs = {torch::randn({5, 3}), torch::randn({2, 3})};
   auto deferred = std::make_shared<DeferredWeightGradients>();
