@@ -25,15 +25,20 @@ namespace {
 const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
 const std::vector<std::string> kModes = {"never", "always"};
 
-// kSteps of SGD through a Pipe; returns the first step's gradients, then the final parameters.
+// kSteps of SGD through a Pipe, then one on a batch of 2 rows (fewer than its 3 chunks, as an
+// epoch's last batch can be: a shorter schedule); returns the first step's gradients, then the
+// final parameters.
 std::vector<at::Tensor> train(const std::shared_ptr<World>& world, PipeOptions options) {
   Pipe pipe(make_reference_model(3), options.chunks(3), world);
   torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
   std::vector<at::Tensor> result;
-  for (int64_t step = 0; step < kSteps; ++step) {
-    const auto [inputs, targets] = reference_batch(step);
+  for (int64_t step = 0; step <= kSteps; ++step) {
+    const int64_t rows = step < kSteps ? kBatchSize : 2;
+    const auto [all_inputs, all_targets] = reference_batch(step);
+    const auto inputs = all_inputs.slice(0, 0, rows);
+    const auto targets = all_targets.slice(0, 0, rows);
     optimizer.zero_grad();
-    pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
+    pipe.forward_backward(inputs, rows, [&](const at::Tensor& out, const MicroBatch& mb) {
       return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
     });
     if (step == 0) {
