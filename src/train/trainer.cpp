@@ -232,6 +232,13 @@ void Trainer::setup(Module& module) {
   }
   module_ = &module;
   print(strategy_->describe());
+  if (options_.pipe().fuse_gradient_accumulation() && options_.precision() == "bf16-mixed" &&
+      world_->is_global_zero()) {
+    std::cerr << "pipetrain: fused gradient accumulation does nothing under bf16-mixed: autocast's "
+                 "bf16 GEMMs cannot add into fp32 gradients, so Linear layers accumulate as usual "
+                 "(bf16-true can fuse)"
+              << std::endl;
+  }
 }
 
 // --- fit -----------------------------------------------------------------------------------------

@@ -43,6 +43,19 @@ TEST(FitCommand, SingleHonoursCudaGraphsAndFusedAccumulation) {
   std::filesystem::remove_all(root);
 }
 
+// Under bf16-mixed fused accumulation cannot work (autocast's GEMMs are bf16, the gradients fp32):
+// the run says so rather than silently training unfused.
+TEST(FitCommand, FusedAccumulationUnderBf16MixedSaysItDoesNothing) {
+  const auto root = make_temp_dir("fit-fused-bf16-mixed");
+  const auto result = run_command(
+      mlp_fit_command(root, {"--precision", "bf16-mixed", "--fuse-gradient-accumulation", "true"}));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("fused gradient accumulation does nothing under bf16-mixed"),
+            std::string::npos)
+      << result.output;
+  std::filesystem::remove_all(root);
+}
+
 TEST(FitCommand, HelpListsEveryFlagWithItsDefault) {
   const auto help = run_command({PIPETRAIN_CLI, "fit", "--help"});
   EXPECT_EQ(help.exit_code, 0);
