@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <utility>
 
 #include "pipetrain/compat.h"
 
@@ -111,11 +112,7 @@ DeferredWeightGradients::Deferral::~Deferral() {
   if (queue_) queue_->deferring_ = false;
 }
 
-std::vector<WeightGradient> DeferredWeightGradients::take() {
-  auto pending = std::move(pending_);
-  pending_.clear();
-  return pending;
-}
+std::vector<WeightGradient> DeferredWeightGradients::take() { return std::exchange(pending_, {}); }
 
 void DeferredWeightGradients::accumulate(std::vector<WeightGradient> work) {
   torch::NoGradGuard no_grad;  // may be called where autograd records

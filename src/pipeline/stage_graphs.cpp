@@ -141,18 +141,19 @@ at::Tensor StageGraphs::backward(int64_t slot, const at::Tensor& grad_output) {
 
 void StageGraphs::weight_backward(const std::vector<int64_t>& slots) {
   std::vector<Graphs*> key;
-  std::vector<WeightGradient> work;
   for (const int64_t slot : slots) {
-    Graphs* g = in_flight_.at(slot);
-    key.push_back(g);
-    work.insert(work.end(), g->weight_gradients.begin(), g->weight_gradients.end());
+    key.push_back(in_flight_.at(slot));
     in_flight_.erase(slot);
   }
-  if (work.empty()) return;  // no fused Linear on this stage
   if (auto it = weight_graphs_.find(key); it != weight_graphs_.end()) {
     it->second->graph.replay();
     return;
   }
+  std::vector<WeightGradient> work;
+  for (const Graphs* g : key) {
+    work.insert(work.end(), g->weight_gradients.begin(), g->weight_gradients.end());
+  }
+  if (work.empty()) return;  // no fused Linear on this stage
   // First time for these slots: run eagerly on a side stream (which also readies cuBLAS there),
   // then capture the same work for the next steps.
   auto captured = std::make_unique<WeightGraph>();
