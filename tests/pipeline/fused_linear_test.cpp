@@ -91,6 +91,38 @@ std::pair<torch::nn::Linear, torch::nn::Linear> twin_linears(uint64_t seed) {
   return {plain, reference};
 }
 
+// A step that fails half-way leaves no queued weight-gradient work behind: the next step's
+// gradients are its own (GPipe with checkpoint never queues every micro-batch's until the end;
+// here the second backward fails, after the first has queued its share).
+TEST(FusedGradientAccumulation, FailedStepLeavesNoQueuedWork) {
+  auto world = std::make_shared<World>();
+  const auto options = PipeOptions().chunks(3).checkpoint("never").fuse_gradient_accumulation(true);
+  Pipe failing(make_reference_model(3), options, world),
+      fresh(make_reference_model(3), options, world);
+  const auto [inputs, targets] = reference_batch(0);
+  auto loss = [&](const at::Tensor& out, const MicroBatch& mb) {
+    return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
+  };
+  int backwards = 0;
+  EXPECT_ANY_THROW(failing.forward_backward(inputs, kBatchSize,
+                                            [&](const at::Tensor& out, const MicroBatch& mb) {
+                                              out.register_hook([&](const at::Tensor& grad) {
+                                                if (++backwards == 2)
+                                                  throw std::runtime_error("backward failed");
+                                                return grad;
+                                              });
+                                              return loss(out, mb);
+                                            }));
+  EXPECT_EQ(backwards, 2);
+  for (auto& p : failing.parameters()) p.mutable_grad() = at::Tensor();
+  failing.forward_backward(inputs, kBatchSize, loss);
+  fresh.forward_backward(inputs, kBatchSize, loss);
+  for (size_t i = 0; i < fresh.parameters().size(); ++i) {
+    EXPECT_TRUE(torch::allclose(failing.parameters()[i].grad(), fresh.parameters()[i].grad()))
+        << "parameter " << i;
+  }
+}
+
 // A fused Linear fed data (no gradient) gives its weight and bias what torch::nn::Linear gives.
 TEST(FusedGradientAccumulation, FirstLinearOnDataAccumulatesLikeLinear) {
   auto [plain, reference] = twin_linears(6);
