@@ -100,9 +100,11 @@ class Module {
   virtual void on_test_epoch_start() {}
   virtual void on_test_epoch_end() {}
 
-  // The model's output for `input` (the current step's batch.data).
+  // The model's output for the current step's batch.data, which `input` must be (under `pipe`
+  // the Trainer has computed it through the stages); any other tensor is refused.
   at::Tensor forward(const at::Tensor& input);
-  // The parameters this process trains (its stage's, under `pipe`).
+  // The parameters this process trains (its stage's, under `pipe`), each once even where layers
+  // share one (tied weights).
   std::vector<at::Tensor> parameters() const;
   // Logs a scalar; reduced over micro-batches (and epochs) and written by rank 0.
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options = {});

@@ -7,6 +7,8 @@
 //   auto loss = pipe.forward_backward(inputs, [&](const at::Tensor& out, const MicroBatch& mb) {
 //     return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
 //   });
+//   pipe.reduce_tied_gradients();  // before every optimizer step (a no-op without tied weights)
+//   optimizer.step();
 #pragma once
 
 #include <torch/arg.h>
@@ -29,6 +31,7 @@ class PeerToPeer;
 class StageGraphs;
 class DeferredWeightGradients;
 class Trace;
+class TiedGradients;
 
 struct PipeOptions {
   // Layers per stage; empty: split by parameter count (balance_by_size) over the world's ranks.
@@ -49,6 +52,10 @@ struct PipeOptions {
   // after its last backward, one GEMM per layer over the whole batch, keeping the layers' output
   // gradients until then; other stages but the first, after sending each input's gradient.
   TORCH_ARG(bool, fuse_gradient_accumulation) = false;
+  // Groups of global parameter names ("0.weight", "7.weight") to train as one parameter, for
+  // ties the Pipe cannot see: layers that hold tensors of their own. The same tensor registered
+  // in several layers is found without declaring it (tied_parameters.h).
+  TORCH_ARG(std::vector<std::vector<std::string>>, tied_parameters) = {};
   // Where this stage records its forward, backward, send and receive spans (trace.h); null: none.
   TORCH_ARG(std::shared_ptr<Trace>, trace) = nullptr;
 };
@@ -77,6 +84,13 @@ class Pipe {
   // Forward only, for evaluation: no autograd graph and no recomputation, micro-batches in order.
   void forward(const at::Tensor& input, int64_t batch_size, const OutputFn& on_output);
 
+  // Gives every copy of a tied parameter the sum of all copies' gradients (tied_parameters.h), so
+  // the copies on different stages take the same optimizer step. Call it once before each
+  // optimizer step, after the batches it accumulates; every stage calls it.
+  void reduce_tied_gradients();
+  // The parameters used by layers of several stages (or declared tied), and this stage's copies.
+  const TiedGradients& tied_parameters() const { return *tied_; }
+
   // Runs just before this stage's last backward of every forward_backward(): data parallelism
   // starts reducing gradients from there, once no other micro-batch will add to them.
   void set_last_backward_hook(std::function<void()> hook) { last_backward_hook_ = std::move(hook); }
@@ -88,7 +102,8 @@ class Pipe {
 
   // This process's layers, named by their index in the whole Sequential ("3.weight").
   const torch::nn::Sequential& stage_module() const { return stage_module_; }
-  std::vector<at::Tensor> parameters() const { return stage_module_->parameters(); }
+  // Each once, even when several layers share one (what an optimizer takes).
+  std::vector<at::Tensor> parameters() const;
 
   int64_t stage() const { return stage_; }
   // Index of this stage's first layer in the whole Sequential.
@@ -103,6 +118,9 @@ class Pipe {
  private:
   at::Tensor run_schedule(const at::Tensor& batch_input, int64_t batch_size, const LossFn& loss_fn);
   at::Tensor run_stage(const at::Tensor& input, int64_t microbatch);
+  // run_stage again for the backward of a checkpointed micro-batch, leaving the layers' state
+  // (BatchNorm's running statistics) as it was.
+  at::Tensor recompute_stage(const at::Tensor& input, int64_t microbatch);
   // The deferred weight gradients (of the micro-batches in `slots`, under CUDA graphs).
   void run_weight_gradients(const std::vector<int64_t>& slots);
 
@@ -117,6 +135,7 @@ class Pipe {
   std::map<int64_t, Schedule> short_schedules_;
   torch::nn::Sequential stage_module_;
   std::function<void()> last_backward_hook_;
+  std::unique_ptr<TiedGradients> tied_;
   std::unique_ptr<StageGraphs> graphs_;  // null: eager
   // Fused Linear layers' weight gradients, left by their backwards for run_weight_gradients()
   // (null: unfused, or a first stage that computes them within its backwards).

@@ -128,9 +128,15 @@ void load_weights(torch::nn::Sequential& model, const std::map<std::string, at::
                   const std::string& source) {
   auto targets = model->named_parameters();
   for (const auto& b : model->named_buffers()) targets.insert(b.key(), b.value());
+  // A tensor registered under several names (a tied weight) is stored under one of them.
+  std::map<const c10::TensorImpl*, std::string> stored_as;
+  for (const auto& item : targets) {
+    if (weights.count(item.key())) stored_as[item.value().unsafeGetTensorImpl()] = item.key();
+  }
   for (const auto& item : targets) {
     const auto it = weights.find(item.key());
     if (it == weights.end()) {
+      if (stored_as.count(item.value().unsafeGetTensorImpl())) continue;
       throw std::runtime_error(source + " has no tensor '" + item.key() +
                                "': it was saved from a different model");
     }
@@ -148,7 +154,10 @@ void load_weights(torch::nn::Sequential& model, const std::map<std::string, at::
     }
   }
   torch::NoGradGuard no_grad;
-  for (const auto& item : targets) item.value().copy_(weights.at(item.key()));
+  for (const auto& item : targets) {
+    const auto it = weights.find(item.key());
+    if (it != weights.end()) item.value().copy_(it->second);
+  }
 }
 
 }  // namespace pipetrain

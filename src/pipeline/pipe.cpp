@@ -14,6 +14,7 @@
 #include "pipetrain/compat.h"
 #include "pipetrain/error.h"
 #include "pipetrain/p2p.h"
+#include "pipetrain/tied_parameters.h"
 #include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 #include "stage_graphs.h"
@@ -74,6 +75,13 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
       world_(std::move(world)),
       checkpoint_mode_(parse_checkpoint_mode(options_.checkpoint())) {
   const auto layers = static_cast<int64_t>(sequential->size());
+  if (layers < world_->size()) {
+    throw std::invalid_argument(
+        "the model's Sequential has " + std::to_string(layers) + " layers but " +
+        std::to_string(world_->size()) +
+        " stages were asked for: every stage needs at least one layer; give the Sequential more "
+        "layers (a module's parts as its layers, not one module holding them) or use fewer stages");
+  }
   balance_ =
       options_.balance().empty() ? balance_by_size(sequential, world_->size()) : options_.balance();
   validate_balance(balance_, layers);
@@ -106,6 +114,9 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   }
   // Only this stage's layers go to the device; the rest of the Sequential stays where it was built.
   if (world_->device() != c10::Device(c10::DeviceType::CPU)) stage_module_->to(world_->device());
+  tied_ = std::make_unique<TiedGradients>(
+      find_tied_parameters(sequential, balance_, options_.tied_parameters()), sequential,
+      stage_module_, stage_, world_);
   if (stages() > 1) p2p_ = std::make_unique<PeerToPeer>(world_);
   if (options_.cuda_graphs()) {
     std::string why;
@@ -125,6 +136,32 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
 
 Pipe::~Pipe() = default;
 
+std::vector<at::Tensor> Pipe::parameters() const {
+  return distinct_tensors(stage_module_->parameters());
+}
+
+void Pipe::reduce_tied_gradients() {
+  try {
+    tied_->reduce();
+  } catch (const std::exception& e) {
+    world_->publish_error(error_message(e));
+    throw;
+  }
+}
+
+at::Tensor Pipe::recompute_stage(const at::Tensor& input, int64_t microbatch) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> buffers = stage_module_->buffers(), saved;
+  for (const auto& b : buffers) saved.push_back(b.clone());
+  at::Tensor output;
+  {
+    torch::AutoGradMode grad(true);
+    output = run_stage(input, microbatch);
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved[i]);
+  return output;
+}
+
 at::Tensor Pipe::run_stage(const at::Tensor& input, int64_t microbatch) {
   try {
     return stage_module_->forward(input);
@@ -137,8 +174,8 @@ at::Tensor Pipe::run_stage(const at::Tensor& input, int64_t microbatch) {
     if (stage_ > 0) message << " from stage " << stage_ - 1;
     message << ": " << error_message(e);
     if (stage_ > 0)
-      message << "\nCheck --balance: stage " << stage_ - 1 << "'s output must fit stage " << stage_
-              << "'s first layer.";
+      message << "\nCheck the balance (PipeOptions::balance, --balance): stage " << stage_ - 1
+              << "'s output must fit stage " << stage_ << "'s first layer.";
     throw std::runtime_error(message.str());
   }
 }
@@ -252,7 +289,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         } else if (grad_output.defined()) {
           at::Tensor output = state.output;
           if (state.checkpointed) {
-            output = state.rng.replay([&] { return run_stage(state.input, mb.index); });
+            output = state.rng.replay([&] { return recompute_stage(state.input, mb.index); });
           }
           torch::autograd::backward({output}, {grad_output});
         }

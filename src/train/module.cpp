@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "pipetrain/tied_parameters.h"
+
 namespace pipetrain {
 
 void LoggedMetrics::add(const std::string& name, const at::Tensor& value, int64_t samples,
@@ -97,7 +99,9 @@ at::Tensor Module::predict_step(const Batch& batch, int64_t) { return forward(ba
 
 at::Tensor Module::forward(const at::Tensor& input) { return forward_(input); }
 
-std::vector<at::Tensor> Module::parameters() const { return local_layers_->parameters(); }
+std::vector<at::Tensor> Module::parameters() const {
+  return distinct_tensors(local_layers_->parameters());
+}
 
 void Module::log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
   if (log_target_) log_target_->add(name, value, log_samples_, options);

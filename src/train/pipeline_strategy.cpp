@@ -13,14 +13,17 @@
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <sstream>
 
 #include "pipetrain/balance.h"
+#include "pipetrain/error.h"
 #include "pipetrain/gradient_sync.h"
 #include "pipetrain/module.h"
 #include "pipetrain/p2p.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/strategy.h"
+#include "pipetrain/tied_parameters.h"
 #include "pipetrain/trainer_options.h"
 #include "pipetrain/world.h"
 
@@ -105,9 +108,13 @@ class PipelineStrategy : public Strategy {
                 "forward() runs only inside a step, on the step's batch.data (the Trainer "
                 "computes it through the pipeline)");
           }
-          if (input.dim() == 0 || input.size(0) != current_output_.size(0)) {
-            throw std::invalid_argument("forward() must be given the step's batch.data (" +
-                                        std::to_string(current_output_.size(0)) + " rows)");
+          if (!is_step_input(input)) {
+            throw std::invalid_argument(
+                "forward() was given a tensor of shape " + shape_text(input.sizes()) +
+                " that is not the step's batch.data: the Trainer computes the model's output for "
+                "batch.data alone (through every stage, before the step runs), so forward() takes "
+                "nothing else. Put preprocessing into a layer at the front of the Sequential, or "
+                "into the data");
           }
           return current_output_;
         },
@@ -133,6 +140,8 @@ class PipelineStrategy : public Strategy {
           return run_user_step(module, batch, mb, output, metrics, step) * options.loss_scale;
         });
     if (sync_this_step_) gradient_sync_->finish();
+    if (options.sync_gradients) pipe_->reduce_tied_gradients();
+    if (replicas_ > 1) broadcast_buffers();
   }
 
   void evaluation_step(Module& module, const Batch& host_batch, int64_t batch_idx,
@@ -184,8 +193,11 @@ class PipelineStrategy : public Strategy {
   double gradient_norm(Module& module) override {
     // Replicas hold the same (averaged) gradients: the sum runs over the stages of one pipeline.
     auto sum_of_squares = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device()));
+    // A tied parameter counts once, on the first stage holding it.
     for (const auto& p : module.parameters()) {
-      if (p.grad().defined()) sum_of_squares += p.grad().to(torch::kFloat64).pow(2).sum();
+      if (p.grad().defined() && !pipe_->tied_parameters().is_extra_copy(p)) {
+        sum_of_squares += p.grad().to(torch::kFloat64).pow(2).sum();
+      }
     }
     return std::sqrt(pipeline_->all_reduce_sum(sum_of_squares.item<double>()));
   }
@@ -194,25 +206,30 @@ class PipelineStrategy : public Strategy {
     torch::NoGradGuard no_grad;
     auto everything = module.layers()->named_parameters();
     for (const auto& b : module.layers()->named_buffers()) everything.insert(b.key(), b.value());
-    // Rank 0 keeps a copy of every layer; the other stages of its pipeline send theirs into it.
-    for (int64_t stage = 1; stage < pipe_->stages() && replica_ == 0; ++stage) {
+    // A tied parameter is stored once, under its first name (loading gives it to every name).
+    std::set<std::string> copies;
+    for (const auto& tie : pipe_->tied_parameters().ties()) {
+      copies.insert(tie.names.begin() + 1, tie.names.end());
+    }
+    // Each stage of the first replica sends its layers' tensors to rank 0, which receives them
+    // into tensors of their own: rank 0's copies of other stages' layers may share tensors with
+    // its own (tied parameters), and its live weights must not change.
+    std::map<std::string, at::Tensor> weights;
+    for (int64_t stage = 0; stage < pipe_->stages() && replica_ == 0; ++stage) {
       const int64_t first = first_layer_of(stage);
       const int64_t end = first + pipe_->balance()[stage];
-      if (world_->rank() == stage) {
-        for (const auto& item : everything) {
-          const int64_t layer = layer_of(item.key());
-          if (layer >= first && layer < end) pipe_->send_to(item.value(), 0);
-        }
-      } else if (world_->is_global_zero()) {
-        for (const auto& item : everything) {
-          const int64_t layer = layer_of(item.key());
-          if (layer >= first && layer < end) item.value().copy_(pipe_->recv_from(stage));
+      for (const auto& item : everything) {
+        const int64_t layer = layer_of(item.key());
+        if (layer < first || layer >= end || copies.count(item.key())) continue;
+        if (stage == 0 && world_->is_global_zero()) {
+          weights[item.key()] = item.value().detach().clone();
+        } else if (world_->rank() == stage) {
+          pipe_->send_to(item.value(), 0);
+        } else if (world_->is_global_zero()) {
+          weights[item.key()] = pipe_->recv_from(stage);
         }
       }
     }
-    std::map<std::string, at::Tensor> weights;
-    if (!world_->is_global_zero()) return weights;
-    for (const auto& item : everything) weights[item.key()] = item.value().detach().clone();
     return weights;
   }
 
@@ -245,12 +262,14 @@ class PipelineStrategy : public Strategy {
     const Batch micro{batch.data.slice(0, mb.begin, mb.end),
                       batch.target.slice(0, mb.begin, mb.end)};
     current_output_ = output;
+    current_input_ = micro.data;
     module.set_log_target(&metrics, mb.size());
     struct Reset {
       PipelineStrategy* self;
       Module& module;
       ~Reset() {
         self->current_output_ = at::Tensor();
+        self->current_input_ = at::Tensor();
         module.set_log_target(nullptr, 0);
       }
     } reset{this, module};
@@ -287,6 +306,26 @@ class PipelineStrategy : public Strategy {
   }
 
   c10::Device device() const { return world_->device(); }
+
+  // Whether `input` is the step's batch.data (or a view of exactly its elements).
+  bool is_step_input(const at::Tensor& input) const {
+    if (!input.defined()) return false;
+    if (input.unsafeGetTensorImpl() == current_input_.unsafeGetTensorImpl()) return true;
+    return input.numel() > 0 && input.data_ptr() == current_input_.data_ptr() &&
+           input.sizes().equals(current_input_.sizes()) &&
+           input.strides().equals(current_input_.strides()) &&
+           input.scalar_type() == current_input_.scalar_type();
+  }
+
+  // Replica 0's buffers (BatchNorm's running statistics) become every replica's, as DDP's
+  // broadcast_buffers does, so replicas never drift apart and a checkpoint holds what all hold.
+  void broadcast_buffers() {
+    torch::NoGradGuard no_grad;
+    for (auto& b : pipe_->stage_module()->buffers()) {
+      std::vector<at::Tensor> one{b};
+      replicas_of_stage_->wait(replicas_of_stage_->process_group()->broadcast(one));
+    }
+  }
 
   // The batch where the model runs, moved once (Lightning's transfer_batch_to_device).
   Batch on_device(const Batch& batch) const {
@@ -325,7 +364,8 @@ class PipelineStrategy : public Strategy {
   std::unique_ptr<PeerToPeer> results_;  // predictions to rank 0, over the whole run
   std::unique_ptr<GradientSync> gradient_sync_;
   bool sync_this_step_ = false;
-  at::Tensor current_output_;
+  at::Tensor current_output_;  // forward()'s answer while a step runs
+  at::Tensor current_input_;   // the step's batch.data, the one input forward() takes
 };
 
 }  // namespace

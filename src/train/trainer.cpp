@@ -27,6 +27,7 @@
 #include "pipetrain/progress_bar.h"
 #include "pipetrain/strategy.h"
 #include "pipetrain/tensorboard_logger.h"
+#include "pipetrain/tied_parameters.h"
 #include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 #include "precision.h"
@@ -96,11 +97,20 @@ void check_options(const TrainerOptions& options) {
   }
 }
 
-// This rank's parameters under their names in the whole model ("3.weight").
+// This rank's parameters under their names in the whole model ("3.weight"), each once: a tensor
+// several layers share goes by its first name, on every stage that holds it.
 NamedParameters named_parameters(const Module& module) {
+  std::map<const c10::TensorImpl*, std::string> first_name;
+  for (const auto& item : module.layers()->named_parameters()) {
+    first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  }
   NamedParameters named;
+  std::set<const c10::TensorImpl*> seen;
   for (const auto& item : module.local_layers()->named_parameters()) {
-    named.emplace_back(item.key(), item.value());
+    const auto* impl = item.value().unsafeGetTensorImpl();
+    if (!seen.insert(impl).second) continue;
+    const auto it = first_name.find(impl);
+    named.emplace_back(it == first_name.end() ? item.key() : it->second, item.value());
   }
   return named;
 }
@@ -251,7 +261,8 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
     throw std::invalid_argument(
         "chunks (" + std::to_string(chunks) + ") is larger than the batch size (" +
         std::to_string(train_loader.batch_size()) +
-        "): every micro-batch needs at least one sample; lower --chunks or raise --batch-size");
+        "): every micro-batch needs at least one sample; lower PipeOptions::chunks (--chunks) or "
+        "raise the loader's batch_size (--batch-size)");
   }
   setup(module);
   auto config = module.configure_optimizers();
@@ -600,7 +611,14 @@ std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
 void Trainer::restore(Module& module, const std::string& path, bool full) {
   // Everything is read and checked before anything is changed.
   const TrainingState state = read_training_state(path);
-  const auto weights = read_checkpoint_weights(path);
+  auto weights = read_checkpoint_weights(path);
+  // A tied parameter is stored once, under its first name; declared twins load it too.
+  for (const auto& tie : find_tied_parameters(module.layers(), {static_cast<int64_t>(module.layers()->size())},
+                                              options_.pipe().tied_parameters())) {
+    const auto stored = weights.find(tie.names.front());
+    if (stored == weights.end()) continue;
+    for (const auto& name : tie.names) weights.emplace(name, stored->second);
+  }
   // The same layout resumes exactly, each rank from its own file; any other layout reads the
   // optimizer state of its parameters from the files of the stages that held them.
   const bool same_layout =

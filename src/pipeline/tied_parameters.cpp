@@ -1,0 +1,186 @@
+#include "pipetrain/tied_parameters.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <numeric>
+#include <stdexcept>
+
+#include "pipetrain/error.h"
+#include "pipetrain/world.h"
+
+namespace pipetrain {
+namespace {
+
+int64_t layer_of(const std::string& name) { return std::stoll(name.substr(0, name.find('.'))); }
+
+bool holds(const std::vector<at::Tensor>& tensors, const at::Tensor& tensor) {
+  for (const auto& t : tensors) {
+    if (t.is_same(tensor)) return true;
+  }
+  return false;
+}
+
+// Groups of indices, merged as ties are found (union-find).
+class Groups {
+ public:
+  explicit Groups(size_t n) : parent_(n) { std::iota(parent_.begin(), parent_.end(), 0); }
+  size_t root(size_t i) { return parent_[i] == i ? i : parent_[i] = root(parent_[i]); }
+  void join(size_t a, size_t b) {
+    a = root(a);
+    b = root(b);
+    if (a != b) parent_[std::max(a, b)] = std::min(a, b);  // the earliest name leads
+  }
+
+ private:
+  std::vector<size_t> parent_;
+};
+
+}  // namespace
+
+std::vector<TiedParameter> find_tied_parameters(
+    const torch::nn::Sequential& sequential, const std::vector<int64_t>& balance,
+    const std::vector<std::vector<std::string>>& declared) {
+  std::vector<int64_t> stage_of_layer;
+  for (size_t s = 0; s < balance.size(); ++s) {
+    stage_of_layer.insert(stage_of_layer.end(), balance[s], static_cast<int64_t>(s));
+  }
+  const auto named = sequential->named_parameters();
+  std::vector<std::string> names;
+  std::map<std::string, size_t> index_of;
+  std::map<const c10::TensorImpl*, size_t> first_with;
+  Groups groups(named.size());
+  for (const auto& item : named) {
+    const size_t i = names.size();
+    names.push_back(item.key());
+    index_of[item.key()] = i;
+    const auto [first, inserted] = first_with.emplace(item.value().unsafeGetTensorImpl(), i);
+    if (!inserted) groups.join(first->second, i);
+  }
+  for (const auto& group : declared) {
+    for (const auto& name : group) {
+      if (!index_of.count(name)) {
+        throw std::invalid_argument(
+            "PipeOptions::tied_parameters names '" + name +
+            "', which the model does not have: name parameters by their place in the whole "
+            "Sequential, e.g. '0.weight'");
+      }
+      const auto& lead = named[group.front()];
+      const auto& tensor = named[name];
+      if (!tensor.sizes().equals(lead.sizes()) || tensor.scalar_type() != lead.scalar_type()) {
+        throw std::invalid_argument("PipeOptions::tied_parameters ties '" + name + "' " +
+                                    shape_text(tensor.sizes()) + " to '" + group.front() + "' " +
+                                    shape_text(lead.sizes()) +
+                                    ": tied parameters need the same shape and dtype");
+      }
+      groups.join(index_of.at(group.front()), index_of.at(name));
+    }
+  }
+  std::map<size_t, TiedParameter> by_root;  // keyed by the earliest name: the model's order
+  for (size_t i = 0; i < names.size(); ++i) by_root[groups.root(i)].names.push_back(names[i]);
+  std::vector<TiedParameter> ties;
+  for (auto& [root, tie] : by_root) {
+    if (tie.names.size() < 2) continue;
+    for (const auto& name : tie.names) {
+      const int64_t stage = stage_of_layer.at(layer_of(name));
+      if (std::find(tie.stages.begin(), tie.stages.end(), stage) == tie.stages.end()) {
+        tie.stages.push_back(stage);
+      }
+    }
+    std::sort(tie.stages.begin(), tie.stages.end());
+    ties.push_back(std::move(tie));
+  }
+  return ties;
+}
+
+std::vector<at::Tensor> distinct_tensors(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> distinct;
+  for (const auto& t : tensors) {
+    if (!holds(distinct, t)) distinct.push_back(t);
+  }
+  return distinct;
+}
+
+struct TiedGradients::Local {
+  std::vector<at::Tensor> tensors;  // this stage's distinct tensors of the tie, in name order
+  bool holds_first_name = false;    // then tensors[0] is the one a whole-model sum counts
+  std::shared_ptr<World> stages;    // the stages sharing it; null when this stage alone holds it
+};
+
+TiedGradients::TiedGradients(std::vector<TiedParameter> ties, const torch::nn::Sequential& whole,
+                             const torch::nn::Sequential& stage_module, int64_t stage,
+                             const std::shared_ptr<World>& pipeline)
+    : ties_(std::move(ties)) {
+  torch::NoGradGuard no_grad;
+  const auto all = whole->named_parameters();
+  const auto mine = stage_module->named_parameters();
+  std::map<std::vector<int64_t>, std::shared_ptr<World>> groups;
+  for (const auto& tie : ties_) {
+    // Declared ties between tensors of their own start from the first name's values.
+    for (const auto& name : tie.names) {
+      if (!all[name].is_same(all[tie.names.front()])) all[name].copy_(all[tie.names.front()]);
+    }
+    if (std::find(tie.stages.begin(), tie.stages.end(), stage) == tie.stages.end()) continue;
+    Local local;
+    local.holds_first_name = mine.contains(tie.names.front());
+    for (const auto& name : tie.names) {
+      if (mine.contains(name) && !holds(local.tensors, mine[name])) {
+        local.tensors.push_back(mine[name]);
+      }
+    }
+    if (tie.stages.size() > 1) {
+      auto& group = groups[tie.stages];
+      if (!group) {
+        std::vector<int64_t> ranks;
+        std::string name = "tied";
+        for (const int64_t s : tie.stages) {
+          ranks.push_back(pipeline->global_rank(s));
+          name += "-" + std::to_string(s);
+        }
+        group = pipeline->group(ranks, name);
+      }
+      local.stages = group;
+    }
+    local_.push_back(std::move(local));
+  }
+}
+
+TiedGradients::~TiedGradients() = default;
+
+void TiedGradients::reduce() {
+  torch::NoGradGuard no_grad;
+  for (auto& local : local_) {
+    at::Tensor sum;
+    for (const auto& t : local.tensors) {
+      if (!t.grad().defined()) continue;
+      sum = sum.defined() ? sum + t.grad() : t.grad();
+    }
+    if (!sum.defined()) sum = torch::zeros_like(local.tensors.front());
+    if (local.stages) {
+      // In place: with one tensor here, sum is its gradient.
+      std::vector<at::Tensor> buffer{sum};
+      try {
+        local.stages->wait(local.stages->process_group()->allreduce(buffer));
+      } catch (const std::exception& e) {
+        local.stages->fail("sum tied gradients with", e);
+      }
+    }
+    for (const auto& t : local.tensors) {
+      if (!t.grad().defined()) {
+        t.mutable_grad() = sum.clone();
+      } else if (!t.grad().is_same(sum)) {
+        t.grad().copy_(sum);
+      }
+    }
+  }
+}
+
+bool TiedGradients::is_extra_copy(const at::Tensor& parameter) const {
+  for (const auto& local : local_) {
+    if (!holds(local.tensors, parameter)) continue;
+    return !(local.holds_first_name && local.tensors.front().is_same(parameter));
+  }
+  return false;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,291 @@
+// Tied parameters: a user's model whose first layer (an Embedding) and last layer (the output
+// projection) share one weight, as GPT-2 does, trained through the Trainer under `pipe` over 2 and
+// 3 stages and `ddp_pipe` 2 x 2 must equal `single`; the stages' copies stay bit-identical; a
+// checkpoint stores the weight once and resumes across layouts; saving one changes no live tensor.
+// Tolerance: fp32 on CPU, relative 1e-5 on losses and absolute 1e-5 on parameters (only the order
+// of the gradient sums differs).
+#include "pipetrain/tied_parameters.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "pipetrain/model_checkpoint.h"
+#include "pipetrain/module.h"
+#include "pipetrain/safetensors.h"
+#include "pipetrain/trainer.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kVocabulary = 11;
+constexpr int64_t kWidth = 8;
+constexpr int64_t kTokens = 5;
+
+// The embedding's weight used again as the output projection (GPT-2's tied LM head): the same
+// tensor registered in a second layer.
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(const torch::nn::Embedding& embedding)
+      : weight(register_parameter("weight", embedding->weight)) {}
+  at::Tensor forward(const at::Tensor& x) { return torch::matmul(x, weight.t()); }
+  at::Tensor weight;
+};
+TORCH_MODULE(TiedHead);
+
+torch::nn::Sequential tied_sequential() {
+  torch::nn::Embedding embedding(kVocabulary, kWidth);
+  return torch::nn::Sequential(embedding, torch::nn::Linear(kWidth, kWidth), torch::nn::Tanh(),
+                               torch::nn::Linear(kWidth, kWidth), torch::nn::Tanh(),
+                               TiedHead(embedding));
+}
+
+class TiedLanguageModel : public Module {
+ public:
+  TiedLanguageModel() : Module(tied_sequential()) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto logits = forward(batch.data);
+    auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, kVocabulary}),
+                                                     batch.target.reshape(-1));
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    // Momentum has per-parameter state: a checkpoint must carry it across layouts.
+    return std::make_unique<torch::optim::SGD>(parameters(),
+                                               torch::optim::SGDOptions(0.2).momentum(0.9));
+  }
+};
+
+TensorDataset token_data() {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
+  auto tokens = torch::randint(kVocabulary, {32, kTokens + 1}, generator);
+  return {tokens.slice(1, 0, kTokens).clone(), tokens.slice(1, 1).clone()};
+}
+
+// How one run trains, from the environment in workers.
+struct TiedRun {
+  std::string root;
+  std::string strategy = "single";
+  int64_t devices = 1;
+  int64_t stages = 0;
+  int64_t chunks = 1;
+  int64_t max_epochs = 2;
+  std::string resume;  // a checkpoint to resume from
+
+  std::map<std::string, std::string> env() const {
+    return {{"ROOT", root},
+            {"STRATEGY", strategy},
+            {"DEVICES", std::to_string(devices)},
+            {"STAGES", std::to_string(stages)},
+            {"CHUNKS", std::to_string(chunks)},
+            {"MAX_EPOCHS", std::to_string(max_epochs)},
+            {"RESUME", resume}};
+  }
+  static TiedRun from_env() {
+    TiedRun run;
+    run.root = env_or("ROOT", "");
+    run.strategy = env_or("STRATEGY", "single");
+    run.devices = std::stoll(env_or("DEVICES", "1"));
+    run.stages = std::stoll(env_or("STAGES", "0"));
+    run.chunks = std::stoll(env_or("CHUNKS", "1"));
+    run.max_epochs = std::stoll(env_or("MAX_EPOCHS", "2"));
+    run.resume = env_or("RESUME", "");
+    return run;
+  }
+  int64_t replicas() const {
+    if (strategy == "ddp") return devices;
+    return strategy == "ddp_pipe" ? devices / stages : 1;
+  }
+  std::string last_checkpoint() const { return root + "/checkpoints/last.ckpt"; }
+};
+
+// Trains the tied model (4 batches of 8 an epoch) and writes each rank's parameters, named in the
+// whole model, to <root>/rank-<r>.safetensors. Rank 0 also checks that writing a checkpoint
+// changes none of its tensors.
+void train(const TiedRun& run) {
+  Trainer trainer(TrainerOptions()
+                      .strategy(run.strategy)
+                      .devices(run.devices)
+                      .stages(run.stages)
+                      .pipe(PipeOptions().chunks(run.chunks))
+                      .max_epochs(run.max_epochs)
+                      .log_every_n_steps(1)
+                      .loggers({"csv"})
+                      .enable_progress_bar(false)
+                      .default_root_dir(run.root)
+                      .callbacks({std::make_shared<ModelCheckpoint>(
+                          ModelCheckpointOptions()
+                              .dirpath(run.root + "/checkpoints")
+                              .save_last(true)
+                              .save_top_k(0))}));
+  TiedLanguageModel model;
+  DataLoader loader(token_data(), DataLoaderOptions().batch_size(8 / run.replicas()));
+  trainer.fit(model, loader, nullptr, run.resume);
+
+  std::vector<at::Tensor> before;
+  for (const auto& t : model.layers()->parameters()) before.push_back(t.detach().clone());
+  trainer.save_checkpoint(run.root + "/again.ckpt");
+  const auto after = model.layers()->parameters();
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (!torch::equal(before[i], after[i])) {
+      throw std::runtime_error("saving a checkpoint changed parameter " + std::to_string(i));
+    }
+  }
+  TensorMap mine;
+  for (const auto& item : model.local_layers()->named_parameters()) {
+    mine[item.key()] = item.value().detach().clone();
+  }
+  save_safetensors(run.root + "/rank-" + env_or("RANK", "0") + ".safetensors", mine);
+}
+
+PIPETRAIN_WORKER(tied_worker) { train(TiedRun::from_env()); }
+
+void train_in_ranks(const TiedRun& run, int ranks) {
+  ASSERT_EQ(run_ranks(ranks, "tied_worker", run.env()), 0);
+}
+
+TensorMap final_weights(const TiedRun& run) {
+  return load_safetensors(run.last_checkpoint() + "/model.safetensors");
+}
+
+// `actual` logged the losses `expected` did, step by step, and saved the same weights.
+void expect_same_training(const TiedRun& expected, const TiedRun& actual) {
+  expect_same_train_losses(expected.root, actual.root);
+  EXPECT_EQ(read_csv_column(metrics_csv(actual.root), "train_loss").size(),
+            4u * static_cast<size_t>(actual.max_epochs));
+  const auto want = final_weights(expected);
+  const auto got = final_weights(actual);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, tensor] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(torch::allclose(got.at(name), tensor, 0, 1e-5))
+        << name << " differs by " << (got.at(name) - tensor).abs().max().item<double>();
+  }
+}
+
+class TiedParameters : public ::testing::Test {
+ protected:
+  void TearDown() override { fs::remove_all(dir); }
+  TiedRun run(const std::string& name) const {
+    TiedRun r;
+    r.root = dir + "/" + name;
+    return r;
+  }
+  std::string dir = make_temp_dir("tied");
+};
+
+TEST(FindTiedParameters, FindsTheSameTensorUnderTwoNamesAndTheStagesHoldingIt) {
+  const auto ties = find_tied_parameters(tied_sequential(), {2, 2, 2});
+  ASSERT_EQ(ties.size(), 1u);
+  EXPECT_EQ(ties[0].names, (std::vector<std::string>{"0.weight", "5.weight"}));
+  EXPECT_EQ(ties[0].stages, (std::vector<int64_t>{0, 2}));
+  EXPECT_TRUE(find_tied_parameters(tied_sequential(), {6})[0].stages == std::vector<int64_t>{0});
+  EXPECT_TRUE(find_tied_parameters(torch::nn::Sequential(torch::nn::Linear(2, 2)), {1}).empty());
+}
+
+TEST(FindTiedParameters, DeclaredTiesJoinTensorsOfTheirOwnAndBadNamesAreRefused) {
+  torch::nn::Sequential twins(torch::nn::Linear(4, 4), torch::nn::Tanh(), torch::nn::Linear(4, 4));
+  const auto ties = find_tied_parameters(twins, {1, 2}, {{"0.weight", "2.weight"}});
+  ASSERT_EQ(ties.size(), 1u);
+  EXPECT_EQ(ties[0].names, (std::vector<std::string>{"0.weight", "2.weight"}));
+  EXPECT_EQ(ties[0].stages, (std::vector<int64_t>{0, 1}));
+  EXPECT_THROW(find_tied_parameters(twins, {1, 2}, {{"0.weight", "9.weight"}}),
+               std::invalid_argument);
+  EXPECT_THROW(find_tied_parameters(twins, {1, 2}, {{"0.weight", "2.bias"}}),
+               std::invalid_argument);
+}
+
+TEST(FindTiedParameters, SingleStepsATiedWeightOnce) {
+  TiedLanguageModel model;
+  EXPECT_EQ(model.layers()->parameters().size(), 6u);  // the tied weight twice
+  EXPECT_EQ(model.parameters().size(), 5u);
+}
+
+TEST_F(TiedParameters, PipeOverTwoAndThreeStagesTrainsAsSingleWithBitIdenticalCopies) {
+  auto single = run("single");
+  train(single);
+  for (const int64_t stages : {2, 3}) {
+    SCOPED_TRACE(std::to_string(stages) + " stages");
+    auto pipe = run("pipe" + std::to_string(stages));
+    pipe.strategy = "pipe";
+    pipe.devices = stages;
+    pipe.chunks = 4;
+    train_in_ranks(pipe, static_cast<int>(stages));
+    expect_same_training(single, pipe);
+    // Stored once, under its first name.
+    EXPECT_EQ(final_weights(pipe).count("5.weight"), 0u);
+    const auto first = load_safetensors(pipe.root + "/rank-0.safetensors");
+    const auto last =
+        load_safetensors(pipe.root + "/rank-" + std::to_string(stages - 1) + ".safetensors");
+    ASSERT_TRUE(first.count("0.weight") && last.count("5.weight"));
+    EXPECT_TRUE(torch::equal(first.at("0.weight"), last.at("5.weight")));
+  }
+}
+
+TEST_F(TiedParameters, DdpPipeTwoByTwoTrainsAsSingle) {
+  auto single = run("single");
+  train(single);
+  auto parallel = run("ddp_pipe");
+  parallel.strategy = "ddp_pipe";
+  parallel.devices = 4;
+  parallel.stages = 2;
+  parallel.chunks = 2;
+  train_in_ranks(parallel, 4);
+  expect_same_training(single, parallel);
+  const auto replica0_last = load_safetensors(parallel.root + "/rank-1.safetensors");
+  const auto replica1_first = load_safetensors(parallel.root + "/rank-2.safetensors");
+  EXPECT_TRUE(torch::equal(replica0_last.at("5.weight"), replica1_first.at("0.weight")));
+}
+
+TEST_F(TiedParameters, CheckpointsResumeAcrossLayouts) {
+  auto straight = run("straight");
+  straight.max_epochs = 4;
+  train(straight);
+
+  // Two epochs under pipe, two more under single.
+  auto pipe_first = run("pipe_first");
+  pipe_first.strategy = "pipe";
+  pipe_first.devices = 2;
+  pipe_first.chunks = 2;
+  train_in_ranks(pipe_first, 2);
+  auto then_single = run("then_single");
+  then_single.max_epochs = 4;
+  then_single.resume = pipe_first.last_checkpoint();
+  train(then_single);
+
+  // Two epochs under single, two more under pipe.
+  auto single_first = run("single_first");
+  train(single_first);
+  auto then_pipe = run("then_pipe");
+  then_pipe.strategy = "pipe";
+  then_pipe.devices = 2;
+  then_pipe.chunks = 2;
+  then_pipe.max_epochs = 4;
+  then_pipe.resume = single_first.last_checkpoint();
+  train_in_ranks(then_pipe, 2);
+
+  const auto expected = read_csv_column(metrics_csv(straight.root), "train_loss");
+  ASSERT_EQ(expected.size(), 16u);
+  for (const auto* resumed : {&then_single, &then_pipe}) {
+    SCOPED_TRACE(resumed->root);
+    const auto losses = read_csv_column(metrics_csv(resumed->root), "train_loss");
+    ASSERT_EQ(losses.size(), 8u);
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_NEAR(losses[i], expected[8 + i], 1e-5 * std::abs(expected[8 + i])) << "step " << 8 + i;
+    }
+    const auto want = final_weights(straight);
+    const auto got = final_weights(*resumed);
+    for (const auto& [name, tensor] : want) {
+      EXPECT_TRUE(torch::allclose(got.at(name), tensor, 0, 1e-5)) << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
