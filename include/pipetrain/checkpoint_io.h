@@ -43,8 +43,8 @@ TrainingState read_training_state(const std::string& checkpoint);
 std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& checkpoint);
 
 // Copies `weights` into `model` after checking that every parameter and buffer is there with its
-// shape (a tensor registered under several names, under one of them) and no name is unknown; on any mismatch throws before touching the model. `source` names
-// the file in messages.
+// shape (a tensor registered under several names, under one of them) and no name is unknown; on any
+// mismatch throws before touching the model. `source` names the file in messages.
 void load_weights(torch::nn::Sequential& model, const std::map<std::string, at::Tensor>& weights,
                   const std::string& source);
 

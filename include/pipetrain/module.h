@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipetrain/data.h"
@@ -47,19 +48,22 @@ struct ReducedMetric {
 };
 using ReducedMetrics = std::map<std::string, ReducedMetric>;
 
-// Values logged during one step (or micro-batch), kept as sample-weighted sums so that
-// micro-batches and epochs reduce to means over samples. Tensors stay tensors until means() is
-// read: no host sync per log().
+// Values logged during one step (or micro-batch), kept as weighted sums so that micro-batches and
+// epochs reduce to means over samples (or, for a value from sum_over(), to the sum of its sums
+// over the sum of its counts). Tensors stay tensors until means() is read: no host sync per log().
 class LoggedMetrics {
  public:
   void add(const std::string& name, const at::Tensor& value, int64_t samples,
            const LogOptions& options = {});
+  // A value that is `sum` / `count`, weighted by `count` (Module::sum_over).
+  void add_ratio(const std::string& name, const at::Tensor& sum, const at::Tensor& count,
+                 const LogOptions& options = {});
   // Adds every entry of `other` (used to gather steps into an epoch).
   void merge(const LoggedMetrics& other);
   // name -> sample-weighted mean.
   std::map<std::string, double> means() const;
-  // name -> (sum of value x samples, samples): what replicas add up to reduce to a global mean.
-  std::map<std::string, std::pair<double, int64_t>> totals() const;
+  // name -> (sum of value x weight, weight): what replicas add up to reduce to a global mean.
+  std::map<std::string, std::pair<double, double>> totals() const;
   ReducedMetrics reduce() const;
   // What a logging row shows, under Lightning's names: per-step values of a training step (a
   // value logged both per step and per epoch gets "_step"), or the epoch's values ("_epoch").
@@ -71,9 +75,11 @@ class LoggedMetrics {
 
  private:
   struct Sum {
-    at::Tensor weighted;  // sum of value * samples, float64
-    int64_t samples = 0;
+    at::Tensor weighted;  // sum of value x weight, float64
+    double samples = 0;   // the weight of values logged per sample
+    at::Tensor counts;    // the weight of sum_over() values (float64, where they are), if any
   };
+  void accumulate(const std::string& name, const Sum& sum, const LogOptions& options);
   std::map<std::string, Sum> sums_;
   std::map<std::string, LogOptions> options_;
 };
@@ -83,7 +89,7 @@ class Module {
   explicit Module(torch::nn::Sequential layers);
   virtual ~Module() = default;
 
-  // One step's loss (mean over the batch's samples).
+  // One step's loss: a mean over the batch's samples, or what sum_over() returns.
   virtual at::Tensor training_step(const Batch& batch, int64_t batch_idx) = 0;
   // Evaluation steps: log() what you measure (mean over the batch's samples).
   virtual void validation_step(const Batch& batch, int64_t batch_idx);
@@ -116,6 +122,14 @@ class Module {
   bool training() const { return layers_->is_training(); }
 
   // --- for strategies -----------------------------------------------------------------------
+  // What the step's sum_over() call recorded.
+  struct SummedLoss {
+    at::Tensor result;  // what sum_over() returned: sum / count, detached
+    at::Tensor sum;     // with its autograd graph
+    at::Tensor count;   // float64, detached
+  };
+  // The step's sum_over(), if it called it; forgets it.
+  std::optional<SummedLoss> take_summed_loss() { return std::exchange(summed_, std::nullopt); }
   using ForwardFn = std::function<at::Tensor(const at::Tensor&)>;
   // How forward() runs and which parameters this process trains.
   void place(ForwardFn forward, torch::nn::Sequential local_layers);
@@ -124,7 +138,19 @@ class Module {
   // Where log() goes while a step (or micro-batch of `samples` rows) runs; nullptr to drop.
   void set_log_target(LoggedMetrics* metrics, int64_t samples);
 
+ protected:
+  // The tensor to return (or log) for a loss normalised by a count of its own rather than by the
+  // batch's rows, e.g. a masked mean over tokens:
+  //   return sum_over(((out - y).pow(2) * mask).sum(), mask.sum());
+  // Training then follows the gradient of the global sum over the global count: over every
+  // micro-batch, replica and accumulated batch of the optimizer step, as one process computing
+  // sum / count over all of them would; a value logged from it is that global ratio. Return (or
+  // log) the result itself: a step must use it on every batch or on none.
+  at::Tensor sum_over(const at::Tensor& sum, const at::Tensor& count);
+  at::Tensor sum_over(const at::Tensor& sum, double count);
+
  private:
+  std::optional<SummedLoss> summed_;
   torch::nn::Sequential layers_;
   torch::nn::Sequential local_layers_;
   ForwardFn forward_;

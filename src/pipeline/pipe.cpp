@@ -158,7 +158,10 @@ at::Tensor Pipe::recompute_stage(const at::Tensor& input, int64_t microbatch) {
     torch::AutoGradMode grad(true);
     output = run_stage(input, microbatch);
   }
-  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved[i]);
+  // Through .data(), which leaves the version counter alone: the recomputed graph (and any other
+  // micro-batch's) saved these buffers, which their backward only reads in eval-mode formulas,
+  // and BatchNorm's own update inside its kernel bumps no version either.
+  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].data().copy_(saved[i]);
   return output;
 }
 

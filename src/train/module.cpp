@@ -8,39 +8,56 @@
 
 namespace pipetrain {
 
+namespace {
+
+at::Tensor as_float64_scalar(const at::Tensor& value) {
+  return value.detach().to(torch::kFloat64).reshape({});
+}
+
+}  // namespace
+
 void LoggedMetrics::add(const std::string& name, const at::Tensor& value, int64_t samples,
                         const LogOptions& options) {
   if (value.numel() != 1) {
     throw std::invalid_argument("log('" + name + "') needs a scalar, got a tensor of " +
                                 std::to_string(value.numel()) + " elements");
   }
-  const auto weighted = value.detach().to(torch::kFloat64).reshape({}) * samples;
-  auto& sum = sums_[name];
-  sum.weighted = sum.weighted.defined() ? sum.weighted + weighted : weighted;
-  sum.samples += samples;
+  accumulate(name, {as_float64_scalar(value) * samples, static_cast<double>(samples), {}}, options);
+}
+
+void LoggedMetrics::add_ratio(const std::string& name, const at::Tensor& sum,
+                              const at::Tensor& count, const LogOptions& options) {
+  accumulate(name, {as_float64_scalar(sum), 0, as_float64_scalar(count)}, options);
+}
+
+void LoggedMetrics::accumulate(const std::string& name, const Sum& sum, const LogOptions& options) {
+  auto& mine = sums_[name];
+  mine.weighted = mine.weighted.defined() ? mine.weighted + sum.weighted : sum.weighted;
+  mine.samples += sum.samples;
+  if (sum.counts.defined()) {
+    mine.counts = mine.counts.defined() ? mine.counts + sum.counts : sum.counts;
+  }
   options_[name] = options;
 }
 
 void LoggedMetrics::merge(const LoggedMetrics& other) {
   for (const auto& [name, sum] : other.sums_) {
-    auto& mine = sums_[name];
-    mine.weighted = mine.weighted.defined() ? mine.weighted + sum.weighted : sum.weighted;
-    mine.samples += sum.samples;
-    options_[name] = other.options_.at(name);
+    accumulate(name, sum, other.options_.at(name));
   }
 }
 
 std::map<std::string, double> LoggedMetrics::means() const {
   std::map<std::string, double> means;
-  for (const auto& [name, sum] : sums_) {
-    means[name] = sum.weighted.item<double>() / static_cast<double>(sum.samples);
-  }
+  for (const auto& [name, total] : totals()) means[name] = total.first / total.second;
   return means;
 }
 
-std::map<std::string, std::pair<double, int64_t>> LoggedMetrics::totals() const {
-  std::map<std::string, std::pair<double, int64_t>> totals;
-  for (const auto& [name, sum] : sums_) totals[name] = {sum.weighted.item<double>(), sum.samples};
+std::map<std::string, std::pair<double, double>> LoggedMetrics::totals() const {
+  std::map<std::string, std::pair<double, double>> totals;
+  for (const auto& [name, sum] : sums_) {
+    const double counted = sum.counts.defined() ? sum.counts.item<double>() : 0;
+    totals[name] = {sum.weighted.item<double>(), sum.samples + counted};
+  }
   return totals;
 }
 
@@ -104,7 +121,27 @@ std::vector<at::Tensor> Module::parameters() const {
 }
 
 void Module::log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
-  if (log_target_) log_target_->add(name, value, log_samples_, options);
+  if (!log_target_) return;
+  if (summed_ && value.is_same(summed_->result)) {
+    log_target_->add_ratio(name, summed_->sum, summed_->count, options);
+  } else {
+    log_target_->add(name, value, log_samples_, options);
+  }
+}
+
+at::Tensor Module::sum_over(const at::Tensor& sum, const at::Tensor& count) {
+  if (sum.numel() != 1 || count.numel() != 1) {
+    throw std::invalid_argument("sum_over(sum, count) takes two scalars, got tensors of " +
+                                std::to_string(sum.numel()) + " and " +
+                                std::to_string(count.numel()) + " elements");
+  }
+  const auto count64 = count.detach().to(sum.device(), torch::kFloat64).reshape({});
+  summed_ = SummedLoss{(sum.detach() / count64).to(sum.scalar_type()), sum, count64};
+  return summed_->result;
+}
+
+at::Tensor Module::sum_over(const at::Tensor& sum, double count) {
+  return sum_over(sum, torch::tensor(count, torch::kFloat64));
 }
 
 void Module::log(const std::string& name, double value, const LogOptions& options) {

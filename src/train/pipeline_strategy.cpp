@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -64,7 +65,7 @@ PipeOptions whole_batches(const TrainerOptions& options) {
   return pipe;
 }
 
-std::string join_names(const std::map<std::string, std::pair<double, int64_t>>& totals) {
+std::string join_names(const std::map<std::string, std::pair<double, double>>& totals) {
   std::string names;
   for (const auto& item : totals) names += item.first + '\n';
   return names;
@@ -133,14 +134,16 @@ class PipelineStrategy : public Strategy {
   void training_step(Module& module, const Batch& host_batch, int64_t batch_idx,
                      const StepOptions& options, LoggedMetrics& metrics) override {
     const Batch batch = on_device(host_batch);
-    auto step = [&](const Batch& micro) { return module.training_step(micro, batch_idx); };
     sync_this_step_ = gradient_sync_ && options.sync_gradients;
     pipe_->forward_backward(
         batch.data, batch.data.size(0), [&](const at::Tensor& output, const MicroBatch& mb) {
-          return run_user_step(module, batch, mb, output, metrics, step) * options.loss_scale;
+          return loss_to_backward(module, batch, batch_idx, mb, output, options, metrics);
         });
     if (sync_this_step_) gradient_sync_->finish();
-    if (options.sync_gradients) pipe_->reduce_tied_gradients();
+    if (options.sync_gradients) {
+      if (losses_are_sums()) normalize_summed_gradients();
+      pipe_->reduce_tied_gradients();
+    }
     if (replicas_ > 1) broadcast_buffers();
   }
 
@@ -271,9 +274,75 @@ class PipelineStrategy : public Strategy {
         self->current_output_ = at::Tensor();
         self->current_input_ = at::Tensor();
         module.set_log_target(nullptr, 0);
+        module.take_summed_loss();  // a sum_over() of this step means nothing to the next
       }
     } reset{this, module};
     return step(micro);
+  }
+
+  // The user's training_step on micro-batch `mb`, as the tensor the pipe backpropagates (after
+  // scaling it by the micro-batch's share of the batch): a mean loss scaled by the Trainer's
+  // share of this batch; a sum_over() loss as its sum, its count kept for the optimizer step.
+  at::Tensor loss_to_backward(Module& module, const Batch& batch, int64_t batch_idx,
+                              const MicroBatch& mb, const at::Tensor& output,
+                              const StepOptions& options, LoggedMetrics& metrics) {
+    std::optional<Module::SummedLoss> summed;
+    const auto loss = run_user_step(module, batch, mb, output, metrics, [&](const Batch& micro) {
+      auto result = module.training_step(micro, batch_idx);
+      summed = module.take_summed_loss();
+      return result;
+    });
+    if (window_sums_.has_value() && *window_sums_ != summed.has_value()) {
+      throw std::invalid_argument(
+          "training_step returned sum_over() for some batches and a mean for others of one "
+          "optimizer step: return one kind of loss on every batch");
+    }
+    window_sums_ = summed.has_value();
+    if (!summed) return loss * options.loss_scale;
+    if (!loss.is_same(summed->result)) {
+      throw std::invalid_argument(
+          "training_step returned a tensor computed from sum_over()'s result: return the result "
+          "itself (scale the sum before giving it to sum_over)");
+    }
+    summed_count_ = summed_count_.defined() ? summed_count_ + summed->count : summed->count;
+    // The pipe scales a micro-batch's loss by its share of the batch: a sum must stay a sum.
+    return summed->sum * (static_cast<double>(batch.data.size(0)) / static_cast<double>(mb.size()));
+  }
+
+  // Whether this optimizer step's losses were sum_over() sums: learnt from the last stage at the
+  // first step (the one host wait it costs), then checked there at every step.
+  bool losses_are_sums() {
+    const bool mine = pipe_->is_last_stage() && window_sums_.value_or(false);
+    if (!sums_losses_) {
+      sums_losses_ = pipeline_->any(mine);
+    } else if (pipe_->is_last_stage() && window_sums_ && *window_sums_ != *sums_losses_) {
+      throw std::invalid_argument(
+          "training_step returned sum_over() in some optimizer steps and a mean in others: "
+          "return one kind of loss on every batch");
+    }
+    window_sums_.reset();
+    return *sums_losses_;
+  }
+
+  // The gradients of the summed losses become the gradient of the global sum over the global
+  // count: over micro-batches and accumulated batches (summed here), and replicas (whose average
+  // GradientSync took). The count travels on the device: no host wait.
+  void normalize_summed_gradients() {
+    torch::NoGradGuard no_grad;
+    const bool last = pipe_->is_last_stage();
+    std::vector<at::Tensor> count{
+        last && summed_count_.defined()
+            ? summed_count_.reshape({1}).clone()
+            : torch::zeros({1}, torch::TensorOptions(torch::kFloat64).device(device()))};
+    summed_count_ = at::Tensor();
+    if (replicas_ > 1 && last) {
+      replicas_of_stage_->wait(replicas_of_stage_->process_group()->allreduce(count));
+    }
+    if (stages_ > 1) pipeline_->wait(pipeline_->process_group()->allreduce(count));
+    const auto scale = static_cast<double>(replicas_) / count[0];
+    for (const auto& p : pipe_->parameters()) {
+      if (p.grad().defined()) p.grad().mul_(scale.to(p.grad().scalar_type()));
+    }
   }
 
   // The means of what every replica's last stage logged, weighted by samples. Replicas run the
@@ -291,7 +360,7 @@ class PipelineStrategy : public Strategy {
     int64_t i = 0;
     for (const auto& [name, total] : totals) {
       sums[i++] = total.first;
-      sums[i++] = static_cast<double>(total.second);
+      sums[i++] = total.second;
     }
     std::vector<at::Tensor> tensors{sums.to(device())};
     replicas_of_stage_->wait(replicas_of_stage_->process_group()->allreduce(tensors));
@@ -364,8 +433,11 @@ class PipelineStrategy : public Strategy {
   std::unique_ptr<PeerToPeer> results_;  // predictions to rank 0, over the whole run
   std::unique_ptr<GradientSync> gradient_sync_;
   bool sync_this_step_ = false;
-  at::Tensor current_output_;  // forward()'s answer while a step runs
-  at::Tensor current_input_;   // the step's batch.data, the one input forward() takes
+  std::optional<bool> window_sums_;  // whether this optimizer step's losses are sum_over() sums
+  std::optional<bool> sums_losses_;  // the same, learnt at the first optimizer step
+  at::Tensor summed_count_;          // the sum_over() counts of this optimizer step so far
+  at::Tensor current_output_;        // forward()'s answer while a step runs
+  at::Tensor current_input_;         // the step's batch.data, the one input forward() takes
 };
 
 }  // namespace

@@ -613,8 +613,9 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   const TrainingState state = read_training_state(path);
   auto weights = read_checkpoint_weights(path);
   // A tied parameter is stored once, under its first name; declared twins load it too.
-  for (const auto& tie : find_tied_parameters(module.layers(), {static_cast<int64_t>(module.layers()->size())},
-                                              options_.pipe().tied_parameters())) {
+  for (const auto& tie :
+       find_tied_parameters(module.layers(), {static_cast<int64_t>(module.layers()->size())},
+                            options_.pipe().tied_parameters())) {
     const auto stored = weights.find(tie.names.front());
     if (stored == weights.end()) continue;
     for (const auto& name : tie.names) weights.emplace(name, stored->second);

@@ -107,7 +107,7 @@ PIPETRAIN_WORKER(mismatched_stages) {
 TEST(BadInput, StageOutputTheNextStageCannotTake) {
   const auto result = run_command({"/proc/self/exe"},
                                   {{"PIPETRAIN_TEST_WORKER", "launch_mismatched_stages"}}, kLimit);
-  expect_failure_mentioning(result, {"stage 1", "[3, 8]", "from stage 0", "Check --balance"});
+  expect_failure_mentioning(result, {"stage 1", "[3, 8]", "from stage 0", "--balance"});
 }
 
 PIPETRAIN_WORKER(launch_mismatched_stages) { std::exit(run_ranks(2, "mismatched_stages")); }

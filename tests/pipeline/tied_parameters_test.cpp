@@ -109,21 +109,21 @@ struct TiedRun {
 // whole model, to <root>/rank-<r>.safetensors. Rank 0 also checks that writing a checkpoint
 // changes none of its tensors.
 void train(const TiedRun& run) {
-  Trainer trainer(TrainerOptions()
-                      .strategy(run.strategy)
-                      .devices(run.devices)
-                      .stages(run.stages)
-                      .pipe(PipeOptions().chunks(run.chunks))
-                      .max_epochs(run.max_epochs)
-                      .log_every_n_steps(1)
-                      .loggers({"csv"})
-                      .enable_progress_bar(false)
-                      .default_root_dir(run.root)
-                      .callbacks({std::make_shared<ModelCheckpoint>(
-                          ModelCheckpointOptions()
-                              .dirpath(run.root + "/checkpoints")
-                              .save_last(true)
-                              .save_top_k(0))}));
+  Trainer trainer(
+      TrainerOptions()
+          .strategy(run.strategy)
+          .devices(run.devices)
+          .stages(run.stages)
+          .pipe(PipeOptions().chunks(run.chunks))
+          .max_epochs(run.max_epochs)
+          .log_every_n_steps(1)
+          .loggers({"csv"})
+          .enable_progress_bar(false)
+          .default_root_dir(run.root)
+          .callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions()
+                                                            .dirpath(run.root + "/checkpoints")
+                                                            .save_last(true)
+                                                            .save_top_k(0))}));
   TiedLanguageModel model;
   DataLoader loader(token_data(), DataLoaderOptions().batch_size(8 / run.replicas()));
   trainer.fit(model, loader, nullptr, run.resume);

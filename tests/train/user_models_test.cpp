@@ -1,0 +1,306 @@
+// Models and steps of a user's own through the Trainer under every strategy, against `single` on
+// the same data and initial weights: a masked loss normalised by its own count (sum_over), a step
+// that calls forward() on something other than its batch, and BatchNorm (its running statistics
+// under activation checkpointing and data parallelism).
+// Tolerance: fp32 on CPU, relative 1e-5 on losses and absolute 1e-5 on parameters where only the
+// order of sums differs; exact equality where the same arithmetic runs (checkpoint modes).
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "pipetrain/model_checkpoint.h"
+#include "pipetrain/module.h"
+#include "pipetrain/safetensors.h"
+#include "pipetrain/trainer.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Regression onto 3 outputs of which a per-row mask keeps 0 to 3: the loss is the mean over the
+// kept entries, so rows weigh differently and a mean of per-micro-batch means would be wrong.
+class MaskedRegression : public Module {
+ public:
+  MaskedRegression()
+      : Module(torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::Tanh(),
+                                     torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                                     torch::nn::Linear(16, 3))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    const auto y = batch.target.slice(1, 0, 3), mask = batch.target.slice(1, 3, 6);
+    auto loss = sum_over(((forward(batch.data) - y).pow(2) * mask).sum(), mask.sum());
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+
+TensorDataset masked_data() {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(9);
+  auto x = torch::randn({64, 4}, generator);
+  auto y = torch::stack({x.sum(1), x.slice(1, 0, 2).prod(1), x.tanh().sum(1)}, 1);
+  // Row r keeps its first r % 4 outputs: 0 to 3 entries a row.
+  auto keep = (torch::arange(3).unsqueeze(0) < (torch::arange(64) % 4).unsqueeze(1)).to(x.dtype());
+  return {x, torch::cat({y, keep}, 1)};
+}
+
+// Preprocesses the input inside the step: the Trainer has no way to run that through the stages.
+class PreprocessingInTheStep : public Module {
+ public:
+  PreprocessingInTheStep()
+      : Module(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(),
+                                     torch::nn::Linear(8, 6))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    return torch::mse_loss(forward((batch.data - 100.0) * 0.0), batch.target);
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+
+// BatchNorm inside each half of the model.
+class Normalised : public Module {
+ public:
+  Normalised()
+      : Module(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8),
+                                     torch::nn::Tanh(), torch::nn::Linear(8, 8),
+                                     torch::nn::BatchNorm1d(8), torch::nn::Tanh(),
+                                     torch::nn::Linear(8, 6))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+
+struct UserRun {
+  std::string model;  // masked | preprocessing | normalised
+  std::string root;
+  std::string strategy = "single";
+  int64_t devices = 1;
+  int64_t batch_size = 16;
+  int64_t chunks = 1;
+  int64_t accumulate = 1;
+  std::string checkpoint = "except_last";
+  std::string schedule = "gpipe";
+
+  std::map<std::string, std::string> env() const {
+    return {{"MODEL", model},
+            {"ROOT", root},
+            {"STRATEGY", strategy},
+            {"DEVICES", std::to_string(devices)},
+            {"BATCH_SIZE", std::to_string(batch_size)},
+            {"CHUNKS", std::to_string(chunks)},
+            {"ACCUMULATE", std::to_string(accumulate)},
+            {"CHECKPOINT", checkpoint},
+            {"SCHEDULE", schedule}};
+  }
+  static UserRun from_env() {
+    UserRun run;
+    run.model = env_or("MODEL", "");
+    run.root = env_or("ROOT", "");
+    run.strategy = env_or("STRATEGY", "single");
+    run.devices = std::stoll(env_or("DEVICES", "1"));
+    run.batch_size = std::stoll(env_or("BATCH_SIZE", "16"));
+    run.chunks = std::stoll(env_or("CHUNKS", "1"));
+    run.accumulate = std::stoll(env_or("ACCUMULATE", "1"));
+    run.checkpoint = env_or("CHECKPOINT", "except_last");
+    run.schedule = env_or("SCHEDULE", "gpipe");
+    return run;
+  }
+  std::string weights() const { return root + "/checkpoints/last.ckpt/model.safetensors"; }
+  std::string rank_file(int64_t rank) const {
+    return root + "/rank-" + std::to_string(rank) + ".safetensors";
+  }
+};
+
+std::unique_ptr<Module> make_model(const std::string& name) {
+  if (name == "masked") return std::make_unique<MaskedRegression>();
+  if (name == "preprocessing") return std::make_unique<PreprocessingInTheStep>();
+  return std::make_unique<Normalised>();
+}
+
+// Two epochs of 64 rows; every rank writes its layers' parameters and buffers to rank-<r>.
+void train(const UserRun& run) {
+  Trainer trainer(
+      TrainerOptions()
+          .strategy(run.strategy)
+          .devices(run.devices)
+          .pipe(PipeOptions().chunks(run.chunks).checkpoint(run.checkpoint).schedule(run.schedule))
+          .accumulate_grad_batches(run.accumulate)
+          .max_epochs(2)
+          .log_every_n_steps(1)
+          .loggers({"csv"})
+          .enable_progress_bar(false)
+          .default_root_dir(run.root)
+          .callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions()
+                                                            .dirpath(run.root + "/checkpoints")
+                                                            .save_last(true)
+                                                            .save_top_k(0))}));
+  auto model = make_model(run.model);
+  const auto data = run.model == "masked" ? masked_data() : [] {
+    auto d = masked_data();
+    return TensorDataset{d.inputs, d.targets.slice(1, 0, 3).repeat({1, 2})};
+  }();
+  trainer.fit(*model, DataLoader(data, DataLoaderOptions().batch_size(run.batch_size)));
+  TensorMap mine;
+  for (const auto& item : model->local_layers()->named_parameters()) {
+    mine[item.key()] = item.value().detach().clone();
+  }
+  for (const auto& item : model->local_layers()->named_buffers()) {
+    mine[item.key()] = item.value().detach().clone();
+  }
+  save_safetensors(run.rank_file(std::stoll(env_or("RANK", "0"))), mine);
+}
+
+// Runs `train` in ranks; a rank that fails writes its error to <root>/error-<rank>.txt.
+PIPETRAIN_WORKER(user_model_worker) {
+  const auto run = UserRun::from_env();
+  try {
+    train(run);
+  } catch (const std::exception& e) {
+    std::ofstream(run.root + "/error-" + env_or("RANK", "0") + ".txt") << e.what();
+    throw;
+  }
+}
+
+void train_in_ranks(const UserRun& run, int ranks) {
+  fs::create_directories(run.root);
+  ASSERT_EQ(run_ranks(ranks, "user_model_worker", run.env()), 0);
+}
+
+void expect_same_weights(const std::string& expected_path, const std::string& actual_path,
+                         double tolerance) {
+  const auto expected = load_safetensors(expected_path);
+  const auto actual = load_safetensors(actual_path);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (const auto& [name, tensor] : expected) {
+    ASSERT_TRUE(actual.count(name)) << name;
+    EXPECT_TRUE(torch::allclose(actual.at(name).to(torch::kDouble), tensor.to(torch::kDouble), 0,
+                                tolerance))
+        << name << " differs by "
+        << (actual.at(name).to(torch::kDouble) - tensor.to(torch::kDouble))
+               .abs()
+               .max()
+               .item<double>();
+  }
+}
+
+class UserModels : public ::testing::Test {
+ protected:
+  void TearDown() override { fs::remove_all(dir); }
+  UserRun run(const std::string& model, const std::string& name) const {
+    UserRun r;
+    r.model = model;
+    r.root = dir + "/" + name;
+    return r;
+  }
+  std::string dir = make_temp_dir("user-models");
+};
+
+TEST_F(UserModels, SumOverNormalisesByTheGlobalCountUnderPipeDdpAndAccumulation) {
+  auto single = run("masked", "single");
+  train(single);
+  const auto expected = read_csv_column(metrics_csv(single.root), "train_loss");
+  ASSERT_EQ(expected.size(), 8u);
+
+  auto pipe = run("masked", "pipe");
+  pipe.strategy = "pipe";
+  pipe.devices = 2;
+  pipe.chunks = 4;
+  train_in_ranks(pipe, 2);
+  auto ddp = run("masked", "ddp");
+  ddp.strategy = "ddp";
+  ddp.devices = 2;
+  ddp.batch_size = 8;
+  train_in_ranks(ddp, 2);
+  auto accumulated = run("masked", "accumulated");
+  accumulated.batch_size = 8;
+  accumulated.accumulate = 2;
+  train(accumulated);
+
+  for (const auto* other : {&pipe, &ddp, &accumulated}) {
+    SCOPED_TRACE(other->root);
+    expect_same_train_losses(single.root, other->root);
+    expect_same_weights(single.weights(), other->weights(), 1e-5);
+  }
+}
+
+TEST_F(UserModels, ForwardOnAnythingButTheStepsBatchIsRefusedUnderEveryStrategy) {
+  auto single = run("preprocessing", "single");
+  fs::create_directories(single.root);
+  try {
+    train(single);
+    FAIL() << "forward() of a preprocessed input trained";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("not the step's batch.data"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer at the front of the Sequential"), std::string::npos)
+        << e.what();
+  }
+  for (const std::string strategy : {"pipe", "ddp"}) {
+    SCOPED_TRACE(strategy);
+    auto parallel = run("preprocessing", strategy);
+    parallel.strategy = strategy;
+    parallel.devices = 2;
+    parallel.chunks = strategy == "pipe" ? 2 : 1;
+    fs::create_directories(parallel.root);
+    EXPECT_NE(run_ranks(2, "user_model_worker", parallel.env()), 0);
+    std::ifstream error(parallel.root + "/error-1.txt");
+    const std::string message((std::istreambuf_iterator<char>(error)),
+                              std::istreambuf_iterator<char>());
+    EXPECT_NE(message.find("not the step's batch.data"), std::string::npos) << message;
+  }
+}
+
+TEST_F(UserModels, BatchNormTrainsAlikeInEveryCheckpointModeAndSchedule) {
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    std::map<std::string, UserRun> runs;
+    for (const std::string mode : {"never", "except_last", "always"}) {
+      auto pipe = run("normalised", schedule + "-" + mode);
+      pipe.strategy = "pipe";
+      pipe.devices = 2;
+      pipe.chunks = 4;
+      pipe.checkpoint = mode;
+      pipe.schedule = schedule;
+      train_in_ranks(pipe, 2);
+      runs[mode] = pipe;
+    }
+    for (const std::string mode : {"except_last", "always"}) {
+      SCOPED_TRACE(schedule + " " + mode);
+      EXPECT_EQ(read_csv_column(metrics_csv(runs[mode].root), "train_loss"),
+                read_csv_column(metrics_csv(runs["never"].root), "train_loss"));
+      for (const int64_t rank : {0, 1}) {
+        expect_same_weights(runs["never"].rank_file(rank), runs[mode].rank_file(rank), 0);
+      }
+    }
+    // 4 micro-batches a batch, 4 batches an epoch, 2 epochs: each micro-batch counted once.
+    const auto buffers = load_safetensors(runs["always"].rank_file(0));
+    EXPECT_EQ(buffers.at("1.num_batches_tracked").item<int64_t>(), 32);
+  }
+}
+
+TEST_F(UserModels, DdpReplicasHoldReplicaZerosBatchNormStatistics) {
+  auto ddp = run("normalised", "ddp");
+  ddp.strategy = "ddp";
+  ddp.devices = 2;
+  ddp.batch_size = 8;
+  train_in_ranks(ddp, 2);
+  expect_same_weights(ddp.rank_file(0), ddp.rank_file(1), 0);
+  const auto saved = load_safetensors(ddp.weights());
+  const auto replica0 = load_safetensors(ddp.rank_file(0));
+  EXPECT_TRUE(torch::equal(saved.at("4.running_mean"), replica0.at("4.running_mean")));
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
