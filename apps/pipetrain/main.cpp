@@ -41,6 +41,7 @@ struct Args {
   std::string schedule = "gpipe";
   bool cuda_graphs = false;
   bool fuse_gradient_accumulation = false;
+  bool deferred_batch_norm = false;
   std::string trace;
   int64_t max_epochs = 1000;
   int64_t min_epochs = 0;
@@ -119,6 +120,8 @@ void add_flags(CLI::App& app, Args& a) {
       "replay forward and backward as CUDA graphs (cuda, checkpoint never)");
   add("--fuse-gradient-accumulation", a.fuse_gradient_accumulation,
       "Linear layers add weight gradients inside their GEMM");
+  add("--deferred-batch-norm", a.deferred_batch_norm,
+      "BatchNorm running statistics from the whole batch, not each micro-batch");
   add("--max-epochs", a.max_epochs, "stop after this many epochs");
   add("--min-epochs", a.min_epochs, "train at least this many epochs, even if asked to stop");
   add("--max-steps", a.max_steps, "stop after this many optimizer steps (-1: no limit)");
@@ -243,7 +246,8 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
                 .checkpoint(a.checkpoint)
                 .schedule(a.schedule)
                 .cuda_graphs(a.cuda_graphs)
-                .fuse_gradient_accumulation(a.fuse_gradient_accumulation))
+                .fuse_gradient_accumulation(a.fuse_gradient_accumulation)
+                .deferred_batch_norm(a.deferred_batch_norm))
       .trace(a.trace)
       .max_epochs(a.max_epochs)
       .min_epochs(a.min_epochs)

@@ -32,6 +32,7 @@ class StageGraphs;
 class DeferredWeightGradients;
 class Trace;
 class TiedGradients;
+class DeferredBatchNormImpl;
 
 struct PipeOptions {
   // Layers per stage; empty: split by parameter count (balance_by_size) over the world's ranks.
@@ -52,6 +53,10 @@ struct PipeOptions {
   // after its last backward, one GEMM per layer over the whole batch, keeping the layers' output
   // gradients until then; other stages but the first, after sending each input's gradient.
   TORCH_ARG(bool, fuse_gradient_accumulation) = false;
+  // BatchNorm layers of the Sequential update their running statistics once per batch, from the
+  // whole batch's statistics, rather than once per micro-batch (torchgpipe's DeferredBatchNorm);
+  // each micro-batch is still normalised by its own. Not with cuda_graphs.
+  TORCH_ARG(bool, deferred_batch_norm) = false;
   // Groups of global parameter names ("0.weight", "7.weight") to train as one parameter, for
   // ties the Pipe cannot see: layers that hold tensors of their own. The same tensor registered
   // in several layers is found without declaring it (tied_parameters.h).
@@ -118,6 +123,8 @@ class Pipe {
  private:
   at::Tensor run_schedule(const at::Tensor& batch_input, int64_t batch_size, const LossFn& loss_fn);
   at::Tensor run_stage(const at::Tensor& input, int64_t microbatch);
+  // `layer`, or, with deferred_batch_norm, the DeferredBatchNorm standing in for it.
+  torch::nn::AnyModule defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index);
   // run_stage again for the backward of a checkpointed micro-batch, leaving the layers' state
   // (BatchNorm's running statistics) as it was.
   at::Tensor recompute_stage(const at::Tensor& input, int64_t microbatch);
@@ -136,6 +143,7 @@ class Pipe {
   torch::nn::Sequential stage_module_;
   std::function<void()> last_backward_hook_;
   std::unique_ptr<TiedGradients> tied_;
+  std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_norms_;
   std::unique_ptr<StageGraphs> graphs_;  // null: eager
   // Fused Linear layers' weight gradients, left by their backwards for run_weight_gradients()
   // (null: unfused, or a first stage that computes them within its backwards).

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "deferred_batch_norm.h"
 #include "fused_linear.h"
 #include "pipetrain/balance.h"
 #include "pipetrain/compat.h"
@@ -106,11 +107,16 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
                               checkpoint_stop(checkpoint_mode_, options_.chunks())))) {
     deferred_ = std::make_shared<DeferredWeightGradients>();
   }
+  if (options_.deferred_batch_norm() && options_.cuda_graphs()) {
+    throw std::invalid_argument(
+        "PipeOptions::deferred_batch_norm (--deferred-batch-norm) and cuda_graphs (--cuda-graphs) "
+        "cannot be combined: a graph's warm-up runs would count micro-batches twice; turn one off");
+  }
   for (int64_t i = first_layer_; i < first_layer_ + balance_[stage_]; ++i) {
-    const auto& layer = *(sequential->begin() + i);
-    stage_module_->push_back(std::to_string(i), options_.fuse_gradient_accumulation()
-                                                    ? fuse_gradient_accumulation(layer, deferred_)
-                                                    : layer);
+    auto layer = *(sequential->begin() + i);
+    if (options_.fuse_gradient_accumulation()) layer = fuse_gradient_accumulation(layer, deferred_);
+    if (options_.deferred_batch_norm()) layer = defer_batch_norms(layer, i);
+    stage_module_->push_back(std::to_string(i), layer);
   }
   // Only this stage's layers go to the device; the rest of the Sequential stays where it was built.
   if (world_->device() != c10::Device(c10::DeviceType::CPU)) stage_module_->to(world_->device());
@@ -136,6 +142,25 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
 
 Pipe::~Pipe() = default;
 
+torch::nn::AnyModule Pipe::defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index) {
+  std::vector<DeferredBatchNorm> swapped;
+  auto result = defer_batch_norm(layer, swapped);
+  for (const auto& norm : swapped) deferred_norms_.push_back(norm.ptr());
+  if (!swapped.empty()) return result;
+  for (const auto& inner : layer.ptr()->modules(/*include_self=*/false)) {
+    if (std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(inner) ||
+        std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(inner) ||
+        std::dynamic_pointer_cast<torch::nn::BatchNorm3dImpl>(inner)) {
+      throw std::invalid_argument(
+          "PipeOptions::deferred_batch_norm (--deferred-batch-norm) defers the BatchNorm layers of "
+          "the Sequential itself, but layer " +
+          std::to_string(index) +
+          " holds one inside: make each BatchNorm a layer of the Sequential of its own");
+    }
+  }
+  return result;
+}
+
 std::vector<at::Tensor> Pipe::parameters() const {
   return distinct_tensors(stage_module_->parameters());
 }
@@ -155,6 +180,17 @@ at::Tensor Pipe::recompute_stage(const at::Tensor& input, int64_t microbatch) {
   for (const auto& b : buffers) saved.push_back(b.clone());
   at::Tensor output;
   {
+    // Deferred BatchNorm layers counted this micro-batch in its first forward.
+    struct Recomputing {
+      const std::vector<std::shared_ptr<DeferredBatchNormImpl>>& norms;
+      explicit Recomputing(const std::vector<std::shared_ptr<DeferredBatchNormImpl>>& n)
+          : norms(n) {
+        for (const auto& norm : norms) norm->set_recomputing(true);
+      }
+      ~Recomputing() {
+        for (const auto& norm : norms) norm->set_recomputing(false);
+      }
+    } recomputing(deferred_norms_);
     torch::AutoGradMode grad(true);
     output = run_stage(input, microbatch);
   }
@@ -191,6 +227,7 @@ at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
     // Queued weight-gradient work holds every queued micro-batch's activations, and must not
     // add to the next step.
     if (deferred_) deferred_->clear();
+    for (const auto& norm : deferred_norms_) norm->discard();
     // The other stages will only see this process vanish; tell them why.
     world_->publish_error(error_message(e));
     throw;
@@ -323,6 +360,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
     Trace::Span span(trace, "weight gradients");
     run_weight_gradients(weight_gradient_slots);
   }
+  for (const auto& norm : deferred_norms_) norm->commit();
   if (p2p_) p2p_->wait_for_sends();
   return total_loss;
 }

@@ -77,6 +77,7 @@ struct TiedRun {
   int64_t chunks = 1;
   int64_t max_epochs = 2;
   std::string resume;  // a checkpoint to resume from
+  double clip = 0;     // gradient_clip_val
 
   std::map<std::string, std::string> env() const {
     return {{"ROOT", root},
@@ -85,7 +86,8 @@ struct TiedRun {
             {"STAGES", std::to_string(stages)},
             {"CHUNKS", std::to_string(chunks)},
             {"MAX_EPOCHS", std::to_string(max_epochs)},
-            {"RESUME", resume}};
+            {"RESUME", resume},
+            {"CLIP", std::to_string(clip)}};
   }
   static TiedRun from_env() {
     TiedRun run;
@@ -96,6 +98,7 @@ struct TiedRun {
     run.chunks = std::stoll(env_or("CHUNKS", "1"));
     run.max_epochs = std::stoll(env_or("MAX_EPOCHS", "2"));
     run.resume = env_or("RESUME", "");
+    run.clip = std::stod(env_or("CLIP", "0"));
     return run;
   }
   int64_t replicas() const {
@@ -226,6 +229,19 @@ TEST_F(TiedParameters, PipeOverTwoAndThreeStagesTrainsAsSingleWithBitIdenticalCo
     ASSERT_TRUE(first.count("0.weight") && last.count("5.weight"));
     EXPECT_TRUE(torch::equal(first.at("0.weight"), last.at("5.weight")));
   }
+}
+
+TEST_F(TiedParameters, GradientClippingCountsATiedWeightOnce) {
+  auto single = run("single");
+  single.clip = 0.05;  // below every step's norm: each step is clipped
+  train(single);
+  auto pipe = run("pipe");
+  pipe.strategy = "pipe";
+  pipe.devices = 3;
+  pipe.chunks = 2;
+  pipe.clip = single.clip;
+  train_in_ranks(pipe, 3);
+  expect_same_training(single, pipe);
 }
 
 TEST_F(TiedParameters, DdpPipeTwoByTwoTrainsAsSingle) {

@@ -93,6 +93,7 @@ struct UserRun {
   int64_t accumulate = 1;
   std::string checkpoint = "except_last";
   std::string schedule = "gpipe";
+  bool deferred_batch_norm = false;
 
   std::map<std::string, std::string> env() const {
     return {{"MODEL", model},
@@ -103,7 +104,8 @@ struct UserRun {
             {"CHUNKS", std::to_string(chunks)},
             {"ACCUMULATE", std::to_string(accumulate)},
             {"CHECKPOINT", checkpoint},
-            {"SCHEDULE", schedule}};
+            {"SCHEDULE", schedule},
+            {"DEFERRED_BATCH_NORM", deferred_batch_norm ? "1" : "0"}};
   }
   static UserRun from_env() {
     UserRun run;
@@ -116,6 +118,7 @@ struct UserRun {
     run.accumulate = std::stoll(env_or("ACCUMULATE", "1"));
     run.checkpoint = env_or("CHECKPOINT", "except_last");
     run.schedule = env_or("SCHEDULE", "gpipe");
+    run.deferred_batch_norm = env_or("DEFERRED_BATCH_NORM", "0") == "1";
     return run;
   }
   std::string weights() const { return root + "/checkpoints/last.ckpt/model.safetensors"; }
@@ -124,9 +127,25 @@ struct UserRun {
   }
 };
 
+// BatchNorm of the inputs first: its running statistics depend on the data alone, not on how
+// training went (micro-batches are normalised by their own statistics, so weights differ).
+class InputNormalised : public Module {
+ public:
+  InputNormalised()
+      : Module(torch::nn::Sequential(torch::nn::BatchNorm1d(4), torch::nn::Linear(4, 8),
+                                     torch::nn::Tanh(), torch::nn::Linear(8, 6))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    return torch::mse_loss(forward(batch.data), batch.target);
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+
 std::unique_ptr<Module> make_model(const std::string& name) {
   if (name == "masked") return std::make_unique<MaskedRegression>();
   if (name == "preprocessing") return std::make_unique<PreprocessingInTheStep>();
+  if (name == "input_normalised") return std::make_unique<InputNormalised>();
   return std::make_unique<Normalised>();
 }
 
@@ -136,7 +155,11 @@ void train(const UserRun& run) {
       TrainerOptions()
           .strategy(run.strategy)
           .devices(run.devices)
-          .pipe(PipeOptions().chunks(run.chunks).checkpoint(run.checkpoint).schedule(run.schedule))
+          .pipe(PipeOptions()
+                    .chunks(run.chunks)
+                    .checkpoint(run.checkpoint)
+                    .schedule(run.schedule)
+                    .deferred_batch_norm(run.deferred_batch_norm))
           .accumulate_grad_batches(run.accumulate)
           .max_epochs(2)
           .log_every_n_steps(1)
@@ -287,6 +310,31 @@ TEST_F(UserModels, BatchNormTrainsAlikeInEveryCheckpointModeAndSchedule) {
     // 4 micro-batches a batch, 4 batches an epoch, 2 epochs: each micro-batch counted once.
     const auto buffers = load_safetensors(runs["always"].rank_file(0));
     EXPECT_EQ(buffers.at("1.num_batches_tracked").item<int64_t>(), 32);
+  }
+}
+
+TEST_F(UserModels, DeferredBatchNormKeepsTheWholeBatchsRunningStatistics) {
+  auto single = run("input_normalised", "single");
+  train(single);
+  const auto expected = load_safetensors(single.rank_file(0));
+  for (const bool deferred : {true, false}) {
+    SCOPED_TRACE(deferred ? "deferred" : "per micro-batch");
+    auto pipe = run("input_normalised", deferred ? "deferred" : "immediate");
+    pipe.strategy = "pipe";
+    pipe.devices = 2;
+    pipe.chunks = 4;
+    pipe.checkpoint = "always";
+    pipe.schedule = "1f1b";
+    pipe.deferred_batch_norm = deferred;
+    train_in_ranks(pipe, 2);
+    const auto actual = load_safetensors(pipe.rank_file(0));
+    const bool same_mean =
+        torch::allclose(actual.at("0.running_mean"), expected.at("0.running_mean"), 1e-5, 1e-6);
+    const bool same_var =
+        torch::allclose(actual.at("0.running_var"), expected.at("0.running_var"), 1e-5, 1e-6);
+    EXPECT_EQ(same_mean && same_var, deferred)
+        << (actual.at("0.running_var") - expected.at("0.running_var")).abs().max().item<double>();
+    EXPECT_EQ(actual.at("0.num_batches_tracked").item<int64_t>(), deferred ? 8 : 32);
   }
 }
 
