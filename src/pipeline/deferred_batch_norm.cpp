@@ -4,11 +4,12 @@
 
 namespace pipetrain {
 
-DeferredBatchNormImpl::DeferredBatchNormImpl(at::Tensor weight, at::Tensor bias,
+DeferredBatchNormImpl::DeferredBatchNormImpl(std::shared_ptr<torch::nn::Module> original,
+                                             at::Tensor weight, at::Tensor bias,
                                              at::Tensor running_mean, at::Tensor running_var,
                                              at::Tensor num_batches_tracked,
                                              c10::optional<double> momentum, double eps)
-    : momentum_(momentum), eps_(eps) {
+    : original_(std::move(original)), momentum_(momentum), eps_(eps) {
   // The same names as BatchNorm's, so checkpoints and optimizers see the same tensors.
   if (weight.defined()) weight_ = register_parameter("weight", weight);
   if (bias.defined()) bias_ = register_parameter("bias", bias);
@@ -18,7 +19,7 @@ DeferredBatchNormImpl::DeferredBatchNormImpl(at::Tensor weight, at::Tensor bias,
 }
 
 at::Tensor DeferredBatchNormImpl::forward(const at::Tensor& input) {
-  if (!is_training()) {
+  if (!original_->is_training()) {
     return torch::batch_norm(input, weight_, bias_, running_mean_, running_var_, false, 0.0, eps_,
                              at::globalContext().userEnabledCuDNN());
   }
@@ -65,10 +66,9 @@ bool swap_norm(const std::shared_ptr<torch::nn::Module>& module, torch::nn::AnyM
                std::vector<DeferredBatchNorm>& all) {
   const auto norm = std::dynamic_pointer_cast<Norm>(module);
   if (!norm || !norm->options.track_running_stats()) return false;
-  DeferredBatchNorm deferred(norm->weight, norm->bias, norm->running_mean, norm->running_var,
-                             norm->num_batches_tracked, norm->options.momentum(),
+  DeferredBatchNorm deferred(module, norm->weight, norm->bias, norm->running_mean,
+                             norm->running_var, norm->num_batches_tracked, norm->options.momentum(),
                              norm->options.eps());
-  if (!norm->is_training()) deferred->eval();
   all.push_back(deferred);
   swapped = torch::nn::AnyModule(deferred);
   return true;

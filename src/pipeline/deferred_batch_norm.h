@@ -19,9 +19,11 @@ namespace pipetrain {
 
 class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl> {
  public:
-  DeferredBatchNormImpl(at::Tensor weight, at::Tensor bias, at::Tensor running_mean,
-                        at::Tensor running_var, at::Tensor num_batches_tracked,
-                        c10::optional<double> momentum, double eps);
+  // `original` is the BatchNorm stood in for: its train()/eval() mode, which the Trainer sets on
+  // the whole Sequential, is this module's.
+  DeferredBatchNormImpl(std::shared_ptr<torch::nn::Module> original, at::Tensor weight,
+                        at::Tensor bias, at::Tensor running_mean, at::Tensor running_var,
+                        at::Tensor num_batches_tracked, c10::optional<double> momentum, double eps);
   void reset() override {}
 
   // Training: normalises by `input`'s own statistics and adds them to the batch's (unless a
@@ -35,6 +37,7 @@ class DeferredBatchNormImpl : public torch::nn::Cloneable<DeferredBatchNormImpl>
   void set_recomputing(bool recomputing) { recomputing_ = recomputing; }
 
  private:
+  std::shared_ptr<torch::nn::Module> original_;
   at::Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
   c10::optional<double> momentum_;  // none: a cumulative average, as BatchNorm's
   double eps_;

@@ -149,7 +149,8 @@ std::unique_ptr<Module> make_model(const std::string& name) {
   return std::make_unique<Normalised>();
 }
 
-// Two epochs of 64 rows; every rank writes its layers' parameters and buffers to rank-<r>.
+// Two epochs of 64 rows, validated on the same rows; every rank writes its layers' parameters and
+// buffers to rank-<r>.
 void train(const UserRun& run) {
   Trainer trainer(
       TrainerOptions()
@@ -175,7 +176,9 @@ void train(const UserRun& run) {
     auto d = masked_data();
     return TensorDataset{d.inputs, d.targets.slice(1, 0, 3).repeat({1, 2})};
   }();
-  trainer.fit(*model, DataLoader(data, DataLoaderOptions().batch_size(run.batch_size)));
+  // Validation (the sanity check and each epoch's end) must leave BatchNorm's statistics alone.
+  const DataLoader loader(data, DataLoaderOptions().batch_size(run.batch_size));
+  trainer.fit(*model, loader, &loader);
   TensorMap mine;
   for (const auto& item : model->local_layers()->named_parameters()) {
     mine[item.key()] = item.value().detach().clone();
