@@ -29,8 +29,10 @@ at::Tensor DeferredBatchNormImpl::forward(const at::Tensor& input) {
     torch::NoGradGuard no_grad;
     std::vector<int64_t> dims{0};
     for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
-    const auto x = input.detach().to(torch::kFloat64);
-    const auto sum = x.sum(dims), sum_of_squares = x.pow(2).sum(dims);
+    // Summed in float64 without a float64 copy of the input.
+    const auto x = input.detach();
+    const auto sum = x.sum(dims, false, torch::kFloat64);
+    const auto sum_of_squares = (x * x).sum(dims, false, torch::kFloat64);
     sum_ = sum_.defined() ? sum_ + sum : sum;
     sum_of_squares_ = sum_of_squares_.defined() ? sum_of_squares_ + sum_of_squares : sum_of_squares;
     count_ += input.numel() / input.size(1);

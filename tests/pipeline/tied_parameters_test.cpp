@@ -12,12 +12,12 @@
 
 #include <filesystem>
 
-#include "pipetrain/model_checkpoint.h"
 #include "pipetrain/module.h"
 #include "pipetrain/safetensors.h"
 #include "pipetrain/trainer.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/trainer_run.h"
 
 namespace pipetrain::testing {
 namespace {
@@ -112,21 +112,13 @@ struct TiedRun {
 // whole model, to <root>/rank-<r>.safetensors. Rank 0 also checks that writing a checkpoint
 // changes none of its tensors.
 void train(const TiedRun& run) {
-  Trainer trainer(
-      TrainerOptions()
-          .strategy(run.strategy)
-          .devices(run.devices)
-          .stages(run.stages)
-          .pipe(PipeOptions().chunks(run.chunks))
-          .max_epochs(run.max_epochs)
-          .log_every_n_steps(1)
-          .loggers({"csv"})
-          .enable_progress_bar(false)
-          .default_root_dir(run.root)
-          .callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions()
-                                                            .dirpath(run.root + "/checkpoints")
-                                                            .save_last(true)
-                                                            .save_top_k(0))}));
+  Trainer trainer(logged_run_options(run.root)
+                      .strategy(run.strategy)
+                      .devices(run.devices)
+                      .stages(run.stages)
+                      .pipe(PipeOptions().chunks(run.chunks))
+                      .max_epochs(run.max_epochs)
+                      .gradient_clip_val(run.clip));
   TiedLanguageModel model;
   DataLoader loader(token_data(), DataLoaderOptions().batch_size(8 / run.replicas()));
   trainer.fit(model, loader, nullptr, run.resume);
@@ -140,11 +132,7 @@ void train(const TiedRun& run) {
       throw std::runtime_error("saving a checkpoint changed parameter " + std::to_string(i));
     }
   }
-  TensorMap mine;
-  for (const auto& item : model.local_layers()->named_parameters()) {
-    mine[item.key()] = item.value().detach().clone();
-  }
-  save_safetensors(run.root + "/rank-" + env_or("RANK", "0") + ".safetensors", mine);
+  save_local_tensors(model, run.root + "/rank-" + env_or("RANK", "0") + ".safetensors");
 }
 
 PIPETRAIN_WORKER(tied_worker) { train(TiedRun::from_env()); }
@@ -162,14 +150,8 @@ void expect_same_training(const TiedRun& expected, const TiedRun& actual) {
   expect_same_train_losses(expected.root, actual.root);
   EXPECT_EQ(read_csv_column(metrics_csv(actual.root), "train_loss").size(),
             4u * static_cast<size_t>(actual.max_epochs));
-  const auto want = final_weights(expected);
-  const auto got = final_weights(actual);
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [name, tensor] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    EXPECT_TRUE(torch::allclose(got.at(name), tensor, 0, 1e-5))
-        << name << " differs by " << (got.at(name) - tensor).abs().max().item<double>();
-  }
+  expect_same_weights(expected.last_checkpoint() + "/model.safetensors",
+                      actual.last_checkpoint() + "/model.safetensors", 1e-5);
 }
 
 class TiedParameters : public ::testing::Test {
@@ -178,6 +160,13 @@ class TiedParameters : public ::testing::Test {
   TiedRun run(const std::string& name) const {
     TiedRun r;
     r.root = dir + "/" + name;
+    return r;
+  }
+  TiedRun pipe_run(const std::string& name, int64_t stages, int64_t chunks) const {
+    TiedRun r = run(name);
+    r.strategy = "pipe";
+    r.devices = stages;
+    r.chunks = chunks;
     return r;
   }
   std::string dir = make_temp_dir("tied");
@@ -215,10 +204,7 @@ TEST_F(TiedParameters, PipeOverTwoAndThreeStagesTrainsAsSingleWithBitIdenticalCo
   train(single);
   for (const int64_t stages : {2, 3}) {
     SCOPED_TRACE(std::to_string(stages) + " stages");
-    auto pipe = run("pipe" + std::to_string(stages));
-    pipe.strategy = "pipe";
-    pipe.devices = stages;
-    pipe.chunks = 4;
+    auto pipe = pipe_run("pipe" + std::to_string(stages), stages, 4);
     train_in_ranks(pipe, static_cast<int>(stages));
     expect_same_training(single, pipe);
     // Stored once, under its first name.
@@ -235,10 +221,7 @@ TEST_F(TiedParameters, GradientClippingCountsATiedWeightOnce) {
   auto single = run("single");
   single.clip = 0.05;  // below every step's norm: each step is clipped
   train(single);
-  auto pipe = run("pipe");
-  pipe.strategy = "pipe";
-  pipe.devices = 3;
-  pipe.chunks = 2;
+  auto pipe = pipe_run("pipe", 3, 2);
   pipe.clip = single.clip;
   train_in_ranks(pipe, 3);
   expect_same_training(single, pipe);
@@ -265,10 +248,7 @@ TEST_F(TiedParameters, CheckpointsResumeAcrossLayouts) {
   train(straight);
 
   // Two epochs under pipe, two more under single.
-  auto pipe_first = run("pipe_first");
-  pipe_first.strategy = "pipe";
-  pipe_first.devices = 2;
-  pipe_first.chunks = 2;
+  auto pipe_first = pipe_run("pipe_first", 2, 2);
   train_in_ranks(pipe_first, 2);
   auto then_single = run("then_single");
   then_single.max_epochs = 4;
@@ -278,10 +258,7 @@ TEST_F(TiedParameters, CheckpointsResumeAcrossLayouts) {
   // Two epochs under single, two more under pipe.
   auto single_first = run("single_first");
   train(single_first);
-  auto then_pipe = run("then_pipe");
-  then_pipe.strategy = "pipe";
-  then_pipe.devices = 2;
-  then_pipe.chunks = 2;
+  auto then_pipe = pipe_run("then_pipe", 2, 2);
   then_pipe.max_epochs = 4;
   then_pipe.resume = single_first.last_checkpoint();
   train_in_ranks(then_pipe, 2);
@@ -295,11 +272,8 @@ TEST_F(TiedParameters, CheckpointsResumeAcrossLayouts) {
     for (size_t i = 0; i < losses.size(); ++i) {
       EXPECT_NEAR(losses[i], expected[8 + i], 1e-5 * std::abs(expected[8 + i])) << "step " << 8 + i;
     }
-    const auto want = final_weights(straight);
-    const auto got = final_weights(*resumed);
-    for (const auto& [name, tensor] : want) {
-      EXPECT_TRUE(torch::allclose(got.at(name), tensor, 0, 1e-5)) << name;
-    }
+    expect_same_weights(straight.last_checkpoint() + "/model.safetensors",
+                        resumed->last_checkpoint() + "/model.safetensors", 1e-5);
   }
 }
 

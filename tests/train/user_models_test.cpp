@@ -11,12 +11,14 @@
 #include <filesystem>
 #include <fstream>
 
-#include "pipetrain/model_checkpoint.h"
 #include "pipetrain/module.h"
+#include "pipetrain/pipe.h"
 #include "pipetrain/safetensors.h"
 #include "pipetrain/trainer.h"
+#include "pipetrain/world.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/trainer_run.h"
 
 namespace pipetrain::testing {
 namespace {
@@ -152,25 +154,16 @@ std::unique_ptr<Module> make_model(const std::string& name) {
 // Two epochs of 64 rows, validated on the same rows; every rank writes its layers' parameters and
 // buffers to rank-<r>.
 void train(const UserRun& run) {
-  Trainer trainer(
-      TrainerOptions()
-          .strategy(run.strategy)
-          .devices(run.devices)
-          .pipe(PipeOptions()
-                    .chunks(run.chunks)
-                    .checkpoint(run.checkpoint)
-                    .schedule(run.schedule)
-                    .deferred_batch_norm(run.deferred_batch_norm))
-          .accumulate_grad_batches(run.accumulate)
-          .max_epochs(2)
-          .log_every_n_steps(1)
-          .loggers({"csv"})
-          .enable_progress_bar(false)
-          .default_root_dir(run.root)
-          .callbacks({std::make_shared<ModelCheckpoint>(ModelCheckpointOptions()
-                                                            .dirpath(run.root + "/checkpoints")
-                                                            .save_last(true)
-                                                            .save_top_k(0))}));
+  Trainer trainer(logged_run_options(run.root)
+                      .strategy(run.strategy)
+                      .devices(run.devices)
+                      .pipe(PipeOptions()
+                                .chunks(run.chunks)
+                                .checkpoint(run.checkpoint)
+                                .schedule(run.schedule)
+                                .deferred_batch_norm(run.deferred_batch_norm))
+                      .accumulate_grad_batches(run.accumulate)
+                      .max_epochs(2));
   auto model = make_model(run.model);
   const auto data = run.model == "masked" ? masked_data() : [] {
     auto d = masked_data();
@@ -179,14 +172,7 @@ void train(const UserRun& run) {
   // Validation (the sanity check and each epoch's end) must leave BatchNorm's statistics alone.
   const DataLoader loader(data, DataLoaderOptions().batch_size(run.batch_size));
   trainer.fit(*model, loader, &loader);
-  TensorMap mine;
-  for (const auto& item : model->local_layers()->named_parameters()) {
-    mine[item.key()] = item.value().detach().clone();
-  }
-  for (const auto& item : model->local_layers()->named_buffers()) {
-    mine[item.key()] = item.value().detach().clone();
-  }
-  save_safetensors(run.rank_file(std::stoll(env_or("RANK", "0"))), mine);
+  save_local_tensors(*model, run.rank_file(std::stoll(env_or("RANK", "0"))));
 }
 
 // Runs `train` in ranks; a rank that fails writes its error to <root>/error-<rank>.txt.
@@ -203,23 +189,6 @@ PIPETRAIN_WORKER(user_model_worker) {
 void train_in_ranks(const UserRun& run, int ranks) {
   fs::create_directories(run.root);
   ASSERT_EQ(run_ranks(ranks, "user_model_worker", run.env()), 0);
-}
-
-void expect_same_weights(const std::string& expected_path, const std::string& actual_path,
-                         double tolerance) {
-  const auto expected = load_safetensors(expected_path);
-  const auto actual = load_safetensors(actual_path);
-  ASSERT_EQ(actual.size(), expected.size());
-  for (const auto& [name, tensor] : expected) {
-    ASSERT_TRUE(actual.count(name)) << name;
-    EXPECT_TRUE(torch::allclose(actual.at(name).to(torch::kDouble), tensor.to(torch::kDouble), 0,
-                                tolerance))
-        << name << " differs by "
-        << (actual.at(name).to(torch::kDouble) - tensor.to(torch::kDouble))
-               .abs()
-               .max()
-               .item<double>();
-  }
 }
 
 class UserModels : public ::testing::Test {
@@ -339,6 +308,33 @@ TEST_F(UserModels, DeferredBatchNormKeepsTheWholeBatchsRunningStatistics) {
         << (actual.at("0.running_var") - expected.at("0.running_var")).abs().max().item<double>();
     EXPECT_EQ(actual.at("0.num_batches_tracked").item<int64_t>(), deferred ? 8 : 32);
   }
+}
+
+// A layer of the user's own with a BatchNorm inside.
+struct NormBlockImpl : torch::nn::Module {
+  NormBlockImpl() : norm(register_module("norm", torch::nn::BatchNorm1d(8))) {}
+  at::Tensor forward(const at::Tensor& x) { return norm(x); }
+  torch::nn::BatchNorm1d norm;
+};
+TORCH_MODULE(NormBlock);
+
+// What the deferral cannot honour is refused rather than trained per micro-batch.
+TEST(DeferredBatchNorm, RefusesANestedBatchNormAndCudaGraphs) {
+  const auto world = std::make_shared<World>();
+  auto expect_refusal = [&](torch::nn::Sequential model, PipeOptions options,
+                            const std::string& part) {
+    try {
+      Pipe pipe(model, options.deferred_batch_norm(true), world);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_refusal(
+      torch::nn::Sequential(torch::nn::Linear(4, 8), NormBlock(), torch::nn::Linear(8, 6)),
+      PipeOptions(), "layer 1 holds one inside");
+  expect_refusal(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8)),
+                 PipeOptions().cuda_graphs(true).checkpoint("never"), "cannot be combined");
 }
 
 TEST_F(UserModels, DdpReplicasHoldReplicaZerosBatchNormStatistics) {

@@ -1,0 +1,45 @@
+#include "support/trainer_run.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "pipetrain/model_checkpoint.h"
+#include "pipetrain/safetensors.h"
+
+namespace pipetrain::testing {
+
+TrainerOptions logged_run_options(const std::string& root) {
+  return TrainerOptions()
+      .log_every_n_steps(1)
+      .loggers({"csv"})
+      .enable_progress_bar(false)
+      .default_root_dir(root)
+      .callbacks({std::make_shared<ModelCheckpoint>(
+          ModelCheckpointOptions().dirpath(root + "/checkpoints").save_last(true).save_top_k(0))});
+}
+
+void save_local_tensors(const Module& module, const std::string& path) {
+  TensorMap mine;
+  for (const auto& item : module.local_layers()->named_parameters()) {
+    mine[item.key()] = item.value().detach().clone();
+  }
+  for (const auto& item : module.local_layers()->named_buffers()) {
+    mine[item.key()] = item.value().detach().clone();
+  }
+  save_safetensors(path, mine);
+}
+
+void expect_same_weights(const std::string& expected_path, const std::string& actual_path,
+                         double tolerance) {
+  const auto expected = load_safetensors(expected_path);
+  const auto actual = load_safetensors(actual_path);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (const auto& [name, tensor] : expected) {
+    ASSERT_TRUE(actual.count(name)) << name;
+    const auto difference = (actual.at(name).to(torch::kDouble) - tensor.to(torch::kDouble)).abs();
+    EXPECT_TRUE(difference.numel() == 0 || difference.max().item<double>() <= tolerance)
+        << name << " differs by " << difference.max().item<double>();
+  }
+}
+
+}  // namespace pipetrain::testing
