@@ -132,9 +132,9 @@ double transfer_seconds(const std::shared_ptr<pipetrain::World>& world, int64_t 
   const auto trip = [&] {
     if (world->rank() == 0) {
       p2p.send(tensor, 1, pipetrain::Flow::kActivation);
-      p2p.recv(1, pipetrain::Flow::kGradient);
+      p2p.recv_tensor(1, pipetrain::Flow::kGradient);
     } else {
-      p2p.send(p2p.recv(0, pipetrain::Flow::kActivation), 0, pipetrain::Flow::kGradient);
+      p2p.send(p2p.recv_tensor(0, pipetrain::Flow::kActivation), 0, pipetrain::Flow::kGradient);
     }
     p2p.wait_for_sends();
   };

@@ -1,11 +1,11 @@
-// Tensors between neighbouring stages. Users never declare stage shapes: the first tensor of each
-// direction in a step is preceded by a small header (dtype, dims) so the receiver can allocate
-// it; the rest of the step's tensors have the same shape apart from dim 0, the micro-batch's
-// rows, which both sides know. One header per step, not per micro-batch, because on a GPU reading
-// a header means waiting for it on the host. Sends are asynchronous and only awaited at the end
-// of a step, so two stages sending to each other at the same moment (1F1B's steady state) never
-// wait on each other; activations and gradients travel in process groups of their own (on NCCL,
-// streams of their own) for the same reason.
+// Tensors between neighbouring stages. Users never declare stage shapes: the first packet of each
+// direction in a step is preceded by a small header (per tensor: dtype, dims, whether it needs a
+// gradient) so the receiver can allocate it; the rest of the step's packets have the same shapes
+// apart from dim 0, the micro-batch's rows, which both sides know. One header per step, not per
+// micro-batch, because on a GPU reading a header means waiting for it on the host. Sends are
+// asynchronous and only awaited at the end of a step, so two stages sending to each other at the
+// same moment (1F1B's steady state) never wait on each other; activations and gradients travel in
+// process groups of their own (on NCCL, streams of their own) for the same reason.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,29 +25,52 @@ class World;
 // results gathered outside the schedule (predictions, weights), each with tags of its own.
 enum class Flow { kActivation, kGradient, kResult };
 
+// Tensors that travel together: a stage's outputs for one micro-batch, or their gradients.
+struct Packet {
+  std::vector<at::Tensor> tensors;
+  // Per tensor, whether the receiver gets it as a leaf that requires grad (empty: none do).
+  std::vector<bool> requires_grad;
+  int64_t label = 0;  // the sender's word on what the tensors are (Pipe: how a layer packed them)
+};
+
 class PeerToPeer {
  public:
+  // Packets larger than this many tensors are refused: the header has a fixed size.
+  static constexpr int64_t kMaxTensors = 16;
+
   explicit PeerToPeer(std::shared_ptr<World> world);
 
-  // Starts sending `tensor` (of the world's device) to rank `dst`; the tensor is kept alive until
-  // wait_for_sends(). Within a step, every tensor of a flow must have the first one's shape but
-  // for dim 0 (pipeline stages pass batch-first tensors on); results may have any shape. Returns
-  // the send, for callers that must not overwrite the tensor before it has gone.
-  WorkPtr send(const at::Tensor& tensor, int64_t dst, Flow flow);
-  // Receives the next tensor of `flow` from rank `src`, which has `rows` rows (dim 0) unless it is
-  // the first of the step. On CUDA it returns at once, the current stream waiting for the data.
-  // Blocks (up to the world's timeout) on CPU, and for headers.
-  at::Tensor recv(int64_t src, Flow flow, int64_t rows = -1);
-  // Waits until every started send has completed, and starts a new step: the next tensor of each
+  // Starts sending `packet`'s tensors (of the world's device) to rank `dst`; they are kept alive
+  // until wait_for_sends(). Within a step, every packet of a flow must have the first one's
+  // label, dtypes and shapes but for dim 0; given `rows` (>= 0), every tensor's dim 0 must be
+  // `rows` (stage boundaries pass batch-first tensors on). Results may have any shape. Returns
+  // the last send, for callers that must not overwrite the tensors before they have gone.
+  WorkPtr send(const Packet& packet, int64_t dst, Flow flow, int64_t rows = -1);
+  WorkPtr send(const at::Tensor& tensor, int64_t dst, Flow flow, int64_t rows = -1);
+  // Receives the next packet of `flow` from rank `src`, whose tensors have `rows` rows (dim 0)
+  // unless it is the first of the step. On CUDA it returns at once, the current stream waiting
+  // for the data. Blocks (up to the world's timeout) on CPU, and for headers.
+  Packet recv(int64_t src, Flow flow, int64_t rows = -1);
+  // The one tensor of the next packet.
+  at::Tensor recv_tensor(int64_t src, Flow flow, int64_t rows = -1);
+  // Waits until every started send has completed, and starts a new step: the next packet of each
   // flow carries a header again.
   void wait_for_sends();
 
  private:
-  struct Shape {
+  struct TensorShape {
     c10::ScalarType dtype;
+    bool requires_grad;
     std::vector<int64_t> sizes;
+    bool operator==(const TensorShape& other) const;
+  };
+  struct PacketShape {
+    int64_t label = 0;
+    std::vector<TensorShape> tensors;
   };
   const ProcessGroupPtr& group(Flow flow) const;
+  // Throws naming both shapes when `now` is not `first` but for dim 0.
+  static void check_same_shape(const PacketShape& first, const PacketShape& now, Flow flow);
 
   std::shared_ptr<World> world_;
   std::shared_ptr<World> gradients_;  // a twin of world_ carrying gradients only
@@ -58,7 +81,7 @@ class PeerToPeer {
   };
   std::vector<Send> pending_sends_;
   // What this step's first header said, per (peer, flow).
-  std::map<std::pair<int64_t, Flow>, Shape> sent_, received_;
+  std::map<std::pair<int64_t, Flow>, PacketShape> sent_, received_;
 };
 
 }  // namespace pipetrain

@@ -1,6 +1,8 @@
 // Pipe: a torch::nn::Sequential split into consecutive stages, one process per stage, each batch
 // cut into micro-batches that flow through the stages in the order of a schedule. Every rank
 // builds the same Sequential and keeps only its own stage's layers (SPMD, as torchrun runs it).
+// Layers may pass several tensors on (a std::tuple of up to 4, or a std::vector<at::Tensor>),
+// across stage boundaries too; the first layer takes the input tensor and the last returns one.
 //
 //   auto world = pipetrain::World::connect(*pipetrain::select_cluster_environment());
 //   pipetrain::Pipe pipe(model, pipetrain::PipeOptions().balance({2, 2}).chunks(8), world);
@@ -33,6 +35,7 @@ class DeferredWeightGradients;
 class Trace;
 class TiedGradients;
 class DeferredBatchNormImpl;
+struct StageValue;
 
 struct PipeOptions {
   // Layers per stage; empty: split by parameter count (balance_by_size) over the world's ranks.
@@ -122,12 +125,15 @@ class Pipe {
 
  private:
   at::Tensor run_schedule(const at::Tensor& batch_input, int64_t batch_size, const LossFn& loss_fn);
-  at::Tensor run_stage(const at::Tensor& input, int64_t microbatch);
+  StageValue run_stage(const StageValue& input, int64_t microbatch);
   // `layer`, or, with deferred_batch_norm, the DeferredBatchNorm standing in for it.
   torch::nn::AnyModule defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index);
-  // run_stage again for the backward of a checkpointed micro-batch, leaving the layers' state
-  // (BatchNorm's running statistics) as it was.
-  at::Tensor recompute_stage(const at::Tensor& input, int64_t microbatch);
+  // run_stage again, leaving the layers' state (BatchNorm's running statistics) as it was: for
+  // the backward of a checkpointed micro-batch (`with_grad`), or to learn what the stage returns.
+  StageValue rerun_stage(const StageValue& input, int64_t microbatch, bool with_grad);
+  // Under cuda_graphs, at the first forward: drops the graphs (saying why) if this stage takes or
+  // returns several tensors, which the graphs do not capture.
+  void check_graphs_fit(const StageValue& input, int64_t microbatch);
   // The deferred weight gradients (of the micro-batches in `slots`, under CUDA graphs).
   void run_weight_gradients(const std::vector<int64_t>& slots);
 
@@ -145,6 +151,7 @@ class Pipe {
   std::unique_ptr<TiedGradients> tied_;
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_norms_;
   std::unique_ptr<StageGraphs> graphs_;  // null: eager
+  bool graphs_checked_ = false;          // check_graphs_fit has run
   // Fused Linear layers' weight gradients, left by their backwards for run_weight_gradients()
   // (null: unfused, or a first stage that computes them within its backwards).
   std::shared_ptr<DeferredWeightGradients> deferred_;

@@ -9,9 +9,9 @@
 #include <stdexcept>
 #include <utility>
 
-namespace pipetrain {
-namespace {}  // namespace
+#include "stage_value.h"
 
+namespace pipetrain {
 std::string format_balance(const std::vector<int64_t>& balance) {
   std::ostringstream out;
   for (size_t i = 0; i < balance.size(); ++i) out << (i ? "," : "") << balance[i];
@@ -89,21 +89,33 @@ std::vector<int64_t> balance_by_time(torch::nn::Sequential sequential, const at:
                                      int64_t stages, int repeats) {
   using Clock = std::chrono::steady_clock;
   std::vector<double> costs;
-  at::Tensor input = sample;
+  StageValue input = StageValue::of(sample);
+  int64_t index = 0;
   for (auto& layer : *sequential) {
     std::vector<double> times;
-    at::Tensor output;
+    StageValue output;
     for (int r = 0; r <= repeats; ++r) {  // run 0 is a warm-up
-      auto x = input.detach();
-      if (x.is_floating_point()) x.requires_grad_(true);
+      StageValue x = input;
+      for (auto& t : x.tensors) {
+        t = t.detach();
+        if (t.is_floating_point()) t.requires_grad_(true);
+      }
       const auto start = Clock::now();
-      output = layer.forward(x);
-      if (output.requires_grad()) output.backward(torch::ones_like(output));
+      output = StageValue::unpack(layer.any_forward(x.pack()), index);
+      std::vector<at::Tensor> roots, grads;
+      for (const auto& t : output.tensors) {
+        if (!t.requires_grad()) continue;
+        roots.push_back(t);
+        grads.push_back(torch::ones_like(t));
+      }
+      if (!roots.empty()) torch::autograd::backward(roots, grads);
       if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
     std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
     costs.push_back(times[times.size() / 2]);
-    input = output.detach();
+    for (auto& t : output.tensors) t = t.detach();
+    input = std::move(output);
+    ++index;
   }
   sequential->zero_grad();
   return balance_by_cost(costs, stages);

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -19,14 +20,15 @@
 #include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 #include "stage_graphs.h"
+#include "stage_value.h"
 
 namespace pipetrain {
 namespace {
 
 // What a stage keeps between the forward and the backward of one micro-batch.
 struct InFlight {
-  at::Tensor input;   // requires grad on every stage but the first
-  at::Tensor output;  // with its autograd graph, unless checkpointed
+  StageValue input;   // floating tensors require grad on every stage but the first
+  StageValue output;  // with its autograd graph, unless checkpointed
   at::Tensor loss;    // last stage only: scaled loss, graph back to `output`
   bool checkpointed = false;
   RngState rng;       // the generator before the forward, for the recompute
@@ -67,6 +69,18 @@ bool joins_weight_gradients(const std::vector<Action>& actions, int64_t recomput
     }
   }
   return true;
+}
+
+// The packet of a stage's outputs for the next stage: every floating tensor comes back with a
+// gradient (zeros where it had no effect), masks and ids travel without (torchgpipe's rule).
+Packet activation_packet(const StageValue& output) {
+  Packet packet;
+  packet.label = static_cast<int64_t>(output.packing);
+  for (const auto& t : output.tensors) {
+    packet.tensors.push_back(t.detach());
+    packet.requires_grad.push_back(t.is_floating_point());
+  }
+  return packet;
 }
 
 }  // namespace
@@ -174,11 +188,11 @@ void Pipe::reduce_tied_gradients() {
   }
 }
 
-at::Tensor Pipe::recompute_stage(const at::Tensor& input, int64_t microbatch) {
+StageValue Pipe::rerun_stage(const StageValue& input, int64_t microbatch, bool with_grad) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> buffers = stage_module_->buffers(), saved;
   for (const auto& b : buffers) saved.push_back(b.clone());
-  at::Tensor output;
+  StageValue output;
   {
     // Deferred BatchNorm layers counted this micro-batch in its first forward.
     struct Recomputing {
@@ -191,7 +205,7 @@ at::Tensor Pipe::recompute_stage(const at::Tensor& input, int64_t microbatch) {
         for (const auto& norm : norms) norm->set_recomputing(false);
       }
     } recomputing(deferred_norms_);
-    torch::AutoGradMode grad(true);
+    torch::AutoGradMode grad(with_grad);
     output = run_stage(input, microbatch);
   }
   // Through .data(), which leaves the version counter alone: the recomputed graph (and any other
@@ -201,15 +215,36 @@ at::Tensor Pipe::recompute_stage(const at::Tensor& input, int64_t microbatch) {
   return output;
 }
 
-at::Tensor Pipe::run_stage(const at::Tensor& input, int64_t microbatch) {
+void Pipe::check_graphs_fit(const StageValue& input, int64_t microbatch) {
+  graphs_checked_ = true;
+  std::string why;
+  if (!input.is_tensor()) {
+    why = "its input is " + input.describe();
+  } else {
+    const StageValue output =
+        RngState::capture().replay([&] { return rerun_stage(input, microbatch, false); });
+    if (!output.is_tensor()) why = "it returns " + output.describe();
+  }
+  if (why.empty()) return;
+  std::cerr << "pipetrain: stage " << stage_ << " not using CUDA graphs: " << why
+            << ", and graphs capture a stage of one tensor in and one out; running eagerly"
+            << std::endl;
+  graphs_.reset();
+}
+
+StageValue Pipe::run_stage(const StageValue& input, int64_t microbatch) {
+  const int64_t last_layer = first_layer_ + balance_[stage_] - 1;
+  StageValue output;
   try {
-    return stage_module_->forward(input);
+    torch::nn::AnyValue value = input.pack();
+    for (auto& layer : *stage_module_) value = layer.any_forward(std::move(value));
+    output = StageValue::unpack(std::move(value), last_layer);
   } catch (const std::exception& e) {
     std::ostringstream message;
     message << "stage " << stage_ << " (rank " << world_->global_rank(stage_) << ", layers "
             << first_layer_ << ".." << first_layer_ + balance_[stage_] - 1
             << ") failed on micro-batch " << microbatch << " with an input of shape "
-            << shape_text(input.sizes());
+            << input.describe();
     if (stage_ > 0) message << " from stage " << stage_ - 1;
     message << ": " << error_message(e);
     if (stage_ > 0)
@@ -217,6 +252,13 @@ at::Tensor Pipe::run_stage(const at::Tensor& input, int64_t microbatch) {
               << "'s output must fit stage " << stage_ << "'s first layer.";
     throw std::runtime_error(message.str());
   }
+  if (is_last_stage() && !output.is_tensor()) {
+    throw std::invalid_argument(
+        "the Sequential's last layer (" + std::to_string(last_layer) + ") returns " +
+        output.describe() +
+        ": the model's output, which the loss and the steps take, must be one at::Tensor");
+  }
+  return output;
 }
 
 at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
@@ -274,17 +316,18 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       InFlight state;
       state.checkpointed = action.microbatch < recompute_below;
       if (is_first_stage()) {
-        state.input = input.slice(0, mb.begin, mb.end);
+        state.input = StageValue::of(input.slice(0, mb.begin, mb.end));
       } else {
         Trace::Span span(trace, "recv activation", mb.index);
-        state.input = p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
-        if (state.input.is_floating_point()) state.input.requires_grad_(true);
+        auto packet = p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
+        state.input = StageValue::from_label(packet.label, std::move(packet.tensors));
       }
+      if (graphs_ && !graphs_checked_) check_graphs_fit(state.input, mb.index);
       Trace::Span forward_span(trace, "forward", mb.index);
       if (graphs_) {
         state.slot = slots.take();
         world_->wait(slots.activation_sends[state.slot]);
-        state.output = graphs_->forward(state.slot, state.input);
+        state.output = StageValue::of(graphs_->forward(state.slot, state.input.tensors[0]));
       } else if (state.checkpointed) {
         state.rng = RngState::capture();
         torch::NoGradGuard no_grad;
@@ -295,14 +338,15 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       if (is_last_stage()) {
         // The loss head runs with autograd even where the stage's own graph is gone (checkpointed)
         // or captured; its input is a leaf that collects the gradient the stage's backward needs.
-        if (state.checkpointed || graphs_)
-          state.output = state.output.detach().requires_grad_(true);
+        at::Tensor& output = state.output.tensors[0];
+        if (state.checkpointed || graphs_) output = output.detach().requires_grad_(true);
         const double share = static_cast<double>(mb.size()) / static_cast<double>(batch_size);
-        state.loss = loss_fn(state.output, mb) * share;
+        state.loss = loss_fn(output, mb) * share;
         total_loss = total_loss.defined() ? total_loss + state.loss.detach() : state.loss.detach();
       } else {
         Trace::Span span(trace, "send activation", mb.index);
-        auto sent = p2p_->send(state.output.detach(), stage_ + 1, Flow::kActivation);
+        auto sent =
+            p2p_->send(activation_packet(state.output), stage_ + 1, Flow::kActivation, mb.size());
         if (graphs_) slots.activation_sends[state.slot] = sent;
       }
       in_flight.emplace(action.microbatch, std::move(state));
@@ -310,38 +354,64 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       if (&action == last_backward && last_backward_hook_) last_backward_hook_();
       auto node = in_flight.extract(action.microbatch);
       InFlight& state = node.mapped();
-      at::Tensor grad_output;
-      if (!is_last_stage()) {
+      // The gradients of the outputs that have one (the floating ones), in their order.
+      std::vector<at::Tensor> grad_outputs;
+      const bool gets_gradients =
+          std::any_of(state.output.tensors.begin(), state.output.tensors.end(),
+                      [](const at::Tensor& t) { return t.is_floating_point(); });
+      if (!is_last_stage() && gets_gradients) {
         Trace::Span span(trace, "recv gradient", mb.index);
-        grad_output = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size());
+        grad_outputs = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size()).tensors;
       }
-      at::Tensor grad_input;
+      at::Tensor graph_grad_input;  // under CUDA graphs
       {
         Trace::Span backward_span(trace, "backward", mb.index);
         DeferredWeightGradients::Deferral deferral(deferred_.get());  // weight gradients wait
         if (is_last_stage()) {
           state.loss.backward();
-          if (state.checkpointed || graphs_) grad_output = state.output.grad();
+          if (state.checkpointed || graphs_) grad_outputs = {state.output.tensors[0].grad()};
         }
         if (graphs_) {
           world_->wait(slots.gradient_sends[state.slot]);
-          grad_input = graphs_->backward(state.slot, grad_output);
-        } else if (grad_output.defined()) {
-          at::Tensor output = state.output;
+          graph_grad_input = graphs_->backward(state.slot, grad_outputs.at(0));
+        } else if (!grad_outputs.empty()) {
+          StageValue output = state.output;
           if (state.checkpointed) {
-            output = state.rng.replay([&] { return recompute_stage(state.input, mb.index); });
+            output = state.rng.replay([&] { return rerun_stage(state.input, mb.index, true); });
           }
-          torch::autograd::backward({output}, {grad_output});
+          // Outputs made without this stage's parameters or inputs (a mask, the data riding
+          // along from the first stage) have no graph to go back through.
+          std::vector<at::Tensor> roots, grads;
+          size_t next = 0;
+          for (const auto& t : output.tensors) {
+            if (!t.is_floating_point()) continue;
+            const at::Tensor& grad = grad_outputs.at(next++);
+            if (t.requires_grad()) {
+              roots.push_back(t);
+              grads.push_back(grad);
+            }
+          }
+          if (!roots.empty()) torch::autograd::backward(roots, grads);
         }
       }
       if (!is_first_stage()) {
-        // Eagerly, the input's gradient is where backward left it (through the loss, on the last
-        // stage of an uncheckpointed pipe).
-        if (!graphs_) grad_input = state.input.grad();
-        if (!grad_input.defined()) grad_input = torch::zeros_like(state.input);
+        // Eagerly, the inputs' gradients are where backward left them (through the loss, on the
+        // last stage of an uncheckpointed pipe).
+        Packet grads;
+        if (graphs_) {
+          grads.tensors = {graph_grad_input.defined() ? graph_grad_input
+                                                      : torch::zeros_like(state.input.tensors[0])};
+        } else {
+          for (const auto& t : state.input.tensors) {
+            if (!t.requires_grad()) continue;
+            grads.tensors.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
+          }
+        }
         Trace::Span span(trace, "send gradient", mb.index);
-        auto sent = p2p_->send(grad_input, stage_ - 1, Flow::kGradient);
-        if (graphs_) slots.gradient_sends[state.slot] = sent;
+        if (!grads.tensors.empty()) {
+          auto sent = p2p_->send(grads, stage_ - 1, Flow::kGradient, mb.size());
+          if (graphs_) slots.gradient_sends[state.slot] = sent;
+        }
       }
       // The fused Linear layers' weight gradients: after the last backward, or now that the
       // previous stage has what it waits for.
@@ -383,13 +453,19 @@ void Pipe::forward(const at::Tensor& input, int64_t batch_size, const OutputFn& 
     const at::Tensor on_device = input.defined() ? input.to(world_->device()) : input;
     for (const MicroBatch& mb :
          split_microbatches(batch_size, std::min(options_.chunks(), batch_size))) {
-      const at::Tensor x = is_first_stage() ? on_device.slice(0, mb.begin, mb.end)
-                                            : p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
-      const at::Tensor y = run_stage(x, mb.index);
-      if (is_last_stage()) {
-        on_output(y, mb);
+      StageValue x;
+      if (is_first_stage()) {
+        x = StageValue::of(on_device.slice(0, mb.begin, mb.end));
       } else {
-        p2p_->send(y, stage_ + 1, Flow::kActivation);
+        auto packet = p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
+        x = StageValue::from_label(packet.label, std::move(packet.tensors));
+      }
+      const StageValue y = run_stage(x, mb.index);
+      if (is_last_stage()) {
+        on_output(y.tensors[0], mb);
+      } else {
+        Packet packet{y.tensors, {}, static_cast<int64_t>(y.packing)};
+        p2p_->send(packet, stage_ + 1, Flow::kActivation, mb.size());
       }
     }
     if (p2p_) p2p_->wait_for_sends();
@@ -404,6 +480,6 @@ void Pipe::send_to(const at::Tensor& tensor, int64_t dst) {
   p2p_->wait_for_sends();
 }
 
-at::Tensor Pipe::recv_from(int64_t src) { return p2p_->recv(src, Flow::kResult); }
+at::Tensor Pipe::recv_from(int64_t src) { return p2p_->recv_tensor(src, Flow::kResult); }
 
 }  // namespace pipetrain

@@ -181,7 +181,7 @@ class PipelineStrategy : public Strategy {
     std::vector<at::Tensor> gathered;
     for (int64_t replica = 0; replica < replicas_; ++replica) {
       const int64_t last = replica * stages_ + stages_ - 1;
-      gathered.push_back(last == 0 ? mine : results_->recv(last, Flow::kResult));
+      gathered.push_back(last == 0 ? mine : results_->recv_tensor(last, Flow::kResult));
     }
     return torch::cat(gathered).cpu();
   }

@@ -14,6 +14,7 @@
 #include "pipetrain/pipe.h"
 #include "pipetrain/trainer.h"
 #include "pipetrain/world.h"
+#include "support/carrying_model.h"
 #include "support/multiprocess.h"
 #include "support/reference.h"
 
@@ -122,6 +123,71 @@ TEST(CudaPipe, TwoGpusMatchOneGpuForEveryScheduleModeAndDtype) {
       }
     }
   }
+}
+
+// The carrying model (several tensors between its layers) under cuda_graphs: one stage captures
+// the tuples inside its graph; two stages pass them across the boundary, which graphs do not
+// capture, so each stage falls back to eager and says so. [losses, parameters...] per rank.
+PIPETRAIN_WORKER(cuda_carrying_worker) {
+  auto world =
+      World::connect(*select_cluster_environment(), World::kDefaultTimeout, c10::DeviceType::CUDA);
+  const auto balance = world->size() == 1 ? std::vector<int64_t>{kCarryingLayers}
+                                          : std::vector<int64_t>{2, kCarryingLayers - 2};
+  Pipe pipe(carrying_model(),
+            PipeOptions().balance(balance).chunks(4).checkpoint("never").cuda_graphs(true), world);
+  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
+  std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const auto [inputs, targets] = reference_batch(step);
+    const auto on_gpu = targets.to(world->device());
+    optimizer.zero_grad();
+    auto loss =
+        pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
+          return torch::mse_loss(out, on_gpu.slice(0, mb.begin, mb.end));
+        });
+    optimizer.step();
+    if (loss.defined()) saved[0][step] = loss.item<double>();
+  }
+  for (const auto& p : pipe.parameters()) saved.push_back(p.detach().cpu());
+  torch::save(saved, result_path(env_or("RESULT_DIR", "."), "carrying", world->rank()));
+}
+
+// fp32 on one GPU: relative 1e-5 on losses, 1e-5 / 1e-6 on parameters (summation order only).
+void expect_carrying_run_matches_one_gpu(const std::string& dir, int64_t ranks) {
+  const auto expected =
+      train_single_process(carrying_model(), c10::Device(c10::DeviceType::CUDA, 0));
+  std::vector<at::Tensor> parameters, saved;
+  at::Tensor losses;
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    saved.clear();  // torch::load appends
+    torch::load(saved, result_path(dir, "carrying", rank));
+    if (rank == ranks - 1) losses = saved[0];
+    parameters.insert(parameters.end(), saved.begin() + 1, saved.end());
+  }
+  for (int64_t step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(losses[step].item<double>(), expected.losses[step],
+                1e-5 * std::abs(expected.losses[step]))
+        << "step " << step;
+  }
+  ASSERT_EQ(parameters.size(), expected.parameters.size());
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(parameters[i], expected.parameters[i], 1e-5, 1e-6))
+        << "parameter " << i;
+  }
+}
+
+TEST(CudaPipe, CudaGraphsCaptureTuplesInsideAStage) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = make_temp_dir("cuda-carrying-1");
+  ASSERT_EQ(run_ranks(1, "cuda_carrying_worker", {{"RESULT_DIR", dir}}), 0);
+  expect_carrying_run_matches_one_gpu(dir, 1);
+}
+
+TEST(CudaPipe, TuplesAcrossAStageBoundaryRunEagerlyUnderCudaGraphs) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const auto dir = make_temp_dir("cuda-carrying-2");
+  ASSERT_EQ(run_ranks(2, "cuda_carrying_worker", {{"RESULT_DIR", dir}}), 0);
+  expect_carrying_run_matches_one_gpu(dir, 2);
 }
 
 class Regression : public Module {
