@@ -20,8 +20,10 @@ class Logger {
   virtual void save() = 0;
 };
 
-// The next free version number under <root_dir>/<name> (0 when there is none).
-int64_t next_log_version(const std::string& root_dir, const std::string& name = "lightning_logs");
+// Claims the lowest free version under <root_dir>/<name> by creating its version_<N> directory,
+// and returns N. Creating a directory is atomic, so of several runs starting at once on one root
+// each gets a version of its own.
+int64_t claim_log_version(const std::string& root_dir, const std::string& name = "lightning_logs");
 // <root_dir>/<name>/version_<version>, created.
 std::string make_log_dir(const std::string& root_dir, const std::string& name, int64_t version);
 

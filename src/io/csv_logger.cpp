@@ -14,7 +14,8 @@ namespace fs = std::filesystem;
 
 CSVLogger::CSVLogger(const std::string& root_dir, const std::string& name,
                      std::optional<int64_t> version, int64_t flush_logs_every_n_steps)
-    : log_dir_(make_log_dir(root_dir, name, version ? *version : next_log_version(root_dir, name))),
+    : log_dir_(
+          make_log_dir(root_dir, name, version ? *version : claim_log_version(root_dir, name))),
       flush_every_(std::max<int64_t>(1, flush_logs_every_n_steps)) {}
 
 void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params) {

@@ -5,10 +5,12 @@
 namespace pipetrain {
 namespace fs = std::filesystem;
 
-int64_t next_log_version(const std::string& root_dir, const std::string& name) {
+int64_t claim_log_version(const std::string& root_dir, const std::string& name) {
   const fs::path base = fs::path(root_dir) / name;
+  fs::create_directories(base);
   int64_t version = 0;
-  while (fs::exists(base / ("version_" + std::to_string(version)))) ++version;
+  // create_directory is false where the directory was there already: another run's.
+  while (!fs::create_directory(base / ("version_" + std::to_string(version)))) ++version;
   return version;
 }
 

@@ -129,7 +129,7 @@ std::atomic<int64_t> event_file_counter{0};
 TensorBoardLogger::TensorBoardLogger(const std::string& root_dir, const std::string& name,
                                      std::optional<int64_t> version)
     : log_dir_(
-          make_log_dir(root_dir, name, version ? *version : next_log_version(root_dir, name))) {
+          make_log_dir(root_dir, name, version ? *version : claim_log_version(root_dir, name))) {
   const double now = wall_time_now();
   event_file_ = log_dir_ + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) +
                 "." + host_name() + "." + std::to_string(static_cast<int64_t>(getpid())) + "." +

@@ -181,7 +181,7 @@ Trainer::Trainer(TrainerOptions options)
   // Every rank agrees on the log directory (checkpoints go inside it); rank 0 writes to it.
   std::string version;
   if (world_->is_global_zero()) {
-    version = std::to_string(next_log_version(options_.default_root_dir()));
+    version = std::to_string(claim_log_version(options_.default_root_dir()));
   }
   version = world_->broadcast(version);
   log_dir_ =

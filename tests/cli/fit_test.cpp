@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "support/command.h"
 #include "support/multiprocess.h"
@@ -53,6 +54,36 @@ TEST(FitCommand, FusedAccumulationUnderBf16MixedSaysItDoesNothing) {
   EXPECT_NE(result.output.find("fused gradient accumulation does nothing under bf16-mixed"),
             std::string::npos)
       << result.output;
+  std::filesystem::remove_all(root);
+}
+
+// Runs started at once on one root each claim a version folder of their own: run i trains 2 + i
+// steps, so every folder's metrics.csv must hold one run's steps, all of them.
+TEST(FitCommand, ConcurrentRunsOnOneRootGetAFolderEach) {
+  const auto root = make_temp_dir("fit-concurrent");
+  constexpr int kRuns = 10;
+  std::vector<RunningCommand> runs;
+  for (int i = 0; i < kRuns; ++i) runs.push_back(start_command(mlp_fit_command(root, {}, 2 + i)));
+  for (const auto& run : runs) {
+    const auto result = wait_command(run, std::chrono::seconds(300));
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+  }
+  std::set<size_t> step_counts;
+  for (int version = 0; version < kRuns; ++version) {
+    const auto csv = root + "/lightning_logs/version_" + std::to_string(version) + "/metrics.csv";
+    const auto losses = read_csv_column(csv, "train_loss");
+    const auto steps = read_csv_column(csv, "step");
+    ASSERT_FALSE(losses.empty()) << csv;
+    // One loss per step, steps 0 to n - 1 (other rows, the learning rate's, repeat steps).
+    const std::set<double> distinct(steps.begin(), steps.end());
+    EXPECT_EQ(distinct.size(), losses.size()) << csv;
+    EXPECT_EQ(*distinct.rbegin(), static_cast<double>(losses.size() - 1)) << csv;
+    step_counts.insert(losses.size());
+  }
+  EXPECT_EQ(step_counts.size(), static_cast<size_t>(kRuns));
+  EXPECT_EQ(*step_counts.begin(), 2u);
+  EXPECT_EQ(*step_counts.rbegin(), static_cast<size_t>(kRuns + 1));
+  EXPECT_FALSE(std::filesystem::exists(root + "/lightning_logs/version_" + std::to_string(kRuns)));
   std::filesystem::remove_all(root);
 }
 

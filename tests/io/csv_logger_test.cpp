@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <thread>
 
+#include "pipetrain/logger.h"
 #include "support/multiprocess.h"
 
 namespace pipetrain {
@@ -35,6 +39,32 @@ TEST(CSVLogger, WritesLightningsLayoutInTheNextFreeVersion) {
   first.save();
   EXPECT_EQ(read(first.metrics_path()),
             "epoch,step,train_loss,val_loss\n0,0,0.5,\n0,1,0.25,\n1,2,,1.5\n");
+  std::filesystem::remove_all(root);
+}
+
+// Claims racing on one root (threads released at once) each get a version of their own.
+TEST(LogVersion, ConcurrentClaimsGetDistinctVersions) {
+  const auto root = testing::make_temp_dir("log-version");
+  constexpr int kThreads = 16, kClaims = 5;
+  std::vector<std::vector<int64_t>> claimed(kThreads);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ++ready;
+      while (ready < kThreads) std::this_thread::yield();
+      for (int c = 0; c < kClaims; ++c) claimed[t].push_back(claim_log_version(root));
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  std::set<int64_t> versions;
+  for (const auto& mine : claimed) versions.insert(mine.begin(), mine.end());
+  EXPECT_EQ(versions.size(), static_cast<size_t>(kThreads * kClaims));
+  EXPECT_EQ(*versions.rbegin(), kThreads * kClaims - 1);
+  for (int64_t v : versions) {
+    EXPECT_TRUE(
+        std::filesystem::is_directory(root + "/lightning_logs/version_" + std::to_string(v)));
+  }
   std::filesystem::remove_all(root);
 }
 
