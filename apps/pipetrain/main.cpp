@@ -28,6 +28,19 @@ namespace {
 
 using pipetrain::BatchLimit;
 
+// `text` as a count or fraction of batches; an error names `flag`.
+BatchLimit parse_limit(const std::string& flag, const std::string& text) {
+  try {
+    return BatchLimit::parse(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(flag + " " + text + ": " + e.what());
+  }
+}
+
+// Exit status of a run the command or its input got wrong (a flag, a value, a model that cannot
+// be split as asked), as CLI11's parse errors; 1 is a run that failed.
+constexpr int kUsageError = 2;
+
 struct Args {
   pipetrain::cli::ModelOptions model;
   std::string strategy = "single";
@@ -253,11 +266,11 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
       .min_epochs(a.min_epochs)
       .max_steps(a.max_steps)
       .max_time(a.max_time)
-      .limit_train_batches(BatchLimit::parse(a.limit_train_batches))
-      .limit_val_batches(BatchLimit::parse(a.limit_val_batches))
-      .limit_test_batches(BatchLimit::parse(a.limit_test_batches))
-      .limit_predict_batches(BatchLimit::parse(a.limit_predict_batches))
-      .val_check_interval(BatchLimit::parse(a.val_check_interval))
+      .limit_train_batches(parse_limit("--limit-train-batches", a.limit_train_batches))
+      .limit_val_batches(parse_limit("--limit-val-batches", a.limit_val_batches))
+      .limit_test_batches(parse_limit("--limit-test-batches", a.limit_test_batches))
+      .limit_predict_batches(parse_limit("--limit-predict-batches", a.limit_predict_batches))
+      .val_check_interval(parse_limit("--val-check-interval", a.val_check_interval))
       .check_val_every_n_epoch(a.check_val_every_n_epoch)
       .num_sanity_val_steps(a.num_sanity_val_steps)
       .accumulate_grad_batches(a.accumulate_grad_batches)
@@ -364,14 +377,21 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     report(e.what());
-    return 2;
+    return kUsageError;
   }
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kUsageError;  // --help is not an error
+  }
 
   try {
     for (const auto& [name, sub] : subcommands) {
       if (sub->parsed()) return run(name, args[name]);
     }
+  } catch (const std::invalid_argument& e) {
+    report(pipetrain::error_message(e));
+    return kUsageError;
   } catch (const std::exception& e) {
     report(pipetrain::error_message(e));
     return 1;

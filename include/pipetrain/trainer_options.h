@@ -54,7 +54,7 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, min_epochs) = 0;
   // -1: no limit.
   TORCH_ARG(int64_t, max_steps) = -1;
-  // Seconds of training after which fit stops; <= 0: no limit.
+  // Seconds of training after which fit stops; 0: no limit.
   TORCH_ARG(double, max_time) = 0;
   TORCH_ARG(BatchLimit, limit_train_batches) = {};
   TORCH_ARG(BatchLimit, limit_val_batches) = {};

@@ -47,8 +47,68 @@ std::map<std::string, double> values_of(const ReducedMetrics& metrics) {
   return values;
 }
 
-// Options that turn into other options: fast_dev_run is Lightning's smoke test.
+// "val_check_interval (--val-check-interval)": an option as the library and the command name it.
+std::string option_name(const std::string& name, std::string flag = "") {
+  if (flag.empty()) {
+    flag = "--" + name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+  }
+  return name + " (" + flag + ")";
+}
+
+void check_options(const TrainerOptions& options) {
+  auto at_least = [](double value, double minimum, const char* name, const char* flag = "") {
+    if (value < minimum) {
+      std::ostringstream message;
+      message << option_name(name, flag) << " must be at least " << minimum << " (got " << value
+              << ")";
+      throw std::invalid_argument(message.str());
+    }
+  };
+  at_least(options.devices(), 1, "devices");
+  at_least(options.num_nodes(), 1, "num_nodes");
+  at_least(options.stages(), 0, "stages");
+  at_least(options.pipe().chunks(), 1, "chunks");
+  at_least(options.log_every_n_steps(), 1, "log_every_n_steps");
+  if (options.accelerator() != "cpu" && options.accelerator() != "cuda" &&
+      options.accelerator() != "auto") {
+    throw std::invalid_argument("unknown accelerator '" + options.accelerator() +
+                                "': use cpu, cuda or auto");
+  }
+  at_least(options.accumulate_grad_batches(), 1, "accumulate_grad_batches");
+  at_least(options.check_val_every_n_epoch(), 1, "check_val_every_n_epoch");
+  at_least(options.num_sanity_val_steps(), 0, "num_sanity_val_steps");
+  at_least(options.max_epochs(), 0, "max_epochs");
+  at_least(options.min_epochs(), 0, "min_epochs");
+  at_least(options.max_steps(), -1, "max_steps");
+  at_least(options.max_time(), 0, "max_time");
+  at_least(options.gradient_clip_val(), 0, "gradient_clip_val");
+  at_least(options.fast_dev_run(), 0, "fast_dev_run");
+  at_least(options.timeout_seconds(), 1, "timeout_seconds", "--timeout");
+  // A count of 0 would validate never, dividing by zero; a fraction of 0 is rounded up to 1 batch.
+  const auto& interval = options.val_check_interval();
+  if (interval.value() <= 0) {
+    throw std::invalid_argument(option_name("val_check_interval") +
+                                " must be a count of at least 1 batch or a fraction in (0, 1] of "
+                                "an epoch (got " +
+                                interval.to_string() + ")");
+  }
+  validate_precision(options.precision());
+  if (options.gradient_clip_algorithm() != "norm" && options.gradient_clip_algorithm() != "value") {
+    throw std::invalid_argument("unknown gradient_clip_algorithm '" +
+                                options.gradient_clip_algorithm() + "': use norm or value");
+  }
+  for (const auto& name : options.loggers()) {
+    if (name != "csv" && name != "tensorboard") {
+      throw std::invalid_argument("unknown logger '" + name + "': use csv, tensorboard or both");
+    }
+  }
+}
+
+// Checked options, and those that turn into other options: fast_dev_run is Lightning's smoke
+// test.
 TrainerOptions resolve(TrainerOptions options) {
+  check_options(options);
   // Checkpoint callbacks run last (as in Lightning), so a file holds the others' latest state.
   auto callbacks = options.callbacks();
   std::stable_partition(callbacks.begin(), callbacks.end(), [](const auto& callback) {
@@ -64,37 +124,6 @@ TrainerOptions resolve(TrainerOptions options) {
     options.val_check_interval(BatchLimit::fraction(1.0)).loggers({});
   }
   return options;
-}
-
-void check_options(const TrainerOptions& options) {
-  auto at_least = [](int64_t value, int64_t minimum, const char* name) {
-    if (value < minimum) {
-      throw std::invalid_argument(std::string(name) + " must be at least " +
-                                  std::to_string(minimum) + " (got " + std::to_string(value) + ")");
-    }
-  };
-  at_least(options.log_every_n_steps(), 1, "log_every_n_steps");
-  at_least(options.num_nodes(), 1, "num_nodes");
-  if (options.accelerator() != "cpu" && options.accelerator() != "cuda" &&
-      options.accelerator() != "auto") {
-    throw std::invalid_argument("unknown accelerator '" + options.accelerator() +
-                                "': use cpu, cuda or auto");
-  }
-  at_least(options.accumulate_grad_batches(), 1, "accumulate_grad_batches");
-  at_least(options.check_val_every_n_epoch(), 1, "check_val_every_n_epoch");
-  at_least(options.num_sanity_val_steps(), 0, "num_sanity_val_steps");
-  at_least(options.max_epochs(), 0, "max_epochs");
-  at_least(options.max_steps(), -1, "max_steps");
-  validate_precision(options.precision());
-  if (options.gradient_clip_algorithm() != "norm" && options.gradient_clip_algorithm() != "value") {
-    throw std::invalid_argument("unknown gradient_clip_algorithm '" +
-                                options.gradient_clip_algorithm() + "': use norm or value");
-  }
-  for (const auto& name : options.loggers()) {
-    if (name != "csv" && name != "tensorboard") {
-      throw std::invalid_argument("unknown logger '" + name + "': use csv, tensorboard or both");
-    }
-  }
 }
 
 // This rank's parameters under their names in the whole model ("3.weight"), each once: a tensor
@@ -148,7 +177,6 @@ struct Trainer::FitState {
 Trainer::Trainer(TrainerOptions options)
     : options_(resolve(std::move(options))),
       strategy_(create_strategy(options_.strategy(), options_)) {
-  check_options(options_);
   const auto env = select_cluster_environment();
   const int64_t needed = strategy_->world_size();
   if (env->world_size() == 1 && needed > 1) {

@@ -29,21 +29,25 @@ BatchLimit BatchLimit::count(int64_t n) {
 }
 
 BatchLimit BatchLimit::parse(const std::string& text) {
+  const bool is_fraction = text.find_first_of(".eE") != std::string::npos;
+  size_t used = 0;
+  double f = 0;
+  long long n = 0;
   try {
-    size_t used = 0;
-    if (text.find_first_of(".eE") != std::string::npos) {
-      const double f = std::stod(text, &used);
-      if (used == text.size()) return fraction(f);
+    if (is_fraction) {
+      f = std::stod(text, &used);
     } else {
-      const long long n = std::stoll(text, &used);
-      if (used == text.size()) return count(n);
+      n = std::stoll(text, &used);
     }
-  } catch (const std::invalid_argument&) {
-  } catch (const std::out_of_range&) {
+  } catch (const std::exception&) {
+    used = 0;
   }
-  throw std::invalid_argument("'" + text +
-                              "' is neither a count of batches (e.g. 10) nor a fraction (e.g. "
-                              "0.25)");
+  if (used == 0 || used != text.size()) {
+    throw std::invalid_argument("'" + text +
+                                "' is neither a count of batches (e.g. 10) nor a fraction (e.g. "
+                                "0.25)");
+  }
+  return is_fraction ? fraction(f) : count(n);
 }
 
 int64_t BatchLimit::of(int64_t available) const {

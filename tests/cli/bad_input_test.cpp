@@ -41,6 +41,27 @@ void expect_failure_mentioning(const CommandResult& result, const std::vector<st
   }
 }
 
+// Counts and limits out of range are refused before anything runs, naming option and flag, with
+// the usage status (2).
+TEST(BadInput, OutOfRangeValuesNameTheirFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--val-check-interval", "0"}, "val_check_interval (--val-check-interval) must be"},
+      {{"--val-check-interval", "0.0"}, "val_check_interval (--val-check-interval) must be"},
+      {{"--gradient-clip-val=-1"}, "gradient_clip_val (--gradient-clip-val) must be at least 0"},
+      {{"--max-time=-5"}, "max_time (--max-time) must be at least 0"},
+      {{"--accumulate-grad-batches", "0"}, "accumulate_grad_batches (--accumulate-grad-batches)"},
+      {{"--chunks", "0"}, "chunks (--chunks) must be at least 1"},
+      {{"--devices", "0"}, "devices (--devices) must be at least 1"},
+      {{"--limit-train-batches", "1.5"}, "between 0.0 and 1.0"},
+  };
+  for (const auto& [flags, expected] : cases) {
+    SCOPED_TRACE(flags[0]);
+    const auto result = fit(flags);
+    expect_failure_mentioning(result, {expected});
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+  }
+}
+
 TEST(BadInput, BalanceSummingToTheWrongLength) {
   expect_failure_mentioning(fit({"--strategy", "pipe", "--devices", "2", "--balance", "3,3"}),
                             {"balance 3,3 sums to 6", "15 layers"});
