@@ -69,6 +69,7 @@ struct Args {
   int64_t num_sanity_val_steps = 2;
   int64_t accumulate_grad_batches = 1;
   double gradient_clip_val = 0;
+  bool stop_on_nonfinite_loss = true;
   std::string gradient_clip_algorithm = "norm";
   int64_t fast_dev_run = 0;
   bool deterministic = false;
@@ -149,6 +150,8 @@ void add_flags(CLI::App& app, Args& a) {
   add("--num-sanity-val-steps", a.num_sanity_val_steps, "validation batches run before training");
   add("--accumulate-grad-batches", a.accumulate_grad_batches, "batches per optimizer step");
   add("--gradient-clip-val", a.gradient_clip_val, "clip gradients at this value (0: off)");
+  add("--stop-on-nonfinite-loss", a.stop_on_nonfinite_loss,
+      "stop with an error at the first NaN or infinite training loss");
   add("--gradient-clip-algorithm", a.gradient_clip_algorithm,
       "norm (global norm over all stages) or value");
   add("--fast-dev-run", a.fast_dev_run, "run N batches of each loop, no logs or checkpoints");
@@ -275,6 +278,7 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
       .num_sanity_val_steps(a.num_sanity_val_steps)
       .accumulate_grad_batches(a.accumulate_grad_batches)
       .gradient_clip_val(a.gradient_clip_val)
+      .stop_on_nonfinite_loss(a.stop_on_nonfinite_loss)
       .gradient_clip_algorithm(a.gradient_clip_algorithm)
       .fast_dev_run(a.fast_dev_run)
       .deterministic(a.deterministic)
@@ -309,6 +313,9 @@ int run(const std::string& command, const Args& a) {
   if (command == "fit") {
     const auto val = loader(model.val, a, false);
     trainer.fit(*model.module, loader(model.train, a, true), &val, a.ckpt_path);
+    // Preempted: last.ckpt is saved; the shell's status of a signal tells a scheduler (or
+    // torchrun --max-restarts) the job is not done.
+    if (trainer.stopped_by_signal() != 0) return 128 + trainer.stopped_by_signal();
   } else if (command == "validate") {
     print_metrics(trainer, "validate",
                   trainer.validate(*model.module, loader(model.val, a, false), a.ckpt_path));

@@ -92,4 +92,8 @@ std::vector<std::string> current_command_line();
 // Throws std::runtime_error if no socket can be bound.
 int find_free_port();
 
+// "SIGTERM" for SIGTERM's number: names say more than numbers, which differ between
+// architectures.
+std::string signal_name(int signo);
+
 }  // namespace pipetrain

@@ -37,9 +37,11 @@ class Strategy {
   // where the model needs them).
   virtual BatchShard batch_shard() const { return {}; }
   // Forward and backward of one batch; gradients accumulate into parameters() (averaged over
-  // replicas when `step.sync_gradients`); log() calls go to `metrics`.
-  virtual void training_step(Module& module, const Batch& batch, int64_t batch_idx,
-                             const StepOptions& step, LoggedMetrics& metrics) = 0;
+  // replicas when `step.sync_gradients`); log() calls go to `metrics`. Returns the batch's loss
+  // (detached, possibly still on the device) where it was computed, undefined elsewhere: the
+  // Trainer stops on a loss that is not finite.
+  virtual at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx,
+                                   const StepOptions& step, LoggedMetrics& metrics) = 0;
   // Forward only (no autograd, no recomputation): runs `step` (validation_step or test_step)
   // wherever the model's output is, with forward() yielding it.
   using EvaluationStep = std::function<void(const Batch& batch, int64_t batch_idx)>;

@@ -55,8 +55,12 @@ class Trainer {
   void save_checkpoint(const std::string& path);
   // `ckpt_path` itself, or for "last" the newest last.ckpt under default_root_dir.
   std::string resolve_checkpoint(const std::string& ckpt_path) const;
-  // Stops fit at the end of this batch (honouring min_epochs), as `trainer.should_stop = True`.
+  // Stops fit after the optimizer step in progress (honouring min_epochs), as
+  // `trainer.should_stop = True`.
   void request_stop() { stop_requested_ = true; }
+  // The signal (SIGTERM, SIGUSR1) that stopped the last fit, 0 if none did. fit() returns
+  // normally after one, with last.ckpt saved; the command then exits with 128 + the signal.
+  int stopped_by_signal() const { return stop_signal_; }
   // Rank 0 prints `message` without tearing the progress bar; other ranks print nothing.
   void print(const std::string& message) const;
   // Rank 0 writes `metrics` at `step` to every logger.
@@ -89,7 +93,12 @@ class Trainer {
   std::map<std::string, double> run_evaluation(Module& module, const DataLoader& loader,
                                                int64_t batches, bool test, bool record = true);
   void restore(Module& module, const std::string& ckpt_path, bool full);
-  bool time_is_up() const;
+  // The newest last.ckpt under default_root_dir, empty if there is none.
+  std::string newest_last_checkpoint() const;
+  bool max_steps_reached() const;
+  // Collective, before each optimizer step: whether fit stops after it (max_time ran out, a stop
+  // signal reached any rank). Throws on every rank when a loss of the step was not finite.
+  bool agree_to_stop(int64_t batch_idx);
   // Keeps reduced metrics for callbacks (all) and the progress bar (those logged with prog_bar).
   void remember(const std::map<std::string, ReducedMetric>& metrics);
 
@@ -111,6 +120,10 @@ class Trainer {
   int64_t next_batch_idx_ = 0;    // where a checkpoint saved now resumes
   bool epoch_finished_ = false;
   bool stop_requested_ = false;
+  int stop_signal_ = 0;
+  at::Tensor window_nonfinite_;  // losses of this optimizer step that were not finite (device)
+  std::string last_checkpoint_;  // the last checkpoint this Trainer saved, and at which step
+  int64_t last_saved_step_ = -1;
   bool set_up_ = false;
   double fit_start_seconds_ = 0;
 };

@@ -65,6 +65,9 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, check_val_every_n_epoch) = 1;
   TORCH_ARG(int64_t, num_sanity_val_steps) = 2;
   TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
+  // Stop (with an error on every rank, before the optimizer step) when a training loss is NaN or
+  // infinite; false trains on, as Lightning does.
+  TORCH_ARG(bool, stop_on_nonfinite_loss) = true;
   // 0: no clipping. "norm" clips by the global norm over all stages; "value" clamps elements.
   TORCH_ARG(double, gradient_clip_val) = 0;
   TORCH_ARG(std::string, gradient_clip_algorithm) = "norm";

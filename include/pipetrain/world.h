@@ -3,6 +3,7 @@
 // process needs no `if (distributed)`.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <chrono>
@@ -62,6 +63,9 @@ class World {
   void barrier() const;
   // Sum of `value` over all ranks (on every rank).
   double all_reduce_sum(double value) const;
+  // Element-wise sums of `values` over all ranks, on the host: one collective for several
+  // decisions, whose values may still be on the device (one host wait for all of them).
+  std::vector<double> all_reduce_sum(const at::Tensor& values) const;
   // True on every rank when it is true on any rank: decisions one rank takes alone (a clock ran
   // out) become everyone's.
   bool any(bool value) const { return all_reduce_sum(value ? 1.0 : 0.0) > 0; }

@@ -69,7 +69,9 @@ void on_signal(int signo) {
   errno = saved_errno;
 }
 
-constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM};
+// SIGUSR1 too: SLURM's --signal and cluster managers send it as a preemption notice, and the ranks
+// (Trainer::fit) stop on it with a checkpoint.
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGUSR1};
 
 // Installs the handlers and the self-pipe for one launch and restores the previous handlers
 // afterwards, so that the caller's own signal handling survives a launch.
@@ -80,7 +82,7 @@ class SignalScope {
     if (!g_launch_active.compare_exchange_strong(expected, true)) {
       throw std::runtime_error(
           "pipetrain: launch_local_processes is already running in this process; it owns the "
-          "SIGCHLD/SIGINT/SIGTERM handlers, so launches must not overlap");
+          "SIGCHLD/SIGINT/SIGTERM/SIGUSR1 handlers, so launches must not overlap");
     }
     int fds[2];
     if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -160,21 +162,6 @@ class ChildrenGuard {
  private:
   std::vector<Child>& children_;
 };
-
-// Names rather than numbers in messages: "SIGSEGV" says more than "11", and numbers differ
-// between architectures.
-std::string signal_name(int signo) {
-  static const std::pair<int, const char*> kNames[] = {
-      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
-      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
-      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
-      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
-  for (const auto& [number, name] : kNames) {
-    if (number == signo) return name;
-  }
-  return "signal " + std::to_string(signo);
-}
 
 std::string count_ranks(size_t count) {
   return std::to_string(count) + (count == 1 ? " rank" : " ranks");
@@ -643,6 +630,19 @@ int launch_local_processes(const LaunchOptions& options) {
   }
   return supervise(children, signals, options.grace_period,
                    options.nnodes > 1 ? " on this node" : "");
+}
+
+std::string signal_name(int signo) {
+  static const std::pair<int, const char*> kNames[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
+  for (const auto& [number, name] : kNames) {
+    if (number == signo) return name;
+  }
+  return "signal " + std::to_string(signo);
 }
 
 }  // namespace pipetrain

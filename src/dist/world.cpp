@@ -147,6 +147,17 @@ double World::all_reduce_sum(double value) const {
   }
 }
 
+std::vector<double> World::all_reduce_sum(const at::Tensor& values) const {
+  std::vector<at::Tensor> tensors{values.to(device_, at::kDouble).contiguous().clone()};
+  try {
+    if (process_group_) wait(process_group_->allreduce(tensors));
+    const auto host = tensors[0].cpu();
+    return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+  } catch (const std::exception& e) {
+    fail("sum values with", e);
+  }
+}
+
 void World::fail(const std::string& what, const std::exception& error, int64_t peer) const {
   // In a world of two, "the others" is one known rank.
   if (peer < 0 && size_ == 2) peer = 1 - rank_;

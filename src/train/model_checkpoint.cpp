@@ -165,7 +165,12 @@ void ModelCheckpoint::on_fit_start(Trainer& trainer, Module&) {
   }
 }
 
-void ModelCheckpoint::on_fit_end(Trainer&, Module&) { fitting_ = false; }
+void ModelCheckpoint::on_fit_end(Trainer& trainer, Module&) {
+  // A fit stopped between the epoch ends that save (max_steps or a signal mid-epoch) keeps its
+  // last steps: last.ckpt resumes exactly there.
+  if (!should_skip(trainer)) save_last(trainer);
+  fitting_ = false;
+}
 
 void ModelCheckpoint::on_train_batch_end(Trainer& trainer, Module&, const Batch&, int64_t) {
   const int64_t every = options_.every_n_train_steps();

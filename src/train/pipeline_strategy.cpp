@@ -131,11 +131,11 @@ class PipelineStrategy : public Strategy {
     return shard;
   }
 
-  void training_step(Module& module, const Batch& host_batch, int64_t batch_idx,
-                     const StepOptions& options, LoggedMetrics& metrics) override {
+  at::Tensor training_step(Module& module, const Batch& host_batch, int64_t batch_idx,
+                           const StepOptions& options, LoggedMetrics& metrics) override {
     const Batch batch = on_device(host_batch);
     sync_this_step_ = gradient_sync_ && options.sync_gradients;
-    pipe_->forward_backward(
+    const at::Tensor loss = pipe_->forward_backward(
         batch.data, batch.data.size(0), [&](const at::Tensor& output, const MicroBatch& mb) {
           return loss_to_backward(module, batch, batch_idx, mb, output, options, metrics);
         });
@@ -145,6 +145,7 @@ class PipelineStrategy : public Strategy {
       pipe_->reduce_tied_gradients();
     }
     if (replicas_ > 1) broadcast_buffers();
+    return loss;
   }
 
   void evaluation_step(Module& module, const Batch& host_batch, int64_t batch_idx,

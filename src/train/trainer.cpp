@@ -31,6 +31,7 @@
 #include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 #include "precision.h"
+#include "stop_signals.h"
 
 namespace pipetrain {
 namespace fs = std::filesystem;
@@ -301,7 +302,14 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
     throw std::invalid_argument("lr scheduler interval '" + scheduler_interval_ +
                                 "' is unknown: use step or epoch");
   }
-  if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/true);
+  // As Lightning: a job restarted before its first checkpoint (--ckpt-path last) starts afresh.
+  const std::string resume_from =
+      ckpt_path == "last" ? newest_last_checkpoint() : resolve_checkpoint(ckpt_path);
+  if (ckpt_path == "last" && resume_from.empty()) {
+    print("Warning: --ckpt-path last: no last.ckpt under " + options_.default_root_dir() +
+          "/lightning_logs yet; training from the beginning");
+  }
+  if (!resume_from.empty()) restore(module, resume_from, /*full=*/true);
   for (auto& logger : loggers_) {
     logger->log_hyperparams({{"strategy", options_.strategy()},
                              {"devices", std::to_string(options_.devices())},
@@ -331,12 +339,30 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
 
   fit_start_seconds_ = now_seconds();
   stop_requested_ = false;
+  stop_signal_ = 0;
+  const StopSignals signals;  // SIGTERM and SIGUSR1 stop fit after the step in progress
   if (options_.pipe().trace()) options_.pipe().trace()->start(*world_);
-  while (current_epoch_ < options_.max_epochs() && !stop_requested_) {
-    train_epoch(module, train_loader, val_loader, state);
+  try {
+    while (current_epoch_ < options_.max_epochs() && !stop_requested_ && !max_steps_reached()) {
+      train_epoch(module, train_loader, val_loader, state);
+    }
+  } catch (...) {
+    for (auto& logger : loggers_) logger->save();  // what was logged up to the failure
+    throw;
   }
 
+  // A fit stopped mid-epoch (max_steps, max_time, a signal, request_stop) has not run the epoch's
+  // end, where checkpoints are saved: ModelCheckpoint saves last.ckpt here, and after a signal
+  // the Trainer saves one itself if nothing did, so a restarted job continues where it stopped.
   for (auto& callback : options_.callbacks()) callback->on_fit_end(*this, module);
+  if (stop_signal_ != 0 && options_.enable_checkpointing() && options_.fast_dev_run() == 0 &&
+      last_saved_step_ != global_step_) {
+    save_checkpoint((fs::path(log_dir_) / "checkpoints" / "last.ckpt").string());
+  }
+  if (stop_signal_ != 0) {
+    print("pipetrain: stopped by " + signal_name(stop_signal_) + " after step " +
+          std::to_string(global_step_) + "; resume with --ckpt-path last (ckpt_path=\"last\")");
+  }
   for (auto& logger : loggers_) logger->save();
   if (!loggers_.empty()) {
     print("trained " + std::to_string(global_step_) + " steps in " +
@@ -358,10 +384,9 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
   resume_batch_idx_ = 0;
   next_batch_idx_ = first_batch;
   epoch_finished_ = false;
-  if (first_batch == 0) {
-    module.on_train_epoch_start();
-    for (auto& callback : options_.callbacks()) callback->on_train_epoch_start(*this, module);
-  }
+  // Also when resuming mid-epoch, as Lightning does: this process will run the epoch's end.
+  module.on_train_epoch_start();
+  for (auto& callback : options_.callbacks()) callback->on_train_epoch_start(*this, module);
   if (progress_) {
     progress_->start("Epoch " + std::to_string(current_epoch_), state.train_batches, first_batch);
   }
@@ -378,13 +403,14 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
     const bool last_batch = batch_idx + 1 == state.train_batches;
     const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last_batch;
     LoggedMetrics step_metrics;
+    at::Tensor loss;
     try {
       PrecisionGuard precision(options_.precision(), world_->device().type());
       StepOptions step;
       step.loss_scale =
           train_loader.share(batch_idx, strategy_->batch_shard()) / static_cast<double>(accumulate);
       step.sync_gradients = steps_optimizer;
-      strategy_->training_step(module, batch, batch_idx, step, step_metrics);
+      loss = strategy_->training_step(module, batch, batch_idx, step, step_metrics);
     } catch (const std::exception& e) {
       world_->publish_error(error_message(e));
       throw;
@@ -392,7 +418,15 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
     window_metrics.merge(step_metrics);
     epoch_metrics.merge(step_metrics);
 
+    if (loss.defined()) {
+      const auto nonfinite = loss.isfinite().logical_not().any().to(at::kDouble);
+      window_nonfinite_ = window_nonfinite_.defined() ? window_nonfinite_ + nonfinite : nonfinite;
+    }
+    // Every rank stops after the same optimizer step: never inside an accumulation window, whose
+    // gradients a resumed run would not have.
+    bool stop_after_step = false;
     if (steps_optimizer) {
+      stop_after_step = agree_to_stop(batch_idx);
       optimizer_step(module);
       if ((global_step_ + 1) % options_.log_every_n_steps() == 0) {
         const auto row = strategy_->reduce_metrics(window_metrics.step_view(true));
@@ -426,12 +460,14 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
       }
     }
 
-    if (options_.max_steps() >= 0 && global_step_ >= options_.max_steps()) stop_requested_ = true;
-    if (options_.max_time() > 0 && world_->any(time_is_up())) stop_requested_ = true;
+    if (!steps_optimizer) continue;
     if (stop_requested_ && current_epoch_ + 1 < options_.min_epochs()) stop_requested_ = false;
-    if (stop_requested_) break;
+    if (stop_after_step || stop_signal_ != 0) stop_requested_ = true;  // min_epochs or not
+    if (stop_requested_ || max_steps_reached()) break;
   }
   if (progress_) progress_->finish();
+  // Stopped mid-epoch: the epoch goes on when the run resumes, and its end with it.
+  if (next_batch_idx_ < state.train_batches) return;
 
   const auto epoch_row = strategy_->reduce_metrics(epoch_metrics.epoch_view(true));
   if (!epoch_row.empty()) {
@@ -482,8 +518,44 @@ void Trainer::remember(const ReducedMetrics& metrics) {
   }
 }
 
-bool Trainer::time_is_up() const {
-  return now_seconds() - fit_start_seconds_ >= options_.max_time();
+bool Trainer::max_steps_reached() const {
+  return options_.max_steps() >= 0 && global_step_ >= options_.max_steps();
+}
+
+bool Trainer::agree_to_stop(int64_t batch_idx) {
+  const bool time_is_up =
+      options_.max_time() > 0 && now_seconds() - fit_start_seconds_ >= options_.max_time();
+  const double signal = StopSignals::received();
+  at::Tensor nonfinite = window_nonfinite_.defined()
+                             ? window_nonfinite_.reshape({1})
+                             : at::zeros({1}, at::TensorOptions(at::kDouble));
+  window_nonfinite_ = at::Tensor();
+  const auto flags = at::cat({at::tensor({time_is_up ? 1.0 : 0.0, signal, signal > 0 ? 1.0 : 0.0},
+                                         at::TensorOptions(at::kDouble))
+                                  .to(nonfinite.device()),
+                              nonfinite.to(at::kDouble)});
+  const auto agreed = world_->all_reduce_sum(flags);
+  if (agreed[3] > 0 && options_.stop_on_nonfinite_loss()) {
+    const int64_t accumulate = options_.accumulate_grad_batches();
+    const int64_t first = batch_idx - (batch_idx % accumulate);
+    std::string message =
+        "the loss of step " + std::to_string(global_step_) + " (epoch " +
+        std::to_string(current_epoch_) + ", batch " +
+        (first == batch_idx ? std::to_string(batch_idx)
+                            : std::to_string(first) + ".." + std::to_string(batch_idx)) +
+        ") is NaN or infinite; training stopped before that step's optimizer "
+        "step, so no weights saved hold it. ";
+    message += last_checkpoint_.empty() ? "No checkpoint was saved in this run. "
+                                        : "The last checkpoint saved is " + last_checkpoint_ +
+                                              " (step " + std::to_string(last_saved_step_) + "). ";
+    message +=
+        "Lower the learning rate, clip gradients (--gradient-clip-val) or check the data; "
+        "stop_on_nonfinite_loss(false) (--stop-on-nonfinite-loss false) trains on regardless";
+    throw std::runtime_error(message);
+  }
+  // The signal itself: the ranks that got one agree on its number (a sum over one rank is it).
+  if (agreed[2] > 0) stop_signal_ = static_cast<int>(agreed[1] / agreed[2]);
+  return agreed[0] > 0 || agreed[2] > 0;
 }
 
 // --- validate, test, predict --------------------------------------------------------------------
@@ -610,11 +682,12 @@ void Trainer::save_checkpoint(const std::string& path) {
         archive.write("cpu_rng_state", RngState::capture().cpu_state());
         archive.save_to(rank_file);
       });
+  last_checkpoint_ = path;
+  last_saved_step_ = global_step_;
 }
 
-std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
-  if (ckpt_path != "last") return ckpt_path;
-  // The newest last.ckpt under this root's versions, as Lightning's ckpt_path="last".
+std::string Trainer::newest_last_checkpoint() const {
+  // As Lightning's ckpt_path="last": the newest last.ckpt under this root's versions.
   std::string newest;
   fs::file_time_type newest_time;
   const fs::path logs = fs::path(options_.default_root_dir()) / "lightning_logs";
@@ -629,9 +702,16 @@ std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
       }
     }
   }
+  return newest;
+}
+
+std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
+  if (ckpt_path != "last") return ckpt_path;
+  const std::string newest = newest_last_checkpoint();
   if (newest.empty()) {
-    throw std::runtime_error("--ckpt-path last: no last.ckpt under " + logs.string() +
-                             " (save one with ModelCheckpoint's save_last, or pass a path)");
+    throw std::runtime_error("--ckpt-path last: no last.ckpt under " + options_.default_root_dir() +
+                             "/lightning_logs (save one with ModelCheckpoint's save_last, or "
+                             "pass a path)");
   }
   return newest;
 }
@@ -652,19 +732,28 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   // optimizer state of its parameters from the files of the stages that held them.
   const bool same_layout =
       state.layout == strategy_->layout() && state.world_size == world_->size();
-  std::vector<torch::serialize::InputArchive> archives;
-  if (full) {
-    for (const int64_t rank :
-         same_layout ? std::vector<int64_t>{world_->rank()} : saved_stages_holding(state, module)) {
-      const auto rank_file = checkpoint_rank_path(path, rank);
-      archives.emplace_back();
-      try {
-        archives.back().load_from(rank_file);
-      } catch (const std::exception& e) {
-        throw std::runtime_error("checkpoint " + path + ": cannot read " + rank_file + " (" +
-                                 error_message(e) + ")");
-      }
+  // Replicas hold the same optimizer state, which the first replica's ranks saved: a rank of
+  // another replica reads it from its stage's rank of the first (rank % stages).
+  auto read_rank_file = [&](int64_t rank) {
+    const auto rank_file = checkpoint_rank_path(path, rank);
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(rank_file);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("checkpoint " + path + ": cannot read " + rank_file + " (" +
+                               error_message(e) + ")");
     }
+    return archive;
+  };
+  const int64_t stages = world_->size() / replicas();
+  std::vector<torch::serialize::InputArchive> archives;
+  torch::serialize::InputArchive own;
+  if (full) {
+    for (const int64_t rank : same_layout ? std::vector<int64_t>{world_->rank() % stages}
+                                          : saved_stages_holding(state, module)) {
+      archives.push_back(read_rank_file(rank));
+    }
+    if (same_layout) own = read_rank_file(world_->rank());
   }
   auto layers = module.layers();
   load_weights(layers, weights, checkpoint_weights_path(path));
@@ -679,7 +768,7 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   }
   // The generator belongs to a rank: only the same layout gets it back.
   at::Tensor rng_state;
-  if (same_layout && archives.front().try_read("cpu_rng_state", rng_state)) {
+  if (same_layout && own.try_read("cpu_rng_state", rng_state)) {
     RngState::from(rng_state).restore();
   }
   if (lr_scheduler_ && state.lr_scheduler_steps >= 0) {

@@ -212,7 +212,7 @@ TEST(DdpPipe, StagesMustDivideTheDevices) {
   const auto root = make_temp_dir("ddp-bad");
   const auto result =
       run_command(fit(root, 8, {"--strategy", "ddp_pipe", "--devices", "3", "--stages", "2"}));
-  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("--stages 2 does not divide the 3 devices"), std::string::npos)
       << result.output;
   fs::remove_all(root);

@@ -90,10 +90,10 @@ class CountingStrategy : public Strategy {
   void setup(Module& module, std::shared_ptr<World> world) override {
     inner_->setup(module, std::move(world));
   }
-  void training_step(Module& module, const Batch& batch, int64_t batch_idx, const StepOptions& step,
-                     LoggedMetrics& metrics) override {
+  at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx,
+                           const StepOptions& step, LoggedMetrics& metrics) override {
     ++counted_steps;
-    inner_->training_step(module, batch, batch_idx, step, metrics);
+    return inner_->training_step(module, batch, batch_idx, step, metrics);
   }
   void evaluation_step(Module& module, const Batch& batch, int64_t batch_idx,
                        const EvaluationStep& step, LoggedMetrics& metrics) override {

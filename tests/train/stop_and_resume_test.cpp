@@ -1,0 +1,275 @@
+// Stopping a fit and resuming it loses nothing: a stop mid-epoch (max_steps, a SIGTERM or SIGUSR1
+// reaching one rank) saves last.ckpt where it stopped, and the resumed run's per-step losses equal
+// an uninterrupted run's (exact: fp32 on CPU, the same arithmetic in the same order); resuming a
+// finished run trains nothing; epoch hooks stay paired. A NaN loss stops every rank before the
+// optimizer step with an error naming the step, and no checkpoint holds what came after it.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <thread>
+
+#include "pipetrain/callback.h"
+#include "pipetrain/module.h"
+#include "pipetrain/safetensors.h"
+#include "pipetrain/trainer.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+#include "support/trainer_run.h"
+
+namespace pipetrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kRows = 64, kBatchSize = 8;  // 8 batches an epoch
+
+// A regression whose loss turns NaN at global step NAN_AT_STEP (if set).
+class Regression : public Module {
+ public:
+  explicit Regression(int64_t nan_at_step)
+      : Module(torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::Tanh(),
+                                     torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                                     torch::nn::Linear(16, 2))),
+        nan_at_step_(nan_at_step) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    if (trainer_step_ == nan_at_step_) loss = loss * std::numeric_limits<double>::quiet_NaN();
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(),
+                                               torch::optim::SGDOptions(0.05).momentum(0.9));
+  }
+  int64_t trainer_step_ = 0;  // set by StepCounter
+
+ private:
+  int64_t nan_at_step_;
+};
+
+// Keeps the model told of the step, raises `signo` on this process after step `at` (once), and
+// records the epoch hooks it sees.
+class StepCounter : public Callback {
+ public:
+  StepCounter(int64_t signal_at, int signo, std::string hooks_path)
+      : signal_at_(signal_at), signo_(signo), hooks_path_(std::move(hooks_path)) {}
+  void on_train_batch_start(Trainer& trainer, Module& module, const Batch&, int64_t) override {
+    dynamic_cast<Regression&>(module).trainer_step_ = trainer.global_step();
+  }
+  void on_train_batch_end(Trainer& trainer, Module&, const Batch&, int64_t) override {
+    if (trainer.global_step() == signal_at_) raise(signo_);
+  }
+  void on_train_epoch_start(Trainer& trainer, Module&) override {
+    std::ofstream(hooks_path_, std::ios::app) << "start " << trainer.current_epoch() << "\n";
+  }
+  void on_train_epoch_end(Trainer& trainer, Module&) override {
+    std::ofstream(hooks_path_, std::ios::app) << "end " << trainer.current_epoch() << "\n";
+  }
+
+ private:
+  int64_t signal_at_;
+  int signo_;
+  std::string hooks_path_;
+};
+
+TensorDataset regression_data() {
+  torch::manual_seed(5);
+  auto x = torch::randn({kRows, 4});
+  return {x, torch::stack({x.sum(1), x.slice(1, 0, 2).prod(1)}, 1)};
+}
+
+// One fit in ranks, configured by the environment (see Run::env).
+PIPETRAIN_WORKER(stop_worker) {
+  const std::string root = env_or("ROOT", "");
+  const int64_t rank = std::stoll(env_or("RANK", "0"));
+  // Only rank 0 is signalled: the others must stop after the same step anyway.
+  const int64_t signal_at = rank == 0 ? std::stoll(env_or("SIGNAL_AT", "-1")) : -1;
+  auto options = logged_run_options(root);
+  auto callbacks = options.callbacks();
+  callbacks.push_back(
+      std::make_shared<StepCounter>(signal_at, env_or("SIGNO", "15") == "10" ? SIGUSR1 : SIGTERM,
+                                    root + "/hooks-" + std::to_string(rank) + ".txt"));
+  Trainer trainer(options.callbacks(callbacks)
+                      .strategy(env_or("STRATEGY", "single"))
+                      .devices(std::stoll(env_or("DEVICES", "1")))
+                      .pipe(PipeOptions().chunks(2))
+                      .max_epochs(3)
+                      .max_steps(std::stoll(env_or("MAX_STEPS", "-1")))
+                      .stop_on_nonfinite_loss(env_or("PERMISSIVE", "0") == "0"));
+  Regression model(std::stoll(env_or("NAN_AT", "-1")));
+  // Replicas share each global batch of kBatchSize rows: 8 steps an epoch under every strategy.
+  const int64_t replicas = env_or("STRATEGY", "single") == "ddp" ? 2 : 1;
+  const DataLoader loader(regression_data(), DataLoaderOptions().batch_size(kBatchSize / replicas));
+  const bool resume = env_or("RESUME", "0") == "1";
+  try {
+    trainer.fit(model, loader, nullptr, resume ? root + "/checkpoints/last.ckpt" : "");
+  } catch (const std::exception& e) {
+    std::ofstream(root + "/error-" + std::to_string(rank) + ".txt") << e.what();
+    throw;
+  }
+  std::ofstream(root + "/stopped-by-" + std::to_string(rank) + ".txt")
+      << trainer.stopped_by_signal();
+}
+
+struct StopRun {
+  std::string root, strategy = "single";
+  int devices = 1;
+  int64_t max_steps = -1, signal_at = -1, nan_at = -1;
+  int signo = SIGTERM;
+  bool resume = false;
+  bool permissive = false;
+
+  int start() const {
+    return run_ranks(devices, "stop_worker",
+                     {{"ROOT", root},
+                      {"STRATEGY", strategy},
+                      {"DEVICES", std::to_string(devices)},
+                      {"MAX_STEPS", std::to_string(max_steps)},
+                      {"SIGNAL_AT", std::to_string(signal_at)},
+                      {"SIGNO", std::to_string(signo)},
+                      {"NAN_AT", std::to_string(nan_at)},
+                      {"RESUME", resume ? "1" : "0"},
+                      {"PERMISSIVE", permissive ? "1" : "0"}});
+  }
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::string version_csv(const std::string& root, int version) {
+  return root + "/lightning_logs/version_" + std::to_string(version) + "/metrics.csv";
+}
+
+class StopAndResume : public ::testing::TestWithParam<std::string> {
+ protected:
+  void TearDown() override { fs::remove_all(dir); }
+  StopRun run(const std::string& name) const {
+    StopRun r;
+    r.root = dir + "/" + name;
+    r.strategy = GetParam();
+    r.devices = GetParam() == "single" ? 1 : 2;
+    fs::create_directories(r.root);
+    return r;
+  }
+  // The losses of the uninterrupted run's steps.
+  std::vector<double> straight() const {
+    auto r = run("straight");
+    EXPECT_EQ(r.start(), 0);
+    return read_csv_column(version_csv(r.root, 0), "train_loss");
+  }
+  std::string dir = make_temp_dir("stop-and-resume");
+};
+
+// Resumed steps, then what comes after, equal the uninterrupted run's.
+void expect_continues(const std::vector<double>& straight, const std::string& root,
+                      int64_t stopped_after) {
+  const auto first = read_csv_column(version_csv(root, 0), "train_loss");
+  const auto second = read_csv_column(version_csv(root, 1), "train_loss");
+  ASSERT_EQ(first.size(), static_cast<size_t>(stopped_after));
+  ASSERT_EQ(first.size() + second.size(), straight.size());
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(first[i], straight[i]) << "step " << i;
+  for (size_t i = 0; i < second.size(); ++i) {
+    EXPECT_EQ(second[i], straight[first.size() + i]) << "step " << first.size() + i;
+  }
+}
+
+TEST_P(StopAndResume, MaxStepsMidEpochResumesMidEpochAndAFinishedRunTrainsNothing) {
+  const auto expected = straight();
+  ASSERT_EQ(expected.size(), 24u);
+  auto stopped = run("stopped");
+  stopped.max_steps = 11;  // in the second epoch
+  ASSERT_EQ(stopped.start(), 0);
+  stopped.max_steps = -1;
+  stopped.resume = true;
+  ASSERT_EQ(stopped.start(), 0);
+  expect_continues(expected, stopped.root, 11);
+  // Epoch 1's end ran once, in the run that finished it, which also started it again.
+  EXPECT_EQ(read_text(stopped.root + "/hooks-0.txt"),
+            "start 0\nend 0\nstart 1\nstart 1\nend 1\nstart 2\nend 2\n");
+
+  // Finished: a third run restores and trains nothing.
+  ASSERT_EQ(stopped.start(), 0);
+  const auto third = version_csv(stopped.root, 2);
+  EXPECT_EQ(read_text(third).find("train_loss"), std::string::npos) << read_text(third);
+}
+
+TEST_P(StopAndResume, ASignalToOneRankStopsEveryRankAfterTheSameStepWithLastCkpt) {
+  const auto expected = straight();
+  for (const int signo : {SIGTERM, SIGUSR1}) {
+    SCOPED_TRACE(signo);
+    auto stopped = run("signalled-" + std::to_string(signo));
+    stopped.signal_at = 12;  // after 12 of 24 steps: the next one, mid-epoch, is the last
+    stopped.signo = signo;
+    ASSERT_EQ(stopped.start(), 0);
+    for (int rank = 0; rank < stopped.devices; ++rank) {
+      EXPECT_EQ(read_text(stopped.root + "/stopped-by-" + std::to_string(rank) + ".txt"),
+                std::to_string(signo));
+    }
+    stopped.signal_at = -1;
+    stopped.resume = true;
+    ASSERT_EQ(stopped.start(), 0);
+    expect_continues(expected, stopped.root, 13);
+  }
+}
+
+TEST_P(StopAndResume, ANanLossStopsEveryRankBeforeItsOptimizerStep) {
+  auto failed = run("nan");
+  failed.nan_at = 10;  // after epoch 0's last.ckpt (step 8)
+  EXPECT_NE(failed.start(), 0);
+  const auto error =
+      read_text(failed.root + "/error-" + std::to_string(failed.devices - 1) + ".txt");
+  EXPECT_NE(error.find("the loss of step 10 (epoch 1, batch 2) is NaN or infinite"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("last.ckpt (step 8)"), std::string::npos) << error;
+  EXPECT_NE(error.find("--stop-on-nonfinite-loss false"), std::string::npos) << error;
+  for (const auto& [name, tensor] :
+       load_safetensors(failed.root + "/checkpoints/last.ckpt/model.safetensors")) {
+    EXPECT_TRUE(tensor.isfinite().all().item<bool>()) << name;
+  }
+  EXPECT_EQ(read_csv_column(version_csv(failed.root, 0), "train_loss").size(), 10u);
+
+  auto permissive = run("permissive");
+  permissive.nan_at = 10;
+  permissive.permissive = true;
+  EXPECT_EQ(permissive.start(), 0);
+  EXPECT_EQ(read_csv_column(version_csv(permissive.root, 0), "train_loss").size(), 24u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, StopAndResume, ::testing::Values("single", "pipe", "ddp"));
+
+// The command: SIGTERM mid-run saves last.ckpt and exits 128 + 15; --ckpt-path last with no
+// checkpoint warns and trains from the start.
+TEST(StopAndResumeCommand, SigtermSavesLastCkptAndExitsWithTheSignalsStatus) {
+  const auto root = make_temp_dir("sigterm-command");
+  const auto fresh =
+      run_command(mlp_fit_command(root + "/fresh", {"--ckpt-path", "last", "--logger", "csv"}, 3));
+  EXPECT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_NE(fresh.output.find("no last.ckpt under"), std::string::npos) << fresh.output;
+
+  const auto running = start_command(mlp_fit_command(
+      root + "/long", {"--strategy", "pipe", "--devices", "2", "--logger", "csv"}, 1000000));
+  // Once it trains (its first rows are flushed), stop it as a cluster manager would.
+  const auto csv = root + "/long/lightning_logs/version_0/metrics.csv";
+  for (int i = 0; i < 600 && !fs::exists(csv); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(fs::exists(csv)) << read_output(running);
+  kill(running.pid, SIGTERM);
+  const auto result = wait_command(running, std::chrono::seconds(60));
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.output;
+  EXPECT_NE(result.output.find("stopped by SIGTERM after step"), std::string::npos)
+      << result.output;
+  EXPECT_TRUE(fs::exists(root + "/long/lightning_logs/version_0/checkpoints/last.ckpt"))
+      << result.output;
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
