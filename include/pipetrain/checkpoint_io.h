@@ -33,11 +33,13 @@ struct TrainingState {
 std::string checkpoint_weights_path(const std::string& checkpoint);
 std::string checkpoint_rank_path(const std::string& checkpoint, int64_t rank);
 
-// Collective. Rank 0 writes `weights` and `state`; every rank calls `write_rank_state` with the
-// path of its own file; then rank 0 moves the folder into place.
+// Collective. Into `path`.partial, rank 0 writes `weights` and `state` and every rank the bytes
+// `rank_state` returns, as rank-<r>.pt; then rank 0 moves the folder into place. A failed write
+// (a full disk) throws naming the file and the reason, removes the partial folder and leaves a
+// checkpoint already at `path` as it was.
 void write_checkpoint(const World& world, const std::string& path,
                       const std::map<std::string, at::Tensor>& weights, const TrainingState& state,
-                      const std::function<void(const std::string& rank_file)>& write_rank_state);
+                      const std::function<std::string()>& rank_state);
 
 TrainingState read_training_state(const std::string& checkpoint);
 std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& checkpoint);

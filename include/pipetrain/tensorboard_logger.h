@@ -6,7 +6,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -51,7 +50,7 @@ class TensorBoardLogger : public Logger {
 
   std::string log_dir_;
   std::string event_file_;
-  std::ofstream out_;
+  std::string pending_;  // records not yet written (save() appends them to the event file)
 };
 
 }  // namespace pipetrain

@@ -97,6 +97,9 @@ class World {
   ProcessGroupPtr process_group_;
 
   ProcessGroupPtr make_group(const StorePtr& store, int64_t rank, int64_t size) const;
+  // Waits until every rank has joined the store; past the timeout, throws naming the ranks that
+  // did not.
+  void wait_for_every_rank(const ClusterEnvironment& env) const;
   // A process group of its own for this (sub)world, under its name in the run's store.
   void connect_group();
 };

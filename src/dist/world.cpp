@@ -11,6 +11,7 @@
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "pipetrain/cluster_environment.h"
@@ -54,7 +55,8 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
   store_options.port = static_cast<std::uint16_t>(env.main_port());
   store_options.isServer = world->rank_ == 0 && !env.launcher_hosts_store();
   store_options.numWorkers = static_cast<std::size_t>(world->size_);
-  store_options.waitWorkers = true;
+  // Arrival is checked below, naming who is missing, rather than inside the store's constructor.
+  store_options.waitWorkers = false;
   store_options.timeout = timeout;
   try {
     world->store_ = c10::make_intrusive<c10d::TCPStore>(env.main_address(), store_options);
@@ -68,8 +70,35 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
                              "). Check MASTER_ADDR/MASTER_PORT and that every rank was started.");
   }
 
+  world->wait_for_every_rank(env);
   world->process_group_ = world->make_group(world->store_, world->rank_, world->size_);
   return world;
+}
+
+void World::wait_for_every_rank(const ClusterEnvironment& env) const {
+  const auto key = [](int64_t rank) { return "pipetrain/arrived/" + std::to_string(rank); };
+  store_->set(key(rank_), std::vector<uint8_t>{1});
+  std::vector<std::string> keys;
+  for (int64_t r = 0; r < size_; ++r) keys.push_back(key(r));
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (!store_->check(keys)) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string arrived, missing;
+      for (int64_t r = 0; r < size_; ++r) {
+        std::string& list = store_->check({key(r)}) ? arrived : missing;
+        list += (list.empty() ? "" : ", ") + std::to_string(r);
+      }
+      throw std::runtime_error(
+          "rank " + std::to_string(rank_) + ": only ranks " + arrived + " of " +
+          std::to_string(size_) + " reached the rendezvous at " + env.main_address() + ":" +
+          std::to_string(env.main_port()) + " within " +
+          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()) +
+          " s (--timeout); ranks " + missing +
+          " did not. Check that they were started, with the same MASTER_ADDR, MASTER_PORT and "
+          "WORLD_SIZE and a RANK of their own, and that this address is reachable from them");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 ProcessGroupPtr World::make_group(const StorePtr& store, int64_t rank, int64_t size) const {

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "pipetrain/error.h"
+#include "pipetrain/file_writer.h"
 #include "pipetrain/safetensors.h"
 #include "pipetrain/world.h"
 
@@ -54,7 +55,7 @@ std::string checkpoint_rank_path(const std::string& checkpoint, int64_t rank) {
 
 void write_checkpoint(const World& world, const std::string& path,
                       const std::map<std::string, at::Tensor>& weights, const TrainingState& state,
-                      const std::function<void(const std::string& rank_file)>& write_rank_state) {
+                      const std::function<std::string()>& rank_state) {
   const fs::path target = fs::absolute(path);
   const std::string staged = target.string() + ".partial";
   if (world.is_global_zero()) {
@@ -62,22 +63,27 @@ void write_checkpoint(const World& world, const std::string& path,
     fs::create_directories(staged);
   }
   world.barrier();
-  write_rank_state(checkpoint_rank_path(staged, world.rank()));
-  if (world.is_global_zero()) {
-    save_safetensors(checkpoint_weights_path(staged), weights, {{"format", "pt"}});
-    nlohmann::json json{{"format_version", 1},
-                        {"epoch", state.epoch},
-                        {"global_step", state.global_step},
-                        {"batch_idx", state.batch_idx},
-                        {"epoch_finished", state.epoch_finished},
-                        {"lr_scheduler_steps", state.lr_scheduler_steps},
-                        {"world_size", state.world_size},
-                        {"layout", state.layout},
-                        {"callbacks", state.callbacks}};
-    std::ofstream out(state_path(staged));
-    out << json.dump(2) << '\n';
-    out.close();
-    if (!out) throw std::runtime_error("could not write " + state_path(staged));
+  try {
+    write_file(checkpoint_rank_path(staged, world.rank()), rank_state());
+    if (world.is_global_zero()) {
+      save_safetensors(checkpoint_weights_path(staged), weights, {{"format", "pt"}});
+      nlohmann::json json{{"format_version", 1},
+                          {"epoch", state.epoch},
+                          {"global_step", state.global_step},
+                          {"batch_idx", state.batch_idx},
+                          {"epoch_finished", state.epoch_finished},
+                          {"lr_scheduler_steps", state.lr_scheduler_steps},
+                          {"world_size", state.world_size},
+                          {"layout", state.layout},
+                          {"callbacks", state.callbacks}};
+      write_file(state_path(staged), json.dump(2) + "\n");
+    }
+  } catch (const std::exception& e) {
+    // The other ranks learn of it through the published error when their barrier fails.
+    std::error_code ignored;
+    fs::remove_all(staged, ignored);
+    world.publish_error(error_message(e));
+    throw;
   }
   world.barrier();
   if (world.is_global_zero()) move_into_place(staged, target);

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "pipetrain/file_writer.h"
+
 namespace pipetrain {
 namespace fs = std::filesystem;
 
@@ -19,9 +21,9 @@ CSVLogger::CSVLogger(const std::string& root_dir, const std::string& name,
       flush_every_(std::max<int64_t>(1, flush_logs_every_n_steps)) {}
 
 void CSVLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
-  std::ofstream out(log_dir_ + "/hparams.yaml");
-  for (const auto& [key, value] : params) out << key << ": " << value << "\n";
-  if (!out) throw std::runtime_error("could not write " + log_dir_ + "/hparams.yaml");
+  std::string text;
+  for (const auto& [key, value] : params) text += key + ": " + value + "\n";
+  write_file(log_dir_ + "/hparams.yaml", text);
 }
 
 void CSVLogger::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
@@ -48,7 +50,7 @@ void CSVLogger::save() {
     std::getline(in, line);  // the old header
     while (std::getline(in, line)) old_lines.push_back(line);
   }
-  std::ofstream out(path, widen ? std::ios::trunc : std::ios::app);
+  std::ostringstream out;
   if (widen) {
     for (size_t c = 0; c < columns_.size(); ++c) out << (c ? "," : "") << columns_[c];
     out << '\n';
@@ -69,8 +71,13 @@ void CSVLogger::save() {
     }
     out << '\n';
   }
-  out.flush();
-  if (!out) throw std::runtime_error("could not write " + path);
+  // A new column rewrites the file whole (the old one stays until the new one is complete);
+  // otherwise the rows are appended. Either way a failed write keeps the rows for the next try.
+  if (widen) {
+    write_file(path, out.str());
+  } else {
+    append_file(path, out.str());
+  }
   pending_.clear();
   saved_columns_ = columns_.size();
 }

@@ -23,6 +23,8 @@
 #include <tuple>
 #include <vector>
 
+#include "pipetrain/file_writer.h"
+
 // safetensors stores the header length and every tensor little-endian; we copy raw bytes between
 // tensors and the file, which is only right on a little-endian host (x86-64, ARM64 as run).
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -111,66 +113,6 @@ class Fd {
 
 // ---------------------------------------------------------------------------------------------
 // Writing
-
-[[noreturn]] void fail_save(const std::string& path, const std::string& what) {
-  throw std::runtime_error("save_safetensors: cannot write " + path + ": " + what);
-}
-
-// Removes the temporary file unless the save got as far as renaming it into place.
-class TempFile {
- public:
-  explicit TempFile(std::string path) : path_(std::move(path)) {}
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    fd_.close();
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-  Fd& fd() { return fd_; }
-  void open(const std::string& target) {
-    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      const int error = errno;
-      fail_save(target, "cannot create the temporary file " + path_ + " (" + errno_text(error) +
-                            "); check that the directory exists and is writable");
-    }
-    fd_.reset(fd);
-  }
-  void commit() { committed_ = true; }
-
- private:
-  std::string path_;
-  Fd fd_;
-  bool committed_ = false;
-};
-
-void write_all(int fd, const void* data, uint64_t size, const std::string& path,
-               const std::string& temp) {
-  const char* bytes = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t written = ::write(fd, bytes, std::min<uint64_t>(size, 1ULL << 30));
-    if (written < 0 && errno == EINTR) continue;
-    if (written <= 0) {
-      const int error = written < 0 ? errno : EIO;
-      fail_save(path, "writing " + temp + " failed (" + errno_text(error) +
-                          "); check free disk space and quota; " + path + " was left as it was");
-    }
-    bytes += written;
-    size -= static_cast<uint64_t>(written);
-  }
-}
-
-// Makes the rename itself durable; best effort, the file is already complete and in place.
-// No std::filesystem here: the torch 2.11 wheel's libtorch.so exports its own copies of those
-// symbols, and a binary that binds to them first crashes (seen with remove_all).
-void sync_parent_directory(const std::string& path) {
-  const auto slash = path.rfind('/');
-  const std::string parent =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  Fd dir(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() >= 0) ::fsync(dir.get());
-}
 
 struct SaveEntry {
   const std::string* name;
@@ -386,33 +328,16 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   text.resize((text.size() + 7) / 8 * 8, ' ');
   const uint64_t header_size = text.size();
 
-  TempFile temp(path + ".tmp-" + std::to_string(::getpid()));
-  temp.open(path);
-  const int fd = temp.fd().get();
-  write_all(fd, &header_size, sizeof(header_size), path, temp.path());
-  write_all(fd, text.data(), text.size(), path, temp.path());
+  AtomicFile file(path);
+  file.write(&header_size, sizeof(header_size));
+  file.write(text);
   for (const auto& entry : entries) {
     if (entry.nbytes == 0) continue;
     // One tensor at a time: a model on the GPU never needs a second full copy in host memory.
     const at::Tensor cpu = entry.tensor->detach().to(at::kCPU).contiguous();
-    write_all(fd, cpu.data_ptr(), entry.nbytes, path, temp.path());
+    file.write(cpu.data_ptr(), entry.nbytes);
   }
-  if (::fsync(fd) != 0) {
-    const int error = errno;
-    fail_save(path, "fsync of " + temp.path() + " failed (" + errno_text(error) +
-                        "); check the disk; " + path + " was left as it was");
-  }
-  if (const int error = temp.fd().close(); error != 0) {
-    fail_save(path, "closing " + temp.path() + " failed (" + errno_text(error) +
-                        "); check free disk space; " + path + " was left as it was");
-  }
-  if (::rename(temp.path().c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    fail_save(path, "renaming " + temp.path() + " over it failed (" + errno_text(error) +
-                        "); check that " + path + " is not a directory and is writable");
-  }
-  temp.commit();
-  sync_parent_directory(path);
+  file.commit();
 }
 
 TensorMap load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {

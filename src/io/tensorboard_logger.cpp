@@ -11,6 +11,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "pipetrain/file_writer.h"
+
 namespace pipetrain {
 
 namespace tensorboard {
@@ -134,8 +136,7 @@ TensorBoardLogger::TensorBoardLogger(const std::string& root_dir, const std::str
   event_file_ = log_dir_ + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) +
                 "." + host_name() + "." + std::to_string(static_cast<int64_t>(getpid())) + "." +
                 std::to_string(event_file_counter++);
-  out_.open(event_file_, std::ios::binary | std::ios::trunc);
-  if (!out_) throw std::runtime_error("could not create TensorBoard event file " + event_file_);
+  write_file(event_file_, "");
   // Readers identify the format by this first record.
   std::string event;
   put_double(event, kEventWallTime, now);
@@ -146,15 +147,17 @@ TensorBoardLogger::TensorBoardLogger(const std::string& root_dir, const std::str
 
 TensorBoardLogger::~TensorBoardLogger() {
   // Best effort: a destructor must not throw, and save() already reported any earlier failure.
-  out_.flush();
+  try {
+    save();
+  } catch (const std::exception&) {
+  }
 }
 
 void TensorBoardLogger::log_hyperparams(const std::map<std::string, std::string>& params) {
   const std::string path = log_dir_ + "/hparams.yaml";
-  std::ofstream out(path, std::ios::trunc);
-  for (const auto& [key, value] : params) out << key << ": " << value << "\n";
-  out.flush();
-  if (!out) throw std::runtime_error("could not write " + path);
+  std::string text;
+  for (const auto& [key, value] : params) text += key + ": " + value + "\n";
+  write_file(path, text);
 }
 
 void TensorBoardLogger::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
@@ -173,8 +176,9 @@ void TensorBoardLogger::log_metrics(const std::map<std::string, double>& metrics
 }
 
 void TensorBoardLogger::save() {
-  out_.flush();
-  if (!out_) throw std::runtime_error("could not write " + event_file_);
+  if (pending_.empty()) return;
+  append_file(event_file_, pending_);  // keeps the records for the next try when it fails
+  pending_.clear();
 }
 
 // TFRecord framing: length, masked CRC of the length bytes, data, masked CRC of the data.
@@ -185,8 +189,7 @@ void TensorBoardLogger::write_record(const std::string& data) {
   put_fixed32(record, tensorboard::masked_crc32c(header.data(), header.size()));
   record += data;
   put_fixed32(record, tensorboard::masked_crc32c(data.data(), data.size()));
-  out_.write(record.data(), static_cast<std::streamsize>(record.size()));
-  if (!out_) throw std::runtime_error("could not write " + event_file_);
+  pending_ += record;
 }
 
 }  // namespace pipetrain

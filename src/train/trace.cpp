@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "pipetrain/file_writer.h"
 #include "pipetrain/world.h"
 
 namespace pipetrain {
@@ -102,8 +103,7 @@ void Trace::write(const World& world, const std::string& path) {
   std::vector<std::string> all;
   for (int64_t r = 0; r < world.size(); ++r) all.push_back(world.broadcast(mine, r));
   if (!world.is_global_zero()) return;
-  std::ofstream file(path);
-  if (!file) throw std::runtime_error("--trace " + path + ": cannot write the file");
+  std::ostringstream file;
   file << "{\"traceEvents\": [\n";
   bool first = true;
   for (int64_t r = 0; r < world.size(); ++r) {
@@ -113,6 +113,7 @@ void Trace::write(const World& world, const std::string& path) {
     if (!all[r].empty()) file << ",\n" << all[r];
   }
   file << "\n], \"displayTimeUnit\": \"ms\"}\n";
+  write_file(path, file.str());
 }
 
 }  // namespace pipetrain

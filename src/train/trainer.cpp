@@ -670,18 +670,20 @@ void Trainer::save_checkpoint(const std::string& path) {
       state.callbacks[callback->state_key()] = callback->state_dict();
     }
   }
-  write_checkpoint(
-      *world_, path, strategy_->gather_weights(*module_), state, [&](const std::string& rank_file) {
-        torch::serialize::OutputArchive archive;
-        // Replicas hold the same state: the first replica's ranks write it.
-        if (optimizer_ && strategy_->batch_shard().replica == 0) {
-          torch::serialize::OutputArchive optimizer_archive;
-          save_optimizer_state(*optimizer_, named_parameters(*module_), optimizer_archive);
-          archive.write("optimizer", optimizer_archive);
-        }
-        archive.write("cpu_rng_state", RngState::capture().cpu_state());
-        archive.save_to(rank_file);
-      });
+  write_checkpoint(*world_, path, strategy_->gather_weights(*module_), state, [&] {
+    torch::serialize::OutputArchive archive;
+    // Replicas hold the same state: the first replica's ranks write it.
+    if (optimizer_ && strategy_->batch_shard().replica == 0) {
+      torch::serialize::OutputArchive optimizer_archive;
+      save_optimizer_state(*optimizer_, named_parameters(*module_), optimizer_archive);
+      archive.write("optimizer", optimizer_archive);
+    }
+    archive.write("cpu_rng_state", RngState::capture().cpu_state());
+    // Into memory: torch's file writer aborts the process when a write fails.
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    return bytes.str();
+  });
   last_checkpoint_ = path;
   last_saved_step_ = global_step_;
 }

@@ -133,6 +133,22 @@ TEST(BadInput, StageOutputTheNextStageCannotTake) {
 
 PIPETRAIN_WORKER(launch_mismatched_stages) { std::exit(run_ranks(2, "mismatched_stages")); }
 
+// Rank 0 of a manual launch whose rank 1 never starts: within --timeout it names who is missing.
+TEST(BadInput, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
+  std::map<std::string, std::string> env{{"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", std::to_string(find_free_port())},
+                                         {"WORLD_SIZE", "2"},
+                                         {"RANK", "0"},
+                                         {"LOCAL_RANK", "0"}};
+  const auto result =
+      run_command({PIPETRAIN_CLI, "fit", "--model", "mlp", "--strategy", "pipe", "--devices", "2",
+                   "--timeout", "3", "--default-root-dir", make_temp_dir("missing-rank")},
+                  env, kLimit);
+  expect_failure_mentioning(result, {"only ranks 0 of 2 reached the rendezvous at 127.0.0.1",
+                                     "within 3 s (--timeout); ranks 1 did not"});
+  EXPECT_LT(result.seconds, 20) << result.output;
+}
+
 // Two ranks started as torchrun would start them; rank 1 is killed mid-run.
 TEST(BadInput, PeerKilledMidStep) {
   const auto root = make_temp_dir("killed-peer");

@@ -193,3 +193,76 @@ TEST(CheckpointFile, GradientClippingAndAccumulationUnderPipeEqualSingle) {
 
 }  // namespace
 }  // namespace pipetrain::testing
+
+namespace pipetrain::testing {
+namespace {
+
+// `pipetrain fit` of the boring model (a checkpoint of ~14 KB, TensorBoard events growing ~100
+// bytes a step) with no file allowed past `kilobytes`, as a full disk would refuse the write
+// (SIGXFSZ ignored, so writes fail with EFBIG, as with ENOSPC).
+CommandResult fit_with_file_size_limit(const std::string& root, int kilobytes,
+                                       const std::string& loggers) {
+  std::vector<std::string> argv{
+      "bash",
+      "-c",
+      "trap '' XFSZ; ulimit -f " + std::to_string(kilobytes) + "; exec \"$0\" \"$@\"",
+      PIPETRAIN_CLI,
+      "fit",
+      "--model",
+      "boring",
+      "--batch-size",
+      "1",
+      "--max-steps",
+      "200",
+      "--log-every-n-steps",
+      "1",
+      "--logger",
+      loggers,
+      "--default-root-dir",
+      root};
+  return run_command(argv);
+}
+
+// Nothing half-written is left: no .partial checkpoint, no temporary file.
+void expect_no_partial_files(const std::string& root) {
+  for (const auto& entry : fs::recursive_directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(name.find(".partial"), std::string::npos) << entry.path();
+    EXPECT_EQ(name.find(".tmp-"), std::string::npos) << entry.path();
+  }
+}
+
+TEST(WriteErrors, AFailedCheckpointWriteSaysWhyAndLeavesNoPartialFolder) {
+  const auto root = make_temp_dir("write-error-checkpoint");
+  // rank-0.pt is ~8 KB; metrics.csv stays under 6 KB in epoch 0.
+  const auto result = fit_with_file_size_limit(root, 6, "csv");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("cannot write"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("rank-0.pt"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("File too large"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
+  expect_no_partial_files(root);
+  fs::remove_all(root);
+}
+
+TEST(WriteErrors, AFailedLogWriteKeepsThePreviousLastCkptIntact) {
+  const auto root = make_temp_dir("write-error-log");
+  // The events outgrow 12 KB in epoch 1.
+  const auto result = fit_with_file_size_limit(root, 12, "csv,tensorboard");
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("events.out.tfevents"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("File too large"), std::string::npos) << result.output;
+  expect_no_partial_files(root);
+  // Epoch 0's last.ckpt is whole: it resumes.
+  const auto last = root + "/lightning_logs/version_0/checkpoints/last.ckpt";
+  std::ifstream state(last + "/trainer_state.json");
+  const std::string text((std::istreambuf_iterator<char>(state)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"global_step\": 64"), std::string::npos) << text;
+  const auto validated = run_command({PIPETRAIN_CLI, "validate", "--model", "boring", "--ckpt-path",
+                                      last, "--default-root-dir", root + "/validate"});
+  EXPECT_EQ(validated.exit_code, 0) << validated.output;
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
