@@ -374,8 +374,8 @@ int main(int argc, char** argv) {
     const std::string named = rank ? std::string("rank ") + rank : "";
     const bool says_who = !named.empty() && message.rfind(named, 0) == 0 &&
                           (message[named.size()] == ':' || message[named.size()] == ' ');
-    std::cerr << "pipetrain: error: " << (named.empty() || says_who ? "" : named + ": ") << message
-              << std::endl;
+    pipetrain::print_line("pipetrain: error: " + (named.empty() || says_who ? "" : named + ": ") +
+                          message);
   };
   try {
     const std::string config = find_config(argc, argv);

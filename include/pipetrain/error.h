@@ -15,4 +15,8 @@ std::string error_message(const std::exception& e);
 // A tensor shape as errors print it: "[8, 16]".
 std::string shape_text(c10::IntArrayRef sizes);
 
+// `text` and a newline to stderr in one write: the lines of several ranks sharing a terminal
+// never mix mid-line.
+void print_line(const std::string& text);
+
 }  // namespace pipetrain

@@ -63,6 +63,12 @@ class Strategy {
   virtual std::map<std::string, std::string> layout() const = 0;
   // A line describing the placement, printed once by rank 0.
   virtual std::string describe() const = 0;
+  // Throws std::invalid_argument, naming the options, when this strategy cannot train batches
+  // of `loader` (more micro-batches than rows).
+  virtual void check_data(const DataLoader& /*loader*/) const {}
+  // The options this strategy runs with, as they go into hparams.yaml ({"chunks": "4", ...}):
+  // what ran, not what was asked for.
+  virtual std::map<std::string, std::string> hyperparameters() const { return {}; }
 };
 
 // Builds a strategy from the Trainer's options; throws std::invalid_argument on options it cannot

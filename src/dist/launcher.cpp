@@ -37,6 +37,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "environment_variables.h"
+#include "pipetrain/error.h"
 
 namespace pipetrain {
 namespace {
@@ -165,12 +166,6 @@ class ChildrenGuard {
 
 std::string count_ranks(size_t count) {
   return std::to_string(count) + (count == 1 ? " rank" : " ranks");
-}
-
-void print_line(const std::string& text) {
-  const std::string line = text + "\n";
-  std::fwrite(line.data(), 1, line.size(), stderr);
-  std::fflush(stderr);
 }
 
 // CPUs this process may run on (respects taskset and cpusets, unlike the number of CPUs in the

@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <iostream>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -149,7 +148,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     if (why.empty()) {
       graphs_ = std::make_unique<StageGraphs>(stage_module_, !is_first_stage(), deferred_.get());
     } else if (stage_ == 0) {
-      std::cerr << "pipetrain: not using CUDA graphs: " << why << "; running eagerly" << std::endl;
+      print_line("pipetrain: not using CUDA graphs: " + why + "; running eagerly");
     }
   }
 }
@@ -226,9 +225,8 @@ void Pipe::check_graphs_fit(const StageValue& input, int64_t microbatch) {
     if (!output.is_tensor()) why = "it returns " + output.describe();
   }
   if (why.empty()) return;
-  std::cerr << "pipetrain: stage " << stage_ << " not using CUDA graphs: " << why
-            << ", and graphs capture a stage of one tensor in and one out; running eagerly"
-            << std::endl;
+  print_line("pipetrain: stage " + std::to_string(stage_) + " not using CUDA graphs: " + why +
+             ", and graphs capture a stage of one tensor in and one out; running eagerly");
   graphs_.reset();
 }
 
@@ -294,9 +292,9 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
     // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any graph:
     // a replay would read copies the cache has since freed.
     if (stage_ == 0) {
-      std::cerr << "pipetrain: not using CUDA graphs: autocast (bf16-mixed) casts the weights "
-                   "through a cache graphs cannot capture; running eagerly (bf16-true can use them)"
-                << std::endl;
+      print_line(
+          "pipetrain: not using CUDA graphs: autocast (bf16-mixed) casts the weights through a "
+          "cache graphs cannot capture; running eagerly (bf16-true can use them)");
     }
     graphs_.reset();
   }

@@ -58,9 +58,20 @@ ReducedMetrics decode(const std::string& text) {
 int64_t layer_of(const std::string& name) { return std::stoll(name.substr(0, name.find('.'))); }
 
 // `single` and `ddp` run the whole batch as one micro-batch on one stage, with nothing to
-// recompute; CUDA graphs, fused accumulation and the trace apply as given.
-PipeOptions whole_batches(const TrainerOptions& options) {
+// recompute; CUDA graphs, fused accumulation and the trace apply as given. Asking them for
+// micro-batches is refused rather than ignored.
+PipeOptions whole_batches(const std::string& strategy, const TrainerOptions& options) {
   PipeOptions pipe = options.pipe();
+  if (pipe.chunks() != 1) {
+    throw std::invalid_argument(
+        "strategy '" + strategy +
+        "' runs each batch whole on one stage, so PipeOptions::chunks "
+        "(--chunks) " +
+        std::to_string(pipe.chunks()) +
+        " would mean nothing: leave it at 1, use accumulate_grad_batches "
+        "(--accumulate-grad-batches) for smaller steps, or strategy pipe / ddp_pipe to split "
+        "batches into micro-batches");
+  }
   pipe.balance({}).chunks(1).checkpoint("never").schedule("gpipe");
   return pipe;
 }
@@ -241,6 +252,24 @@ class PipelineStrategy : public Strategy {
     return {{"stages", std::to_string(pipe_->stages())},
             {"balance", format_balance(pipe_->balance())},
             {"replicas", std::to_string(replicas_)}};
+  }
+
+  void check_data(const DataLoader& loader) const override {
+    if (options_.chunks() > loader.batch_size()) {
+      throw std::invalid_argument(
+          "chunks (" + std::to_string(options_.chunks()) + ") is larger than the batch size (" +
+          std::to_string(loader.batch_size()) +
+          "): every micro-batch needs at least one sample; lower PipeOptions::chunks (--chunks) "
+          "or raise the loader's batch_size (--batch-size)");
+    }
+  }
+
+  std::map<std::string, std::string> hyperparameters() const override {
+    return {{"stages", std::to_string(stages_)},
+            {"replicas", std::to_string(replicas_)},
+            {"chunks", std::to_string(options_.chunks())},
+            {"schedule", options_.schedule()},
+            {"checkpoint", options_.checkpoint()}};
   }
 
   std::string describe() const override {
@@ -449,7 +478,7 @@ std::unique_ptr<Strategy> make_single_strategy(const TrainerOptions& options) {
                                 std::to_string(options.devices() * options.num_nodes()) +
                                 ": use --devices 1, or --strategy pipe to split the model");
   }
-  return std::make_unique<PipelineStrategy>("single", 1, 1, whole_batches(options));
+  return std::make_unique<PipelineStrategy>("single", 1, 1, whole_batches("single", options));
 }
 
 namespace {
@@ -488,7 +517,7 @@ std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
 
 std::unique_ptr<Strategy> make_ddp_strategy(const TrainerOptions& options) {
   return std::make_unique<PipelineStrategy>("ddp", 1, total_devices(options),
-                                            whole_batches(options));
+                                            whole_batches("ddp", options));
 }
 
 std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) {

@@ -273,10 +273,10 @@ void Trainer::setup(Module& module) {
   print(strategy_->describe());
   if (options_.pipe().fuse_gradient_accumulation() && options_.precision() == "bf16-mixed" &&
       world_->is_global_zero()) {
-    std::cerr << "pipetrain: fused gradient accumulation does nothing under bf16-mixed: autocast's "
-                 "bf16 GEMMs cannot add into fp32 gradients, so Linear layers accumulate as usual "
-                 "(bf16-true can fuse)"
-              << std::endl;
+    print_line(
+        "pipetrain: fused gradient accumulation does nothing under bf16-mixed: autocast's bf16 "
+        "GEMMs cannot add into fp32 gradients, so Linear layers accumulate as usual (bf16-true can "
+        "fuse)");
   }
 }
 
@@ -284,15 +284,7 @@ void Trainer::setup(Module& module) {
 
 void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,
                   const std::string& ckpt_path) {
-  const int64_t chunks = options_.pipe().chunks();
-  const bool pipelined = options_.strategy() == "pipe" || options_.strategy() == "ddp_pipe";
-  if (pipelined && chunks > train_loader.batch_size()) {
-    throw std::invalid_argument(
-        "chunks (" + std::to_string(chunks) + ") is larger than the batch size (" +
-        std::to_string(train_loader.batch_size()) +
-        "): every micro-batch needs at least one sample; lower PipeOptions::chunks (--chunks) or "
-        "raise the loader's batch_size (--batch-size)");
-  }
+  strategy_->check_data(train_loader);
   setup(module);
   auto config = module.configure_optimizers();
   optimizer_ = std::move(config.optimizer);
@@ -310,15 +302,13 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
           "/lightning_logs yet; training from the beginning");
   }
   if (!resume_from.empty()) restore(module, resume_from, /*full=*/true);
-  for (auto& logger : loggers_) {
-    logger->log_hyperparams({{"strategy", options_.strategy()},
-                             {"devices", std::to_string(options_.devices())},
-                             {"chunks", std::to_string(options_.pipe().chunks())},
-                             {"schedule", options_.pipe().schedule()},
-                             {"checkpoint", options_.pipe().checkpoint()},
-                             {"precision", options_.precision()},
-                             {"seed", std::to_string(options_.seed())}});
-  }
+  // What ran: the strategy says which of its options it used (single runs one micro-batch).
+  auto hyperparameters = strategy_->hyperparameters();
+  hyperparameters.insert({{"strategy", options_.strategy()},
+                          {"devices", std::to_string(options_.devices())},
+                          {"precision", options_.precision()},
+                          {"seed", std::to_string(options_.seed())}});
+  for (auto& logger : loggers_) logger->log_hyperparams(hyperparameters);
 
   FitState state{
       train_loader, val_loader,

@@ -1,5 +1,7 @@
 #include "pipetrain/error.h"
 
+#include <cstdio>
+
 #include <c10/util/Exception.h>
 
 #include <sstream>
@@ -17,6 +19,12 @@ std::string shape_text(c10::IntArrayRef sizes) {
   std::ostringstream out;
   out << sizes;
   return out.str();
+}
+
+void print_line(const std::string& text) {
+  const std::string line = text + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
 }
 
 }  // namespace pipetrain

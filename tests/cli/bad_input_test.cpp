@@ -100,6 +100,15 @@ TEST(BadInput, UnknownSchedule) {
                             {"zigzag", "gpipe", "1f1b"});
 }
 
+TEST(BadInput, ChunksUnderAStrategyThatRunsWholeBatches) {
+  for (const std::string strategy : {"single", "ddp"}) {
+    const auto result = fit({"--strategy", strategy, "--chunks", "4"});
+    expect_failure_mentioning(result, {"strategy '" + strategy + "' runs each batch whole",
+                                       "PipeOptions::chunks (--chunks) 4"});
+    EXPECT_EQ(result.exit_code, 2);
+  }
+}
+
 TEST(BadInput, SingleOnTwoDevices) {
   expect_failure_mentioning(fit({"--strategy", "single", "--devices", "2"}),
                             {"strategy 'single' runs on one device"});

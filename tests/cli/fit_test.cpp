@@ -24,6 +24,16 @@ TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
   expect_same_train_losses(root + "/single", root + "/pipe");
   EXPECT_EQ(read_csv_column(metrics_csv(root + "/pipe"), "step").back(), 11);
   EXPECT_NE(pipe.output.find("lightning_logs/version_0"), std::string::npos) << pipe.output;
+  // hparams.yaml holds what ran: single runs one micro-batch with nothing to recompute.
+  auto hparams = [&](const std::string& run) {
+    std::ifstream in(root + "/" + run + "/lightning_logs/version_0/hparams.yaml");
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  EXPECT_NE(hparams("pipe").find("checkpoint: always\nchunks: 3\n"), std::string::npos)
+      << hparams("pipe");
+  EXPECT_NE(hparams("pipe").find("stages: 2\n"), std::string::npos) << hparams("pipe");
+  EXPECT_NE(hparams("single").find("checkpoint: never\nchunks: 1\n"), std::string::npos)
+      << hparams("single");
   std::filesystem::remove_all(root);
 }
 

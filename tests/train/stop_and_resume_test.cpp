@@ -96,7 +96,7 @@ PIPETRAIN_WORKER(stop_worker) {
   Trainer trainer(options.callbacks(callbacks)
                       .strategy(env_or("STRATEGY", "single"))
                       .devices(std::stoll(env_or("DEVICES", "1")))
-                      .pipe(PipeOptions().chunks(2))
+                      .pipe(PipeOptions().chunks(env_or("STRATEGY", "single") == "pipe" ? 2 : 1))
                       .max_epochs(3)
                       .max_steps(std::stoll(env_or("MAX_STEPS", "-1")))
                       .stop_on_nonfinite_loss(env_or("PERMISSIVE", "0") == "0"));
