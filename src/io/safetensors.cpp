@@ -286,7 +286,9 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::vector<SaveEntry> entries;
   entries.reserve(tensors.size());
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& item : tensors) {
+    const std::string& name = item.first;  // a plain name: lambdas capture no structured bindings
+    const at::Tensor& tensor = item.second;
     const auto problem = [&](const std::string& what) {
       return std::invalid_argument("save_safetensors: " + path + ": tensor \"" + name + "\" " +
                                    what);
