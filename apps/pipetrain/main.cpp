@@ -308,7 +308,9 @@ void print_metrics(const pipetrain::Trainer& trainer, const std::string& title,
 }
 
 int run(const std::string& command, const Args& a) {
-  pipetrain::Trainer trainer(trainer_options(a));
+  const auto options = trainer_options(a);
+  if (const auto status = pipetrain::launch_ranks(options)) return *status;
+  pipetrain::Trainer trainer(options);
   auto model = pipetrain::cli::make_model(a.model);
   if (command == "fit") {
     const auto val = loader(model.val, a, false);

@@ -28,13 +28,16 @@ class Regression : public pipetrain::Module {
 
 int main(int argc, char** argv) {
   const std::string root = argc > 1 ? argv[1] : ".";
-  pipetrain::Trainer trainer(pipetrain::TrainerOptions()
-                                 .strategy("pipe")
-                                 .devices(2)
-                                 .pipe(pipetrain::PipeOptions().chunks(4).schedule("1f1b"))
-                                 .max_epochs(5)
-                                 .log_every_n_steps(10)
-                                 .default_root_dir(root));
+  const auto options = pipetrain::TrainerOptions()
+                           .strategy("pipe")
+                           .devices(2)
+                           .pipe(pipetrain::PipeOptions().chunks(4).schedule("1f1b"))
+                           .max_epochs(5)
+                           .log_every_n_steps(10)
+                           .default_root_dir(root);
+  // Runs this program once per stage and returns their status; in the ranks, nothing.
+  if (const auto status = pipetrain::launch_ranks(options)) return *status;
+  pipetrain::Trainer trainer(options);
   Regression model;  // after the Trainer: it seeded the generator on every rank
 
   torch::manual_seed(0);

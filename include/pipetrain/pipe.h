@@ -113,15 +113,10 @@ class Pipe {
   // Each once, even when several layers share one (what an optimizer takes).
   std::vector<at::Tensor> parameters() const;
 
-  int64_t stage() const { return stage_; }
-  // Index of this stage's first layer in the whole Sequential.
-  int64_t first_layer() const { return first_layer_; }
   int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
   bool is_first_stage() const { return stage_ == 0; }
   bool is_last_stage() const { return stage_ == stages() - 1; }
   const std::vector<int64_t>& balance() const { return balance_; }
-  const PipeOptions& options() const { return options_; }
-  const Schedule& schedule() const { return schedule_; }
 
  private:
   at::Tensor run_schedule(const at::Tensor& batch_input, int64_t batch_size, const LossFn& loss_fn);

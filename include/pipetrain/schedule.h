@@ -1,7 +1,8 @@
 // Pipeline schedules as plain data: for each stage, the ordered forwards and backwards it runs in
 // one training step. Keeping them free of torch lets the runtime, the CLI and the tests share one
 // definition of GPipe and 1F1B, and lets a cost-model simulation check a schedule (bubble, step
-// time, deadlocks) before any process is started.
+// time, deadlocks) without running it: the Pipe simulates every schedule it builds once, with
+// unit costs, so a malformed one fails with its grid instead of hanging the ranks.
 #ifndef PIPETRAIN_SCHEDULE_H_
 #define PIPETRAIN_SCHEDULE_H_
 

@@ -1,10 +1,13 @@
 // The Trainer: Lightning's loops (fit, validate, test, predict) for a pipetrain Module, under any
 // strategy. Options keep Lightning's names (trainer_options.h).
 //
-//   pipetrain::Trainer trainer(
-//       pipetrain::TrainerOptions().strategy("pipe").devices(2).max_epochs(3));
-//   MyModule model;  // build after the Trainer: it seeds and launches ranks
-//   trainer.fit(model, train_loader, &val_loader);
+//   int main() {
+//     const auto options = pipetrain::TrainerOptions().strategy("pipe").devices(2).max_epochs(3);
+//     if (const auto status = pipetrain::launch_ranks(options)) return *status;
+//     pipetrain::Trainer trainer(options);  // joins the other ranks, seeds
+//     MyModule model;                       // build after the Trainer: every rank alike
+//     trainer.fit(model, train_loader, &val_loader);
+//   }
 #pragma once
 
 #include <cstdint>
@@ -31,11 +34,17 @@ struct ReducedMetric;
 class Strategy;
 class World;
 
+// When `options` asks for more processes than were launched (no torchrun or SLURM variables),
+// runs this program once per rank of this node, as torchrun would, and returns their exit status
+// once they are done (the launching process then trains nothing); otherwise returns nothing, and
+// this process goes on as a rank. Call it first in main, before any work a rank would repeat.
+std::optional<int> launch_ranks(const TrainerOptions& options);
+
 class Trainer {
  public:
-  // Seeds the default generator with `seed`, then joins the run's ranks. When `devices` asks for
-  // more processes than were launched (no torchrun or SLURM variables), it re-runs this program
-  // once per rank, as torchrun would, and the launching process exits with their status.
+  // Joins the run's ranks (launched by launch_ranks, torchrun or SLURM), then seeds the default
+  // generator with `seed`. Throws std::logic_error when `options` needs more processes than were
+  // started.
   explicit Trainer(TrainerOptions options);
   ~Trainer();
 

@@ -82,6 +82,14 @@ Packet activation_packet(const StageValue& output) {
   return packet;
 }
 
+// The schedule, after a unit-cost simulation has shown it runs (every action once, no
+// deadlock): a malformed one fails here, with its grid, rather than hanging the ranks.
+Schedule checked_schedule(const std::string& name, int64_t stages, int64_t chunks) {
+  Schedule schedule = make_schedule(name, stages, chunks);
+  simulate(schedule, ActionCosts::uniform(stages));
+  return schedule;
+}
+
 }  // namespace
 
 Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_ptr<World> world)
@@ -108,7 +116,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     throw std::invalid_argument("chunks must be at least 1 (got " +
                                 std::to_string(options_.chunks()) + ")");
   }
-  schedule_ = make_schedule(options_.schedule(), stages(), options_.chunks());
+  schedule_ = checked_schedule(options_.schedule(), stages(), options_.chunks());
   stage_ = world_->rank();
   for (int64_t s = 0; s < stage_; ++s) first_layer_ += balance_[s];
   // Fused Linear layers put their weight gradients off: after the last backward (see
@@ -283,7 +291,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   const auto microbatches = split_microbatches(batch_size, chunks);
   const int64_t recompute_below = checkpoint_stop(checkpoint_mode_, chunks);
   if (chunks != options_.chunks() && !short_schedules_.count(chunks)) {
-    short_schedules_[chunks] = make_schedule(options_.schedule(), stages(), chunks);
+    short_schedules_[chunks] = checked_schedule(options_.schedule(), stages(), chunks);
   }
   const Schedule& schedule = chunks == options_.chunks() ? schedule_ : short_schedules_[chunks];
   std::map<int64_t, InFlight> in_flight;

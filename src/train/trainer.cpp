@@ -181,17 +181,11 @@ Trainer::Trainer(TrainerOptions options)
   const auto env = select_cluster_environment();
   const int64_t needed = strategy_->world_size();
   if (env->world_size() == 1 && needed > 1) {
-    // Nobody launched the ranks: start this node's share of them (Lightning's manual multi-node
-    // launch reads NODE_RANK, MASTER_ADDR and MASTER_PORT when num_nodes > 1).
-    if (needed % options_.num_nodes() != 0) {
-      throw std::invalid_argument("strategy '" + options_.strategy() + "' needs " +
-                                  std::to_string(needed) + " processes, which " +
-                                  std::to_string(options_.num_nodes()) +
-                                  " nodes cannot share evenly: change --num-nodes");
-    }
-    const auto launch = multi_node_launch_options(needed / options_.num_nodes(),
-                                                  options_.num_nodes(), current_environment());
-    std::exit(launch_local_processes(launch));
+    throw std::logic_error(
+        "strategy '" + options_.strategy() + "' needs " + std::to_string(needed) +
+        " processes, and this one was started alone: call pipetrain::launch_ranks(options) at "
+        "the start of main (it runs the program once per rank and returns their exit status), "
+        "or start the ranks with torchrun or srun");
   }
   if (env->world_size() != needed) {
     throw std::invalid_argument("strategy '" + options_.strategy() + "' with devices " +
@@ -232,6 +226,22 @@ Trainer::Trainer(TrainerOptions options)
 }
 
 Trainer::~Trainer() = default;
+
+std::optional<int> launch_ranks(const TrainerOptions& options) {
+  check_options(options);
+  const int64_t needed = create_strategy(options.strategy(), options)->world_size();
+  if (needed == 1 || select_cluster_environment()->world_size() > 1) return std::nullopt;
+  // Nobody launched the ranks: start this node's share of them (Lightning's manual multi-node
+  // launch reads NODE_RANK, MASTER_ADDR and MASTER_PORT when num_nodes > 1).
+  if (needed % options.num_nodes() != 0) {
+    throw std::invalid_argument("strategy '" + options.strategy() + "' needs " +
+                                std::to_string(needed) + " processes, which " +
+                                std::to_string(options.num_nodes()) +
+                                " nodes cannot share evenly: change --num-nodes");
+  }
+  return launch_local_processes(multi_node_launch_options(
+      needed / options.num_nodes(), options.num_nodes(), current_environment()));
+}
 
 bool Trainer::is_global_zero() const { return world_->is_global_zero(); }
 

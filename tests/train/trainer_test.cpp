@@ -116,6 +116,21 @@ class CountingStrategy : public Strategy {
   std::unique_ptr<Strategy> inner_;
 };
 
+// A Trainer never exits the process: started alone with devices 2, it says to launch the ranks
+// first (the command and the example project do, through launch_ranks; their tests run it).
+TEST(Trainer, TwoDevicesInALoneProcessAskForLaunchRanks) {
+  const auto options = TrainerOptions().strategy("pipe").devices(2).loggers({});
+  try {
+    Trainer trainer(options);
+    FAIL() << "a Trainer of 2 devices started alone";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("call pipetrain::launch_ranks(options)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(launch_ranks(TrainerOptions()).has_value());  // one process: this one trains
+}
+
 TEST(StrategyRegistry, UserStrategiesAreChosenByName) {
   register_strategy("counting", [](const TrainerOptions& options) {
     return std::make_unique<CountingStrategy>(options);

@@ -1,0 +1,94 @@
+// PeerToPeer between two ranks (Gloo), driven directly: packets of several tensors arrive with
+// their dtypes, shapes, requires_grad flags and label; later packets of a step reuse the first
+// one's header with their own rows; a packet that changes shape mid-step, or a tensor that is not
+// batch-first, is refused by name before anything is sent.
+#include "pipetrain/p2p.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+
+#include "pipetrain/cluster_environment.h"
+#include "pipetrain/world.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain::testing {
+namespace {
+
+// An error's text, or "" when `fn` does not throw std::invalid_argument.
+template <typename Fn>
+std::string refusal(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+PIPETRAIN_WORKER(p2p_worker) {
+  auto world = World::connect(*select_cluster_environment());
+  PeerToPeer p2p(world);
+  const auto values = torch::arange(12, torch::kFloat).reshape({3, 4});
+  const auto mask = torch::tensor({1, 0, 1}, torch::kInt64);
+  if (world->rank() == 0) {
+    p2p.send(Packet{{values, mask}, {true, false}, 2}, 1, Flow::kActivation, 3);
+    // The same step: the header of the first packet holds, with 2 rows.
+    p2p.send(Packet{{values.slice(0, 0, 2) * 2, mask.slice(0, 0, 2)}, {true, false}, 2}, 1,
+             Flow::kActivation, 2);
+    std::ofstream errors(env_or("RESULT_DIR", ".") + "/errors.txt");
+    errors << refusal([&] {
+      p2p.send(Packet{{torch::zeros({2, 5}), mask.slice(0, 0, 2)}, {true, false}, 2}, 1,
+               Flow::kActivation, 2);
+    }) << "\n";
+    errors << refusal([&] { p2p.send(torch::zeros({4, 4}), 1, Flow::kGradient, 3); }) << "\n";
+    p2p.send(torch::ones({7}), 1, Flow::kResult);  // results: any shape, a header each
+    p2p.wait_for_sends();
+  } else {
+    auto first = p2p.recv(0, Flow::kActivation, 3);
+    auto second = p2p.recv(0, Flow::kActivation, 2);
+    const auto result = p2p.recv_tensor(0, Flow::kResult);
+    p2p.wait_for_sends();
+    torch::save(
+        std::vector<at::Tensor>{
+            first.tensors[0].detach(), first.tensors[1], second.tensors[0].detach(),
+            second.tensors[1], result, torch::tensor({first.label, second.label}),
+            torch::tensor({static_cast<int64_t>(first.requires_grad[0]),
+                           static_cast<int64_t>(first.requires_grad[1]),
+                           static_cast<int64_t>(first.tensors[0].requires_grad())})},
+        env_or("RESULT_DIR", ".") + "/received.pt");
+  }
+}
+
+TEST(PeerToPeer, PacketsCarryTheirTensorsShapesAndFlagsAndRefuseChangesMidStep) {
+  const auto dir = make_temp_dir("p2p");
+  ASSERT_EQ(run_ranks(2, "p2p_worker", {{"RESULT_DIR", dir}}), 0);
+  std::vector<at::Tensor> received;
+  torch::load(received, dir + "/received.pt");
+  const auto values = torch::arange(12, torch::kFloat).reshape({3, 4});
+  EXPECT_TRUE(torch::equal(received[0], values));
+  EXPECT_EQ(received[1].scalar_type(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(received[1], torch::tensor({1, 0, 1}, torch::kInt64)));
+  EXPECT_TRUE(torch::equal(received[2], values.slice(0, 0, 2) * 2));
+  EXPECT_EQ(received[3].sizes(), (std::vector<int64_t>{2}));
+  EXPECT_TRUE(torch::equal(received[4], torch::ones({7})));
+  EXPECT_TRUE(torch::equal(received[5], torch::tensor({2, 2})));
+  EXPECT_TRUE(torch::equal(received[6], torch::tensor({1, 0, 1})));
+
+  std::ifstream in(dir + "/errors.txt");
+  std::string shape_change, not_batch_first;
+  std::getline(in, shape_change);
+  std::getline(in, not_batch_first);
+  EXPECT_NE(
+      shape_change.find("activations ([2, 5] Float, [2] Long) after ([3, 4] Float, [3] Long)"),
+      std::string::npos)
+      << shape_change;
+  EXPECT_NE(not_batch_first.find("gradients of shapes [4, 4] for a micro-batch of 3 rows"),
+            std::string::npos)
+      << not_batch_first;
+  EXPECT_NE(not_batch_first.find("batch-first"), std::string::npos) << not_batch_first;
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
