@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -340,7 +341,8 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
   fit_start_seconds_ = now_seconds();
   stop_requested_ = false;
   stop_signal_ = 0;
-  const StopSignals signals;  // SIGTERM and SIGUSR1 stop fit after the step in progress
+  window_nonfinite_ = at::Tensor();  // a fit that failed mid-window leaves nothing behind
+  const StopSignals signals;         // SIGTERM and SIGUSR1 stop fit after the step in progress
   if (options_.pipe().trace()) options_.pipe().trace()->start(*world_);
   try {
     while (current_epoch_ < options_.max_epochs() && !stop_requested_ && !max_steps_reached()) {
@@ -553,8 +555,14 @@ bool Trainer::agree_to_stop(int64_t batch_idx) {
         "stop_on_nonfinite_loss(false) (--stop-on-nonfinite-loss false) trains on regardless";
     throw std::runtime_error(message);
   }
-  // The signal itself: the ranks that got one agree on its number (a sum over one rank is it).
-  if (agreed[2] > 0) stop_signal_ = static_cast<int>(agreed[1] / agreed[2]);
+  // The signal itself: this rank's, or the one the ranks that got one agree on (SIGTERM if they
+  // got different ones).
+  if (agreed[2] > 0) {
+    const double mean = agreed[1] / agreed[2];
+    stop_signal_ = StopSignals::received() != 0 ? StopSignals::received()
+                   : mean == SIGUSR1            ? SIGUSR1
+                                                : SIGTERM;
+  }
   return agreed[0] > 0 || agreed[2] > 0;
 }
 
