@@ -19,11 +19,20 @@ namespace pipetrain {
 
 class World;
 
+// Where a fit is: what a checkpoint saves and a resumed fit starts from, as it is.
+struct FitProgress {
+  int64_t epoch = 0;            // the epoch running (or just finished)
+  int64_t batch_idx = 0;        // the next training batch of `epoch` to run
+  int64_t global_step = 0;      // optimizer steps taken
+  bool epoch_finished = false;  // `epoch`'s end-of-epoch work is done
+  // The same position as the start of what runs next: the next epoch once this one finished.
+  FitProgress next() const {
+    return epoch_finished ? FitProgress{epoch + 1, 0, global_step, false} : *this;
+  }
+};
+
 struct TrainingState {
-  int64_t epoch = 0;
-  int64_t global_step = 0;
-  int64_t batch_idx = 0;            // the next training batch of `epoch` to run
-  bool epoch_finished = false;      // the epoch's end-of-epoch work is done
+  FitProgress progress;
   int64_t lr_scheduler_steps = -1;  // -1: no scheduler
   int64_t world_size = 1;
   std::map<std::string, std::string> layout;

@@ -19,6 +19,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include "pipetrain/checkpoint_io.h"
 #include "pipetrain/data.h"
 #include "pipetrain/trainer_options.h"
 
@@ -75,8 +76,10 @@ class Trainer {
   // Rank 0 writes `metrics` at `step` to every logger.
   void log_metrics(const std::map<std::string, double>& metrics, int64_t step);
 
-  int64_t global_step() const { return global_step_; }
-  int64_t current_epoch() const { return current_epoch_; }
+  int64_t global_step() const { return fit_progress_.global_step; }
+  int64_t current_epoch() const { return fit_progress_.epoch; }
+  // Where fit is (what a checkpoint saved now would resume from).
+  const FitProgress& fit_progress() const { return fit_progress_; }
   bool is_global_zero() const;
   const World& world() const { return *world_; }
   const TrainerOptions& options() const { return options_; }
@@ -123,11 +126,7 @@ class Trainer {
   std::string scheduler_interval_ = "epoch";
   std::map<std::string, double> callback_metrics_;
   std::map<std::string, double> progress_metrics_;
-  int64_t global_step_ = 0;
-  int64_t current_epoch_ = 0;
-  int64_t resume_batch_idx_ = 0;  // first batch of the next epoch run (resuming mid-epoch)
-  int64_t next_batch_idx_ = 0;    // where a checkpoint saved now resumes
-  bool epoch_finished_ = false;
+  FitProgress fit_progress_;
   bool stop_requested_ = false;
   int stop_signal_ = 0;
   at::Tensor window_nonfinite_;  // losses of this optimizer step that were not finite (device)

@@ -68,10 +68,10 @@ void write_checkpoint(const World& world, const std::string& path,
     if (world.is_global_zero()) {
       save_safetensors(checkpoint_weights_path(staged), weights, {{"format", "pt"}});
       nlohmann::json json{{"format_version", 1},
-                          {"epoch", state.epoch},
-                          {"global_step", state.global_step},
-                          {"batch_idx", state.batch_idx},
-                          {"epoch_finished", state.epoch_finished},
+                          {"epoch", state.progress.epoch},
+                          {"global_step", state.progress.global_step},
+                          {"batch_idx", state.progress.batch_idx},
+                          {"epoch_finished", state.progress.epoch_finished},
                           {"lr_scheduler_steps", state.lr_scheduler_steps},
                           {"world_size", state.world_size},
                           {"layout", state.layout},
@@ -105,10 +105,10 @@ TrainingState read_training_state(const std::string& checkpoint) {
   try {
     const auto json = nlohmann::json::parse(in);
     TrainingState state;
-    state.epoch = json.at("epoch").get<int64_t>();
-    state.global_step = json.at("global_step").get<int64_t>();
-    state.batch_idx = json.at("batch_idx").get<int64_t>();
-    state.epoch_finished = json.at("epoch_finished").get<bool>();
+    state.progress.epoch = json.at("epoch").get<int64_t>();
+    state.progress.global_step = json.at("global_step").get<int64_t>();
+    state.progress.batch_idx = json.at("batch_idx").get<int64_t>();
+    state.progress.epoch_finished = json.at("epoch_finished").get<bool>();
     state.lr_scheduler_steps = json.at("lr_scheduler_steps").get<int64_t>();
     state.world_size = json.at("world_size").get<int64_t>();
     state.layout = json.at("layout").get<std::map<std::string, std::string>>();

@@ -345,7 +345,8 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
   const StopSignals signals;         // SIGTERM and SIGUSR1 stop fit after the step in progress
   if (options_.pipe().trace()) options_.pipe().trace()->start(*world_);
   try {
-    while (current_epoch_ < options_.max_epochs() && !stop_requested_ && !max_steps_reached()) {
+    while (fit_progress_.epoch < options_.max_epochs() && !stop_requested_ &&
+           !max_steps_reached()) {
       train_epoch(module, train_loader, val_loader, state);
     }
   } catch (...) {
@@ -358,17 +359,18 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
   // the Trainer saves one itself if nothing did, so a restarted job continues where it stopped.
   for (auto& callback : options_.callbacks()) callback->on_fit_end(*this, module);
   if (stop_signal_ != 0 && options_.enable_checkpointing() && options_.fast_dev_run() == 0 &&
-      last_saved_step_ != global_step_) {
+      last_saved_step_ != fit_progress_.global_step) {
     save_checkpoint((fs::path(log_dir_) / "checkpoints" / "last.ckpt").string());
   }
   if (stop_signal_ != 0) {
     print("pipetrain: stopped by " + signal_name(stop_signal_) + " after step " +
-          std::to_string(global_step_) + "; resume with --ckpt-path last (ckpt_path=\"last\")");
+          std::to_string(fit_progress_.global_step) +
+          "; resume with --ckpt-path last (ckpt_path=\"last\")");
   }
   for (auto& logger : loggers_) logger->save();
   if (!loggers_.empty()) {
-    print("trained " + std::to_string(global_step_) + " steps in " +
-          std::to_string(current_epoch_) + " epochs; metrics and checkpoints in " + log_dir_);
+    print("trained " + std::to_string(fit_progress_.global_step) + " steps in " +
+          std::to_string(fit_progress_.epoch) + " epochs; metrics and checkpoints in " + log_dir_);
   }
   optimizer_.reset();
   lr_scheduler_.reset();
@@ -382,22 +384,20 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
 void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
                           const DataLoader* val_loader, FitState& state) {
   module.layers()->train();
-  const int64_t first_batch = resume_batch_idx_;
-  resume_batch_idx_ = 0;
-  next_batch_idx_ = first_batch;
-  epoch_finished_ = false;
+  const int64_t first_batch = fit_progress_.batch_idx;
   // Also when resuming mid-epoch, as Lightning does: this process will run the epoch's end.
   module.on_train_epoch_start();
   for (auto& callback : options_.callbacks()) callback->on_train_epoch_start(*this, module);
   if (progress_) {
-    progress_->start("Epoch " + std::to_string(current_epoch_), state.train_batches, first_batch);
+    progress_->start("Epoch " + std::to_string(fit_progress_.epoch), state.train_batches,
+                     first_batch);
   }
 
   LoggedMetrics epoch_metrics;   // everything logged this epoch, for on_epoch values
   LoggedMetrics window_metrics;  // since the last optimizer step
   const int64_t accumulate = options_.accumulate_grad_batches();
   for (int64_t batch_idx = first_batch; batch_idx < state.train_batches; ++batch_idx) {
-    const Batch batch = load_batch(train_loader, current_epoch_, batch_idx);
+    const Batch batch = load_batch(train_loader, fit_progress_.epoch, batch_idx);
     for (auto& callback : options_.callbacks()) {
       callback->on_train_batch_start(*this, module, batch, batch_idx);
     }
@@ -430,18 +430,18 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
     if (steps_optimizer) {
       stop_after_step = agree_to_stop(batch_idx);
       optimizer_step(module);
-      if ((global_step_ + 1) % options_.log_every_n_steps() == 0) {
+      if ((fit_progress_.global_step + 1) % options_.log_every_n_steps() == 0) {
         const auto row = strategy_->reduce_metrics(window_metrics.step_view(true));
         remember(row);
         auto values = values_of(row);
-        values["epoch"] = static_cast<double>(current_epoch_);
-        log_metrics(values, global_step_);
+        values["epoch"] = static_cast<double>(fit_progress_.epoch);
+        log_metrics(values, fit_progress_.global_step);
         if (progress_) progress_->log_line(batch_idx + 1, progress_metrics_);
       }
-      ++global_step_;
+      ++fit_progress_.global_step;
       window_metrics = LoggedMetrics();
     }
-    next_batch_idx_ = batch_idx + 1;
+    fit_progress_.batch_idx = batch_idx + 1;
     if (progress_) progress_->update(batch_idx + 1, progress_metrics_);
     for (auto& callback : options_.callbacks()) {
       callback->on_train_batch_end(*this, module, batch, batch_idx);
@@ -449,42 +449,43 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
 
     // As Lightning: every val_check_interval batches of the epoch (so a fraction of 1.0 means
     // at the epoch's end), in the epochs check_val_every_n_epoch picks.
-    const bool validation_due = val_loader && state.val_batches > 0 &&
-                                (current_epoch_ + 1) % options_.check_val_every_n_epoch() == 0 &&
-                                (batch_idx + 1) % state.val_check_batches == 0;
+    const bool validation_due =
+        val_loader && state.val_batches > 0 &&
+        (fit_progress_.epoch + 1) % options_.check_val_every_n_epoch() == 0 &&
+        (batch_idx + 1) % state.val_check_batches == 0;
     if (validation_due) {
       run_evaluation(module, *val_loader, state.val_batches, false);
       for (auto& callback : options_.callbacks()) callback->on_validation_end(*this, module);
       module.layers()->train();
       if (progress_ && batch_idx + 1 < state.train_batches) {
-        progress_->start("Epoch " + std::to_string(current_epoch_), state.train_batches,
+        progress_->start("Epoch " + std::to_string(fit_progress_.epoch), state.train_batches,
                          batch_idx + 1);
       }
     }
 
     if (!steps_optimizer) continue;
-    if (stop_requested_ && current_epoch_ + 1 < options_.min_epochs()) stop_requested_ = false;
+    if (stop_requested_ && fit_progress_.epoch + 1 < options_.min_epochs()) stop_requested_ = false;
     if (stop_after_step || stop_signal_ != 0) stop_requested_ = true;  // min_epochs or not
     if (stop_requested_ || max_steps_reached()) break;
   }
   if (progress_) progress_->finish();
   // Stopped mid-epoch: the epoch goes on when the run resumes, and its end with it.
-  if (next_batch_idx_ < state.train_batches) return;
+  if (fit_progress_.batch_idx < state.train_batches) return;
 
   const auto epoch_row = strategy_->reduce_metrics(epoch_metrics.epoch_view(true));
   if (!epoch_row.empty()) {
     remember(epoch_row);
     auto values = values_of(epoch_row);
-    values["epoch"] = static_cast<double>(current_epoch_);
-    log_metrics(values, global_step_ - 1);
+    values["epoch"] = static_cast<double>(fit_progress_.epoch);
+    log_metrics(values, fit_progress_.global_step - 1);
   }
-  epoch_finished_ = true;
+  fit_progress_.epoch_finished = true;
   for (auto& logger : loggers_) logger->save();
   module.on_train_epoch_end();
   for (auto& callback : options_.callbacks()) callback->on_train_epoch_end(*this, module);
   if (lr_scheduler_ && scheduler_interval_ == "epoch") lr_scheduler_->step();
-  ++current_epoch_;
-  if (current_epoch_ < options_.min_epochs()) stop_requested_ = false;
+  fit_progress_ = fit_progress_.next();
+  if (fit_progress_.epoch < options_.min_epochs()) stop_requested_ = false;
 }
 
 void Trainer::optimizer_step(Module& module) {
@@ -521,7 +522,7 @@ void Trainer::remember(const ReducedMetrics& metrics) {
 }
 
 bool Trainer::max_steps_reached() const {
-  return options_.max_steps() >= 0 && global_step_ >= options_.max_steps();
+  return options_.max_steps() >= 0 && fit_progress_.global_step >= options_.max_steps();
 }
 
 bool Trainer::agree_to_stop(int64_t batch_idx) {
@@ -541,8 +542,8 @@ bool Trainer::agree_to_stop(int64_t batch_idx) {
     const int64_t accumulate = options_.accumulate_grad_batches();
     const int64_t first = batch_idx - (batch_idx % accumulate);
     std::string message =
-        "the loss of step " + std::to_string(global_step_) + " (epoch " +
-        std::to_string(current_epoch_) + ", batch " +
+        "the loss of step " + std::to_string(fit_progress_.global_step) + " (epoch " +
+        std::to_string(fit_progress_.epoch) + ", batch " +
         (first == batch_idx ? std::to_string(batch_idx)
                             : std::to_string(first) + ".." + std::to_string(batch_idx)) +
         ") is NaN or infinite; training stopped before that step's optimizer "
@@ -611,8 +612,8 @@ std::map<std::string, double> Trainer::run_evaluation(Module& module, const Data
   remember(reduced);
   if (!values.empty()) {
     auto row = values;
-    row["epoch"] = static_cast<double>(current_epoch_);
-    log_metrics(row, std::max<int64_t>(global_step_ - 1, 0));
+    row["epoch"] = static_cast<double>(fit_progress_.epoch);
+    log_metrics(row, std::max<int64_t>(fit_progress_.global_step - 1, 0));
   }
   return values;
 }
@@ -661,16 +662,13 @@ void Trainer::save_checkpoint(const std::string& path) {
   if (module_ == nullptr) throw std::logic_error("save_checkpoint needs a fit in progress");
   for (auto& logger : loggers_) logger->save();  // the logs are at least as new as the checkpoint
   TrainingState state;
-  state.epoch = current_epoch_;
-  state.global_step = global_step_;
-  state.batch_idx = next_batch_idx_;
-  state.epoch_finished = epoch_finished_;
+  state.progress = fit_progress_;
   state.world_size = world_->size();
   state.layout = strategy_->layout();
   state.lr_scheduler_steps = lr_scheduler_ ? lr_scheduler_->step_count() : -1;
   // Saved from on_train_epoch_end, the epoch's scheduler step is still to come: count it, since
   // the resumed run starts with the next epoch.
-  if (lr_scheduler_ && epoch_finished_ && scheduler_interval_ == "epoch") {
+  if (lr_scheduler_ && fit_progress_.epoch_finished && scheduler_interval_ == "epoch") {
     ++state.lr_scheduler_steps;
   }
   for (const auto& callback : options_.callbacks()) {
@@ -693,7 +691,7 @@ void Trainer::save_checkpoint(const std::string& path) {
     return bytes.str();
   });
   last_checkpoint_ = path;
-  last_saved_step_ = global_step_;
+  last_saved_step_ = fit_progress_.global_step;
 }
 
 std::string Trainer::newest_last_checkpoint() const {
@@ -788,9 +786,7 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
     const auto it = state.callbacks.find(callback->state_key());
     if (it != state.callbacks.end()) callback->load_state_dict(it->second);
   }
-  global_step_ = state.global_step;
-  current_epoch_ = state.epoch_finished ? state.epoch + 1 : state.epoch;
-  resume_batch_idx_ = state.epoch_finished ? 0 : state.batch_idx;
+  fit_progress_ = state.progress.next();
 }
 
 }  // namespace pipetrain
