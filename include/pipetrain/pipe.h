@@ -127,7 +127,7 @@ class Pipe {
   // the backward of a checkpointed micro-batch (`with_grad`), or to learn what the stage returns.
   StageValue rerun_stage(const StageValue& input, int64_t microbatch, bool with_grad);
   // Under cuda_graphs, at the first forward: drops the graphs (saying why) if this stage takes or
-  // returns several tensors, which the graphs do not capture.
+  // returns several tensors, or integer ones at a boundary, which the graphs do not capture.
   void check_graphs_fit(const StageValue& input, int64_t microbatch);
   // The deferred weight gradients (of the micro-batches in `slots`, under CUDA graphs).
   void run_weight_gradients(const std::vector<int64_t>& slots);

@@ -224,17 +224,23 @@ StageValue Pipe::rerun_stage(const StageValue& input, int64_t microbatch, bool w
 
 void Pipe::check_graphs_fit(const StageValue& input, int64_t microbatch) {
   graphs_checked_ = true;
+  // Graphs capture one floating tensor in (but on the first stage) and one out (but on the last),
+  // whose gradients they take and return.
   std::string why;
-  if (!input.is_tensor()) {
-    why = "its input is " + input.describe();
+  if (!input.is_tensor() || (!is_first_stage() && !input.tensors[0].is_floating_point())) {
+    why = "its input is " + input.describe() + " " + c10::toString(input.tensors[0].scalar_type());
   } else {
     const StageValue output =
         RngState::capture().replay([&] { return rerun_stage(input, microbatch, false); });
-    if (!output.is_tensor()) why = "it returns " + output.describe();
+    if (!output.is_tensor() || (!is_last_stage() && !output.tensors[0].is_floating_point())) {
+      why =
+          "it returns " + output.describe() + " " + c10::toString(output.tensors[0].scalar_type());
+    }
   }
   if (why.empty()) return;
   print_line("pipetrain: stage " + std::to_string(stage_) + " not using CUDA graphs: " + why +
-             ", and graphs capture a stage of one tensor in and one out; running eagerly");
+             ", and graphs capture a stage of one floating tensor in and one out; running "
+             "eagerly");
   graphs_.reset();
 }
 
