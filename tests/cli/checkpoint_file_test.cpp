@@ -44,10 +44,6 @@ CommandResult run_ok(const std::vector<std::string>& argv) {
   return result;
 }
 
-std::string csv(const std::string& root, int version) {
-  return root + "/lightning_logs/version_" + std::to_string(version) + "/metrics.csv";
-}
-
 std::string last_checkpoint(const std::string& root) {
   return root + "/lightning_logs/version_0/checkpoints/last.ckpt";
 }
@@ -66,9 +62,9 @@ void expect_exact_resume(const std::vector<std::string>& layout) {
   run_ok(command("fit", root + "/stopped", with({"--max-steps", "20"})));
   run_ok(command("fit", root + "/stopped", with({"--max-steps", "30", "--ckpt-path", "last"})));
 
-  const auto straight = read_csv_column(csv(root + "/straight", 0), "train_loss");
-  const auto resumed = read_csv_column(csv(root + "/stopped", 1), "train_loss");
-  const auto resumed_steps = read_csv_column(csv(root + "/stopped", 1), "step");
+  const auto straight = read_csv_column(metrics_csv(root + "/straight", 0), "train_loss");
+  const auto resumed = read_csv_column(metrics_csv(root + "/stopped", 1), "train_loss");
+  const auto resumed_steps = read_csv_column(metrics_csv(root + "/stopped", 1), "step");
   ASSERT_EQ(straight.size(), 30u);
   ASSERT_EQ(resumed.size(), 10u);
   EXPECT_EQ(resumed_steps.front(), 20);
@@ -95,7 +91,7 @@ TEST(CheckpointFile, SavedWithTwoStagesLoadsIntoOneAndThreeStages) {
     layout.insert(layout.end(), {"--ckpt-path", ckpt});
     const auto eval_root = make_temp_dir("layouts-eval");
     run_ok(command("validate", eval_root, layout));
-    const auto values = read_csv_column(csv(eval_root, 0), "val_loss");
+    const auto values = read_csv_column(metrics_csv(eval_root, 0), "val_loss");
     EXPECT_EQ(values.size(), 1u);
     return values.empty() ? -1.0 : values[0];
   };
@@ -181,8 +177,8 @@ TEST(CheckpointFile, GradientClippingAndAccumulationUnderPipeEqualSingle) {
   pipe.insert(pipe.end(), {"--strategy", "pipe", "--devices", "3", "--chunks", "4"});
   run_ok(command("fit", root + "/single", single));
   run_ok(command("fit", root + "/pipe", pipe));
-  const auto expected = read_csv_column(csv(root + "/single", 0), "train_loss");
-  const auto actual = read_csv_column(csv(root + "/pipe", 0), "train_loss");
+  const auto expected = read_csv_column(metrics_csv(root + "/single", 0), "train_loss");
+  const auto actual = read_csv_column(metrics_csv(root + "/pipe", 0), "train_loss");
   ASSERT_EQ(expected.size(), 12u);
   ASSERT_EQ(actual.size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {

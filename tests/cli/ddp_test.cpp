@@ -52,10 +52,6 @@ std::vector<std::string> fit(const std::string& root, int64_t batch_size,
   return argv;
 }
 
-std::string csv(const std::string& root, int version = 0) {
-  return root + "/lightning_logs/version_" + std::to_string(version) + "/metrics.csv";
-}
-
 TensorMap final_weights(const std::string& root) {
   return load_safetensors(root +
                           "/lightning_logs/version_0/checkpoints/last.ckpt/model.safetensors");
@@ -68,8 +64,8 @@ void run_ok(const std::vector<std::string>& argv) {
 
 // The runs under `expected` and `actual` logged the same losses and saved the same weights.
 void expect_same_run(const std::string& expected_root, const std::string& actual_root) {
-  const auto expected = read_csv_column(csv(expected_root), "train_loss");
-  const auto actual = read_csv_column(csv(actual_root), "train_loss");
+  const auto expected = read_csv_column(metrics_csv(expected_root), "train_loss");
+  const auto actual = read_csv_column(metrics_csv(actual_root), "train_loss");
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(actual.size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -232,7 +228,7 @@ TEST(DdpPipe, CheckpointResumesUnderPipeAndSingle) {
   run_ok(fit(root + "/ddp_pipe", 16,
              with({"--strategy", "ddp_pipe", "--devices", "4", "--stages", "2"}), 5, "mlp"));
   const auto ckpt = root + "/ddp_pipe/lightning_logs/version_0/checkpoints/last.ckpt";
-  const auto straight = read_csv_column(csv(root + "/straight"), "train_loss");
+  const auto straight = read_csv_column(metrics_csv(root + "/straight"), "train_loss");
   ASSERT_EQ(straight.size(), static_cast<size_t>(kSteps));
 
   for (const std::vector<std::string>& layout :
@@ -242,8 +238,8 @@ TEST(DdpPipe, CheckpointResumesUnderPipeAndSingle) {
     auto flags = layout;
     flags.insert(flags.end(), {"--ckpt-path", ckpt});
     run_ok(fit(resumed_root, 32, flags, kSteps, "mlp"));
-    const auto resumed = read_csv_column(csv(resumed_root), "train_loss");
-    const auto steps = read_csv_column(csv(resumed_root), "step");
+    const auto resumed = read_csv_column(metrics_csv(resumed_root), "train_loss");
+    const auto steps = read_csv_column(metrics_csv(resumed_root), "step");
     ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 5)) << layout[1];
     EXPECT_EQ(steps.front(), 5);
     for (size_t i = 0; i < resumed.size(); ++i) {

@@ -101,8 +101,8 @@ std::vector<double> read_csv_column(const std::string& path, const std::string& 
   return values;
 }
 
-std::string metrics_csv(const std::string& root) {
-  return root + "/lightning_logs/version_0/metrics.csv";
+std::string metrics_csv(const std::string& root, int version) {
+  return root + "/lightning_logs/version_" + std::to_string(version) + "/metrics.csv";
 }
 
 void expect_same_train_losses(const std::string& expected_root, const std::string& actual_root) {

@@ -62,8 +62,8 @@ inline std::vector<std::string> mlp_fit_command(const std::string& root,
 }
 #endif
 
-// Where the first run under `root` logged its metrics.
-std::string metrics_csv(const std::string& root);
+// Where run `version` (the first by default) under `root` logged its metrics.
+std::string metrics_csv(const std::string& root, int version = 0);
 // The runs under `expected_root` and `actual_root` logged as many train losses, equal to a
 // relative 1e-5 (gtest expectations).
 void expect_same_train_losses(const std::string& expected_root, const std::string& actual_root);

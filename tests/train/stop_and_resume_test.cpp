@@ -142,10 +142,6 @@ std::string read_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-std::string version_csv(const std::string& root, int version) {
-  return root + "/lightning_logs/version_" + std::to_string(version) + "/metrics.csv";
-}
-
 class StopAndResume : public ::testing::TestWithParam<std::string> {
  protected:
   void TearDown() override { fs::remove_all(dir); }
@@ -161,7 +157,7 @@ class StopAndResume : public ::testing::TestWithParam<std::string> {
   std::vector<double> straight() const {
     auto r = run("straight");
     EXPECT_EQ(r.start(), 0);
-    return read_csv_column(version_csv(r.root, 0), "train_loss");
+    return read_csv_column(metrics_csv(r.root, 0), "train_loss");
   }
   std::string dir = make_temp_dir("stop-and-resume");
 };
@@ -169,8 +165,8 @@ class StopAndResume : public ::testing::TestWithParam<std::string> {
 // Resumed steps, then what comes after, equal the uninterrupted run's.
 void expect_continues(const std::vector<double>& straight, const std::string& root,
                       int64_t stopped_after) {
-  const auto first = read_csv_column(version_csv(root, 0), "train_loss");
-  const auto second = read_csv_column(version_csv(root, 1), "train_loss");
+  const auto first = read_csv_column(metrics_csv(root, 0), "train_loss");
+  const auto second = read_csv_column(metrics_csv(root, 1), "train_loss");
   ASSERT_EQ(first.size(), static_cast<size_t>(stopped_after));
   ASSERT_EQ(first.size() + second.size(), straight.size());
   for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(first[i], straight[i]) << "step " << i;
@@ -195,7 +191,7 @@ TEST_P(StopAndResume, MaxStepsMidEpochResumesMidEpochAndAFinishedRunTrainsNothin
 
   // Finished: a third run restores and trains nothing.
   ASSERT_EQ(stopped.start(), 0);
-  const auto third = version_csv(stopped.root, 2);
+  const auto third = metrics_csv(stopped.root, 2);
   EXPECT_EQ(read_text(third).find("train_loss"), std::string::npos) << read_text(third);
 }
 
@@ -233,13 +229,13 @@ TEST_P(StopAndResume, ANanLossStopsEveryRankBeforeItsOptimizerStep) {
        load_safetensors(failed.root + "/checkpoints/last.ckpt/model.safetensors")) {
     EXPECT_TRUE(tensor.isfinite().all().item<bool>()) << name;
   }
-  EXPECT_EQ(read_csv_column(version_csv(failed.root, 0), "train_loss").size(), 10u);
+  EXPECT_EQ(read_csv_column(metrics_csv(failed.root, 0), "train_loss").size(), 10u);
 
   auto permissive = run("permissive");
   permissive.nan_at = 10;
   permissive.permissive = true;
   EXPECT_EQ(permissive.start(), 0);
-  EXPECT_EQ(read_csv_column(version_csv(permissive.root, 0), "train_loss").size(), 24u);
+  EXPECT_EQ(read_csv_column(metrics_csv(permissive.root, 0), "train_loss").size(), 24u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, StopAndResume, ::testing::Values("single", "pipe", "ddp"));
