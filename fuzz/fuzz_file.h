@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -15,8 +16,8 @@ namespace pipetrain::fuzz {
 inline const std::string& scratch_dir() {
   static const std::string dir = [] {
     const std::string base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    std::string path = base + "/pipetrain-fuzz-" + std::to_string(getpid());
-    std::system(("mkdir -p " + path).c_str());
+    const std::string path = base + "/pipetrain-fuzz-" + std::to_string(getpid());
+    std::filesystem::create_directories(path);
     return path;
   }();
   return dir;

@@ -166,14 +166,7 @@ void World::barrier() const {
 
 double World::all_reduce_sum(double value) const {
   if (!process_group_) return value;
-  std::vector<at::Tensor> tensors{
-      at::full({1}, value, at::TensorOptions(at::kDouble).device(device_))};
-  try {
-    wait(process_group_->allreduce(tensors));
-    return tensors[0].item<double>();
-  } catch (const std::exception& e) {
-    fail("sum a value with", e);
-  }
+  return all_reduce_sum(at::full({1}, value, at::TensorOptions(at::kDouble).device(device_)))[0];
 }
 
 std::vector<double> World::all_reduce_sum(const at::Tensor& values) const {

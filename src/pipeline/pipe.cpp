@@ -70,16 +70,24 @@ bool joins_weight_gradients(const std::vector<Action>& actions, int64_t recomput
   return true;
 }
 
-// The packet of a stage's outputs for the next stage: every floating tensor comes back with a
-// gradient (zeros where it had no effect), masks and ids travel without (torchgpipe's rule).
+// Which tensors crossing a boundary come back with a gradient: every floating one (zeros where
+// it had no effect); masks and ids travel without (torchgpipe's rule).
+bool has_gradient(const at::Tensor& tensor) { return tensor.is_floating_point(); }
+
+// The packet of a stage's outputs for the next stage.
 Packet activation_packet(const StageValue& output) {
   Packet packet;
   packet.label = static_cast<int64_t>(output.packing);
   for (const auto& t : output.tensors) {
     packet.tensors.push_back(t.detach());
-    packet.requires_grad.push_back(t.is_floating_point());
+    packet.requires_grad.push_back(has_gradient(t));
   }
   return packet;
+}
+
+// What the previous stage passed on, as its last layer packed it.
+StageValue unpacked(Packet packet) {
+  return StageValue::from_label(packet.label, std::move(packet.tensors));
 }
 
 // The schedule, after a unit-cost simulation has shown it runs (every action once, no
@@ -331,8 +339,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         state.input = StageValue::of(input.slice(0, mb.begin, mb.end));
       } else {
         Trace::Span span(trace, "recv activation", mb.index);
-        auto packet = p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
-        state.input = StageValue::from_label(packet.label, std::move(packet.tensors));
+        state.input = unpacked(p2p_->recv(stage_ - 1, Flow::kActivation, mb.size()));
       }
       if (graphs_ && !graphs_checked_) check_graphs_fit(state.input, mb.index);
       Trace::Span forward_span(trace, "forward", mb.index);
@@ -369,8 +376,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       // The gradients of the outputs that have one (the floating ones), in their order.
       std::vector<at::Tensor> grad_outputs;
       const bool gets_gradients =
-          std::any_of(state.output.tensors.begin(), state.output.tensors.end(),
-                      [](const at::Tensor& t) { return t.is_floating_point(); });
+          std::any_of(state.output.tensors.begin(), state.output.tensors.end(), has_gradient);
       if (!is_last_stage() && gets_gradients) {
         Trace::Span span(trace, "recv gradient", mb.index);
         grad_outputs = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size()).tensors;
@@ -396,7 +402,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
           std::vector<at::Tensor> roots, grads;
           size_t next = 0;
           for (const auto& t : output.tensors) {
-            if (!t.is_floating_point()) continue;
+            if (!has_gradient(t)) continue;
             const at::Tensor& grad = grad_outputs.at(next++);
             if (t.requires_grad()) {
               roots.push_back(t);
@@ -465,13 +471,9 @@ void Pipe::forward(const at::Tensor& input, int64_t batch_size, const OutputFn& 
     const at::Tensor on_device = input.defined() ? input.to(world_->device()) : input;
     for (const MicroBatch& mb :
          split_microbatches(batch_size, std::min(options_.chunks(), batch_size))) {
-      StageValue x;
-      if (is_first_stage()) {
-        x = StageValue::of(on_device.slice(0, mb.begin, mb.end));
-      } else {
-        auto packet = p2p_->recv(stage_ - 1, Flow::kActivation, mb.size());
-        x = StageValue::from_label(packet.label, std::move(packet.tensors));
-      }
+      const StageValue x = is_first_stage()
+                               ? StageValue::of(on_device.slice(0, mb.begin, mb.end))
+                               : unpacked(p2p_->recv(stage_ - 1, Flow::kActivation, mb.size()));
       const StageValue y = run_stage(x, mb.index);
       if (is_last_stage()) {
         on_output(y.tensors[0], mb);
