@@ -44,6 +44,11 @@ class ClusterEnvironment {
   virtual bool launcher_hosts_store() const { return false; }
   // The prefix of this run's keys in a launcher-hosted store, which outlives restarts.
   virtual std::string store_prefix() const { return ""; }
+  // A file that replaces the TCP rendezvous when every rank runs on this machine, or "" for none.
+  // pipetrain's own single-node launcher sets it (PIPETRAIN_RENDEZVOUS_FILE), so that nothing of
+  // the rendezvous listens on the network: Torch 1.13's TCPStore can only listen on every
+  // interface, and the file, in a directory only this user can enter, keeps other users out too.
+  virtual std::string rendezvous_file() const { return ""; }
 };
 
 // Processes started by torchrun (torch.distributed.elastic) or by pipetrain's own launcher,
@@ -52,12 +57,13 @@ class ClusterEnvironment {
 // the store (keys then go under /worker/attempt_<TORCHELASTIC_RESTART_COUNT>/, as
 // torch.distributed's env:// rendezvous puts them). A hand-written launch that sets only the four
 // detection variables is treated as a single node: LOCAL_RANK defaults to RANK, LOCAL_WORLD_SIZE to
-// WORLD_SIZE and GROUP_RANK to 0.
+// WORLD_SIZE and GROUP_RANK to 0. PIPETRAIN_RENDEZVOUS_FILE (set by pipetrain's single-node
+// launcher) stands in for MASTER_PORT: the ranks then meet in that file instead of a TCPStore.
 class TorchElasticEnvironment final : public ClusterEnvironment {
  public:
   // Throws std::invalid_argument naming the variable when a value is missing or malformed.
   explicit TorchElasticEnvironment(const EnvironmentVariables& env);
-  // True when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are all set.
+  // True when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (or PIPETRAIN_RENDEZVOUS_FILE) are set.
   static bool detect(const EnvironmentVariables& env);
 
   std::string name() const override { return "torchelastic"; }
@@ -72,6 +78,7 @@ class TorchElasticEnvironment final : public ClusterEnvironment {
   std::string store_prefix() const override {
     return "/worker/attempt_" + std::to_string(restart_count_);
   }
+  std::string rendezvous_file() const override { return rendezvous_file_; }
 
  private:
   std::string main_address_;
@@ -83,6 +90,7 @@ class TorchElasticEnvironment final : public ClusterEnvironment {
   int64_t node_rank_ = 0;
   bool launcher_hosts_store_ = false;
   int64_t restart_count_ = 0;
+  std::string rendezvous_file_;
 };
 
 // Processes started by `srun`. Ranks come from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and

@@ -28,9 +28,9 @@ struct LaunchOptions {
   // This machine's index in [0, nnodes); its ranks are node_rank * nprocs + [0, nprocs).
   int64_t node_rank = 0;
   // Host (name or IP address) and TCP port of the rank-0 rendezvous, the same on every node.
-  // Empty / 0 mean 127.0.0.1 / a port that is free on this machine, which only a single node can
-  // use: with nnodes > 1 every node must be told the same values, since no node can find out what
-  // another one picked.
+  // Empty means 127.0.0.1; port 0 means a single node whose ranks meet in a file store instead
+  // (PIPETRAIN_RENDEZVOUS_FILE): with nnodes > 1 every node must be told the same address and
+  // port, since no node can find out what another one picked.
   std::string main_address;
   int main_port = 0;
   // Program and arguments of every child. Empty: this process's own command line, executed
@@ -48,7 +48,10 @@ struct LaunchOptions {
 // Runs `options.nprocs` copies of the program on this machine and waits for all of them.
 //
 // Every child gets the current environment plus options.extra_env plus torchrun's variables:
-// MASTER_ADDR=main_address (default 127.0.0.1), MASTER_PORT=main_port (default a free port),
+// MASTER_ADDR=main_address (default 127.0.0.1), MASTER_PORT=main_port and
+// TORCHELASTIC_USE_AGENT_STORE=False; with main_port 0, instead of a port,
+// PIPETRAIN_RENDEZVOUS_FILE=<a file in a fresh directory of mode 0700 under $TMPDIR or /tmp>,
+// removed when the call returns;
 // RANK=node_rank*nprocs+i, WORLD_SIZE=nnodes*nprocs, LOCAL_RANK=i, LOCAL_WORLD_SIZE=nprocs,
 // GROUP_RANK=node_rank, and OMP_NUM_THREADS=max(1, usable CPUs / nprocs) unless it is already set
 // (so that nprocs processes do not each start a thread per core). Children inherit stdout/stderr
@@ -88,7 +91,7 @@ std::vector<std::string> current_command_line();
 
 // A TCP port that was free on 127.0.0.1 a moment ago (bind to port 0, read it back, close).
 // Another process may take it before it is used again (the launcher itself never relies on
-// this: with no port given it hosts the rendezvous store on a port the system picks).
+// this: with no port given its ranks meet in a file).
 // Throws std::runtime_error if no socket can be bound.
 int find_free_port();
 

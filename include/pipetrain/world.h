@@ -25,9 +25,10 @@ class World {
 
   World() = default;
 
-  // Joins the run described by `env`: rank 0 serves a TCPStore at the main address and port, every
-  // rank joins a process group through it: Gloo on CPU; on CUDA, NCCL with this process on GPU
-  // LOCAL_RANK (one process per GPU, as torchrun runs it).
+  // Joins the run described by `env`: every rank meets the others in its rendezvous store (a file
+  // under pipetrain's launcher, else a TCPStore that rank 0 or torchrun's agent serves at the main
+  // address and port) and joins a process group through it: Gloo on CPU; on CUDA, NCCL with this
+  // process on GPU LOCAL_RANK (one process per GPU, as torchrun runs it).
   static std::shared_ptr<World> connect(const ClusterEnvironment& env,
                                         std::chrono::milliseconds timeout = kDefaultTimeout,
                                         c10::DeviceType device_type = c10::DeviceType::CPU);

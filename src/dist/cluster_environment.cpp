@@ -178,7 +178,8 @@ EnvironmentVariables current_environment() {
 
 bool TorchElasticEnvironment::detect(const EnvironmentVariables& env) {
   return has_variable(env, "RANK") && has_variable(env, "WORLD_SIZE") &&
-         has_variable(env, "MASTER_ADDR") && has_variable(env, "MASTER_PORT");
+         has_variable(env, "MASTER_ADDR") &&
+         (has_variable(env, "MASTER_PORT") || has_variable(env, kRendezvousFileVariable));
 }
 
 TorchElasticEnvironment::TorchElasticEnvironment(const EnvironmentVariables& env) {
@@ -188,10 +189,19 @@ TorchElasticEnvironment::TorchElasticEnvironment(const EnvironmentVariables& env
   main_address_ = nonempty_address(
       "MASTER_ADDR",
       required_string(env, "MASTER_ADDR", "set it to the host of the rank-0 process"));
-  main_port_ =
-      parse_master_port("MASTER_PORT", required_string(env, "MASTER_PORT",
-                                                       "set it to the rendezvous port of the "
-                                                       "rank-0 process"));
+  if (const std::string* file = find_variable(env, kRendezvousFileVariable)) {
+    if (file->empty()) {
+      throw std::invalid_argument(std::string(kRendezvousFileVariable) +
+                                  " is set but empty (pipetrain's launcher sets it to a file "
+                                  "path); unset it to meet at MASTER_ADDR:MASTER_PORT instead");
+    }
+    rendezvous_file_ = *file;
+  } else {
+    main_port_ =
+        parse_master_port("MASTER_PORT", required_string(env, "MASTER_PORT",
+                                                         "set it to the rendezvous port of the "
+                                                         "rank-0 process"));
+  }
   world_size_ = required_integer(env, "WORLD_SIZE", hint);
   global_rank_ = required_integer(env, "RANK", hint);
   local_rank_ = optional_integer(env, "LOCAL_RANK", global_rank_, hint);

@@ -9,6 +9,9 @@
 
 namespace pipetrain {
 
+// Where pipetrain's single-node launcher tells its ranks to meet (a file, instead of a TCP port).
+constexpr char kRendezvousFileVariable[] = "PIPETRAIN_RENDEZVOUS_FILE";
+
 // The value of `name` in `env`, or nullptr.
 const std::string* find_variable(const EnvironmentVariables& env, const std::string& name);
 

@@ -26,15 +26,16 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <utility>
-
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "environment_variables.h"
 #include "pipetrain/error.h"
@@ -69,6 +70,32 @@ void on_signal(int signo) {
   }
   errno = saved_errno;
 }
+
+// A directory only this user can enter, holding the rendezvous file of one launch; removed with
+// whatever the ranks left in it when the launch ends.
+class RendezvousDirectory {
+ public:
+  RendezvousDirectory() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/pipetrain-rendezvous-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error("pipetrain: cannot create a rendezvous directory " + pattern + ": " +
+                               std::strerror(errno) + "; set TMPDIR to a writable directory");
+    }
+    path_ = pattern;
+  }
+  RendezvousDirectory(const RendezvousDirectory&) = delete;
+  RendezvousDirectory& operator=(const RendezvousDirectory&) = delete;
+  ~RendezvousDirectory() {
+    std::error_code ignored;  // A directory left behind in the temp dir harms nothing.
+    std::filesystem::remove_all(path_, ignored);
+  }
+  std::string file() const { return path_ + "/store"; }
+
+ private:
+  std::string path_;
+};
 
 // SIGUSR1 too: SLURM's --signal and cluster managers send it as a preemption notice, and the ranks
 // (Trainer::fit) stop on it with a checkpoint.
@@ -568,19 +595,21 @@ int launch_local_processes(const LaunchOptions& options) {
         std::to_string(std::max<int64_t>(1, usable_cpus() / options.nprocs));
   }
   shared_env["MASTER_ADDR"] = options.main_address.empty() ? "127.0.0.1" : options.main_address;
-  // With no port given, this process hosts the rendezvous store on a port the system picks, as
-  // torchrun's agent does: a port only found free here could be taken (by any connection's
-  // ephemeral port) before rank 0 listened on it.
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  // With no port given (one node), the ranks meet in a file in a directory of their own rather
+  // than at a TCP port: nothing listens on the network (Torch 1.13's TCPStore could only listen on
+  // every interface), no port can be taken between choosing and listening, and only this user can
+  // join. The directory is removed when the launch ends, however it ends.
+  std::optional<RendezvousDirectory> rendezvous;
   if (options.main_port == 0) {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = 0;
-    store_options.isServer = true;
-    store_options.waitWorkers = false;
-    store = c10::make_intrusive<c10d::TCPStore>(shared_env["MASTER_ADDR"], store_options);
+    rendezvous.emplace();
+    shared_env[kRendezvousFileVariable] = rendezvous->file();
+    // Left-overs of an enclosing launch would name a rendezvous this one does not use.
+    for (const char* name : {"MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"}) shared_env.erase(name);
+  } else {
+    shared_env["MASTER_PORT"] = std::to_string(options.main_port);
+    shared_env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+    shared_env.erase(kRendezvousFileVariable);
   }
-  shared_env["MASTER_PORT"] = std::to_string(store ? store->getPort() : options.main_port);
-  shared_env["TORCHELASTIC_USE_AGENT_STORE"] = store ? "True" : "False";
   shared_env["WORLD_SIZE"] = std::to_string(options.nnodes * options.nprocs);
   shared_env["LOCAL_WORLD_SIZE"] = std::to_string(options.nprocs);
   shared_env["GROUP_RANK"] = std::to_string(options.node_rank);

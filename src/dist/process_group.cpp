@@ -1,5 +1,7 @@
 #include "process_group.h"
 
+#include "rendezvous_store.h"
+
 #ifdef PIPETRAIN_HAS_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
@@ -17,12 +19,8 @@ namespace pipetrain {
 #ifdef PIPETRAIN_HAS_GLOO
 namespace {
 
-bool is_loopback(const std::string& address) {
-  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
-}
-
 std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& main_address) {
-  if (is_loopback(main_address)) {
+  if (is_loopback_address(main_address)) {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {

@@ -1,8 +1,7 @@
-// Connecting the ranks: a TCPStore for rendezvous and small messages, a process group for tensors.
+// Connecting the ranks: a store for rendezvous and small messages, a process group for tensors.
 #include "pipetrain/world.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -17,6 +16,7 @@
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/error.h"
 #include "process_group.h"
+#include "rendezvous_store.h"
 
 namespace pipetrain {
 namespace {
@@ -51,25 +51,7 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
   }
   if (world->size_ == 1) return world;
 
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<std::uint16_t>(env.main_port());
-  store_options.isServer = world->rank_ == 0 && !env.launcher_hosts_store();
-  store_options.numWorkers = static_cast<std::size_t>(world->size_);
-  // Arrival is checked below, naming who is missing, rather than inside the store's constructor.
-  store_options.waitWorkers = false;
-  store_options.timeout = timeout;
-  try {
-    world->store_ = c10::make_intrusive<c10d::TCPStore>(env.main_address(), store_options);
-    if (env.launcher_hosts_store()) {
-      world->store_ = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), world->store_);
-    }
-  } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(world->rank_) +
-                             ": could not join the rendezvous at " + env.main_address() + ":" +
-                             std::to_string(env.main_port()) + " (" + e.what() +
-                             "). Check MASTER_ADDR/MASTER_PORT and that every rank was started.");
-  }
-
+  world->store_ = join_rendezvous(env, world->rank_, timeout);
   world->wait_for_every_rank(env);
   world->process_group_ = world->make_group(world->store_, world->rank_, world->size_);
   return world;
@@ -90,8 +72,8 @@ void World::wait_for_every_rank(const ClusterEnvironment& env) const {
       }
       throw std::runtime_error(
           "rank " + std::to_string(rank_) + ": only ranks " + arrived + " of " +
-          std::to_string(size_) + " reached the rendezvous at " + env.main_address() + ":" +
-          std::to_string(env.main_port()) + " within " +
+          std::to_string(size_) + " reached the rendezvous at " + describe_rendezvous(env) +
+          " within " +
           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()) +
           " s (--timeout); ranks " + missing +
           " did not. Check that they were started, with the same MASTER_ADDR, MASTER_PORT and "

@@ -225,37 +225,43 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-TEST(LaunchLocalProcessesTest, AllSucceedWithDistinctRanksAndOneRendezvous) {
+// On one node the ranks meet in a file in a private directory, never at a TCP port (which Torch
+// 1.13 would open on every interface); the directory is gone when the launch returns.
+TEST(LaunchLocalProcessesTest, AllSucceedWithDistinctRanksAndOneRendezvousFile) {
   TempDir dir;
   LaunchOptions options = shell_launch(
       3,
-      "echo \"$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK $LOCAL_WORLD_SIZE "
-      "$GROUP_RANK $EXTRA\" > \"$DIR/rank_$RANK\"",
+      "echo \"$RANK $WORLD_SIZE $MASTER_ADDR ${MASTER_PORT:-none} $LOCAL_RANK $LOCAL_WORLD_SIZE "
+      "$GROUP_RANK $EXTRA $PIPETRAIN_RENDEZVOUS_FILE "
+      "$(stat -c %a \"$(dirname \"$PIPETRAIN_RENDEZVOUS_FILE\")\")\" > \"$DIR/rank_$RANK\"",
       dir);
   options.extra_env["EXTRA"] = "extra-value";
+  options.extra_env["MASTER_PORT"] = "29500";  // an enclosing launch's, which must not leak in
   ASSERT_EQ(launch_local_processes(options), 0);
 
   std::set<int> ranks;
-  std::set<int> ports;
+  std::set<std::string> files;
   for (int i = 0; i < 3; ++i) {
     std::istringstream line(read_file(dir.path() / ("rank_" + std::to_string(i))));
-    int rank = -1, world_size = 0, port = 0, local_rank = -1, local_world_size = 0, group = -1;
-    std::string address, extra;
+    int rank = -1, world_size = 0, local_rank = -1, local_world_size = 0, group = -1;
+    std::string address, port, extra, file, mode;
     line >> rank >> world_size >> address >> port >> local_rank >> local_world_size >> group >>
-        extra;
+        extra >> file >> mode;
     EXPECT_EQ(rank, i);
     EXPECT_EQ(world_size, 3);
     EXPECT_EQ(address, "127.0.0.1");
+    EXPECT_EQ(port, "none");
     EXPECT_EQ(local_rank, i);
     EXPECT_EQ(local_world_size, 3);
     EXPECT_EQ(group, 0);
     EXPECT_EQ(extra, "extra-value");
-    EXPECT_GT(port, 0);
+    EXPECT_EQ(mode, "700") << file;
     ranks.insert(rank);
-    ports.insert(port);
+    files.insert(file);
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
-  EXPECT_EQ(ports.size(), 1u);
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_FALSE(fs::exists(fs::path(*files.begin()).parent_path())) << *files.begin();
 }
 
 TEST(LaunchLocalProcessesTest, FirstFailureStopsTheOthersQuickly) {

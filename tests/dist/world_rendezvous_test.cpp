@@ -1,6 +1,6 @@
 // Ranks meet in a TCPStore. Under torchrun the agent hosts it (TORCHELASTIC_USE_AGENT_STORE=True)
 // and every rank, rank 0 included, joins it as a client, keeping its keys under
-// /worker/attempt_<restart count>/ as torch.distributed does; pipetrain's launcher does the same.
+// /worker/attempt_<restart count>/ as torch.distributed does.
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -13,6 +13,7 @@ namespace {
 
 PIPETRAIN_WORKER(agent_store_worker) {
   EnvironmentVariables env = current_environment();
+  env.erase("PIPETRAIN_RENDEZVOUS_FILE");  // this test's own launcher's file, unused here
   env["MASTER_PORT"] = env.at("TEST_AGENT_STORE_PORT");
   env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   env["TORCHELASTIC_RESTART_COUNT"] = "3";
