@@ -23,6 +23,7 @@
 #include <pipetrain/trainer.h>
 
 #include "models/models.h"
+#include "models/prepare_data.h"
 
 namespace {
 
@@ -79,6 +80,7 @@ struct Args {
   std::string precision = "32-true";
   std::vector<std::string> logger{"csv", "tensorboard"};
   int64_t batch_size = 32;
+  int64_t num_workers = 1;
   uint64_t seed = 0;
   std::string default_root_dir = ".";
   int64_t timeout = 300;
@@ -119,6 +121,13 @@ void add_flags(CLI::App& app, Args& a) {
   add("--dropout", a.model.dropout, "dropout probability inside the model");
   add("--corpus", a.model.corpus,
       "gpt: a text file to train on (default: /usr/share/common-licenses)");
+  add("--train-data", a.model.train_data,
+      "gpt: token file to train on (nanoGPT's train.bin or an llm.c shard; see prepare-data)");
+  add("--val-data", a.model.val_data,
+      "gpt: token file to validate on (default: val.bin beside --train-data, if there)");
+  add("--vocab-size", a.model.vocab_size,
+      "gpt with --train-data: token ids are below this (0: 256, byte tokens)");
+  add("--block-size", a.model.block_size, "gpt: context length in tokens (0: the model's, 32)");
   add("--strategy", a.strategy,
       "how to place the model: single, pipe, ddp, ddp_pipe, or a registered name");
   add("--accelerator", a.accelerator, "cpu, cuda, or auto (cuda when a GPU is visible)");
@@ -163,6 +172,7 @@ void add_flags(CLI::App& app, Args& a) {
   add("--logger", a.logger, "loggers: csv, tensorboard (comma-separated; none: no logs)")
       ->delimiter(',');
   add("--batch-size", a.batch_size, "samples per step and replica (split into --chunks)");
+  add("--num-workers", a.num_workers, "threads preparing batches ahead of the step (0: none)");
   add("--seed", a.seed, "seed for initial weights and shuffling");
   add("--default-root-dir", a.default_root_dir, "where lightning_logs/ goes");
   add("--trace", a.trace, "fit: write a Chrome-trace JSON of every rank's spans to this file");
@@ -293,9 +303,13 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
       .timeout_seconds(a.timeout);
 }
 
-pipetrain::DataLoader loader(const pipetrain::TensorDataset& data, const Args& a, bool shuffle) {
-  return pipetrain::DataLoader(
-      data, pipetrain::DataLoaderOptions().batch_size(a.batch_size).shuffle(shuffle).seed(a.seed));
+pipetrain::DataLoader loader(std::shared_ptr<const pipetrain::Dataset> data, const Args& a,
+                             bool shuffle) {
+  return pipetrain::DataLoader(std::move(data), pipetrain::DataLoaderOptions()
+                                                    .batch_size(a.batch_size)
+                                                    .shuffle(shuffle)
+                                                    .seed(a.seed)
+                                                    .num_workers(a.num_workers));
 }
 
 void print_metrics(const pipetrain::Trainer& trainer, const std::string& title,
@@ -312,18 +326,29 @@ int run(const std::string& command, const Args& a) {
   if (const auto status = pipetrain::launch_ranks(options)) return *status;
   pipetrain::Trainer trainer(options);
   auto model = pipetrain::cli::make_model(a.model);
+  // Evaluation reads the validation data: the built-in models always have some, gpt on token
+  // files where --val-data (or a val.bin beside --train-data) names it.
+  const auto val = [&] {
+    if (!model.val) {
+      throw std::invalid_argument(command + " needs validation data: pass --val-data FILE");
+    }
+    return loader(model.val, a, false);
+  };
   if (command == "fit") {
-    const auto val = loader(model.val, a, false);
-    trainer.fit(*model.module, loader(model.train, a, true), &val, a.ckpt_path);
+    const auto train = loader(model.train, a, true);
+    if (model.val) {
+      const auto val_loader = val();
+      trainer.fit(*model.module, train, &val_loader, a.ckpt_path);
+    } else {
+      trainer.fit(*model.module, train, nullptr, a.ckpt_path);
+    }
     // Preempted: last.ckpt is saved; the shell's status of a signal tells a scheduler (or
     // torchrun --max-restarts) the job is not done.
     if (trainer.stopped_by_signal() != 0) return 128 + trainer.stopped_by_signal();
   } else if (command == "validate") {
-    print_metrics(trainer, "validate",
-                  trainer.validate(*model.module, loader(model.val, a, false), a.ckpt_path));
+    print_metrics(trainer, "validate", trainer.validate(*model.module, val(), a.ckpt_path));
   } else if (command == "test") {
-    print_metrics(trainer, "test",
-                  trainer.test(*model.module, loader(model.val, a, false), a.ckpt_path));
+    print_metrics(trainer, "test", trainer.test(*model.module, val(), a.ckpt_path));
   } else if (model.vocabulary) {
     // Sampling is one forward per character: rank 0 runs the whole loaded model itself.
     if (trainer.is_global_zero()) {
@@ -338,7 +363,7 @@ int run(const std::string& command, const Args& a) {
                 << std::endl;
     }
   } else {
-    const auto outputs = trainer.predict(*model.module, loader(model.val, a, false), a.ckpt_path);
+    const auto outputs = trainer.predict(*model.module, val(), a.ckpt_path);
     if (trainer.is_global_zero()) {
       const auto all = torch::cat(outputs);
       const auto first = all.slice(0, 0, std::min<int64_t>(16, all.size(0))).flatten();
@@ -370,6 +395,16 @@ int main(int argc, char** argv) {
     subcommands[name] = app.add_subcommand(name, help);
     add_flags(*subcommands[name], args[name]);
   }
+  pipetrain::cli::PrepareDataOptions prepare;
+  CLI::App* prepare_command =
+      app.add_subcommand("prepare-data", "make token files (train.bin, val.bin) from any text");
+  prepare_command->add_option("--input", prepare.input, "the text file")->required();
+  prepare_command->add_option("--output", prepare.output, "directory for train.bin and val.bin")
+      ->required();
+  prepare_command->add_option("--val-fraction", prepare.val_fraction,
+                              "share of the text, from its end, for val.bin");
+  prepare_command->add_option("--format", prepare.format,
+                              "nanogpt (raw uint16 tokens) or llmc (llm.c's header first)");
   // Errors name the rank that met them, once (the distributed layer's own messages already do).
   const char* rank = std::getenv("RANK");
   auto report = [&](const std::string& message) {
@@ -395,6 +430,10 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (prepare_command->parsed()) {
+      std::cout << pipetrain::cli::prepare_data(prepare) << std::endl;
+      return 0;
+    }
     for (const auto& [name, sub] : subcommands) {
       if (sub->parsed()) return run(name, args[name]);
     }

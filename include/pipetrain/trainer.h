@@ -25,6 +25,7 @@
 
 namespace pipetrain {
 
+class BatchStream;
 class Callback;
 class Logger;
 class LoggedMetrics;
@@ -93,7 +94,11 @@ class Trainer {
 
  private:
   // Batch `index` of `epoch`: this rank's share, in the precision's dtype.
-  Batch load_batch(const DataLoader& loader, int64_t epoch, int64_t index) const;
+  // Batches [first, end) of `epoch` as this process reads them, prepared ahead.
+  std::unique_ptr<BatchStream> batches(const DataLoader& loader, int64_t epoch, int64_t first,
+                                       int64_t end) const;
+  // The stream's next batch; a failure to read it is published to the other ranks.
+  Batch next_batch(BatchStream& batches) const;
   struct FitState;
   void setup(Module& module);
   void train_epoch(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,

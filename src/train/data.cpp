@@ -3,25 +3,161 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <mutex>
+#include <sstream>
 #include <stdexcept>
 
 namespace pipetrain {
+namespace {
 
-DataLoader::DataLoader(TensorDataset dataset, DataLoaderOptions options)
-    : dataset_(std::move(dataset)), options_(options) {
+std::string shape_of(const at::Tensor& tensor) {
+  std::ostringstream out;
+  out << tensor.sizes();
+  return out.str();
+}
+
+// Stacks field `name` of every example; `pick` reads it from one example.
+template <typename Pick>
+at::Tensor stack_field(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
+                       const std::string& name, Pick pick) {
+  std::vector<at::Tensor> rows;
+  rows.reserve(examples.size());
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const at::Tensor* tensor = pick(examples[i]);
+    if (tensor == nullptr || !tensor->defined()) {
+      throw std::invalid_argument("example " + std::to_string(indices[i]) +
+                                  " of the dataset has no " + name + ", but example " +
+                                  std::to_string(indices[0]) + " has one");
+    }
+    if (!rows.empty() && rows[0].sizes() != tensor->sizes()) {
+      throw std::invalid_argument("examples " + std::to_string(indices[0]) + " and " +
+                                  std::to_string(indices[i]) + " of the dataset have " + name +
+                                  " of different shapes, " + shape_of(rows[0]) + " and " +
+                                  shape_of(*tensor) + ": make every example's " + name +
+                                  " the same shape (pad it), or implement get_batch");
+    }
+    rows.push_back(*tensor);
+  }
+  return torch::stack(rows);
+}
+
+}  // namespace
+
+const at::Tensor& Batch::field(const std::string& name) const {
+  const auto found = fields.find(name);
+  if (found != fields.end()) return found->second;
+  std::string names;
+  for (const auto& [known, tensor] : fields) names += (names.empty() ? "" : ", ") + known;
+  throw std::out_of_range("the batch has no field '" + name + "' (its fields: " +
+                          (names.empty() ? "none beside data and target" : names) + ")");
+}
+
+Batch Batch::slice(int64_t begin, int64_t end) const {
+  return map([&](const at::Tensor& tensor) { return tensor.slice(0, begin, end); });
+}
+
+Example Dataset::get(int64_t /*index*/) const {
+  throw std::logic_error(
+      "this Dataset implements neither get(index) nor get_batch(indices, wanted): implement one");
+}
+
+Batch Dataset::get_batch(const std::vector<int64_t>& indices, const FieldsWanted& wanted) const {
+  std::vector<Example> examples;
+  examples.reserve(indices.size());
+  for (const int64_t index : indices) {
+    try {
+      examples.push_back(get(index));
+    } catch (const std::exception& e) {
+      throw std::runtime_error("reading example " + std::to_string(index) +
+                               " of the dataset failed: " + e.what());
+    }
+  }
+  return collate(examples, indices, wanted);
+}
+
+Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& indices,
+              const FieldsWanted& wanted) {
+  if (examples.empty()) return {};
+  Batch batch;
+  if (wanted.data) {
+    batch.data = stack_field(examples, indices, "data",
+                             [](const Example& example) { return &example.data; });
+  }
+  if (!wanted.target) return batch;
+  if (examples[0].target.defined()) {
+    batch.target = stack_field(examples, indices, "a target",
+                               [](const Example& example) { return &example.target; });
+  }
+  for (const auto& [name, first] : examples[0].fields) {
+    batch.fields[name] =
+        stack_field(examples, indices, "field '" + name + "'", [&](const Example& example) {
+          const auto found = example.fields.find(name);
+          return found == example.fields.end() ? nullptr : &found->second;
+        });
+  }
+  return batch;
+}
+
+TensorDataset::TensorDataset(at::Tensor inputs, at::Tensor targets,
+                             std::map<std::string, at::Tensor> fields)
+    : inputs(std::move(inputs)), targets(std::move(targets)), fields(std::move(fields)) {
+  if (!this->inputs.defined() || this->inputs.dim() == 0) {
+    throw std::invalid_argument("a TensorDataset's inputs must be a tensor of [rows, ...]");
+  }
+  auto check_rows = [&](const at::Tensor& tensor, const std::string& name) {
+    if (!tensor.defined() || tensor.dim() == 0 || tensor.size(0) != this->inputs.size(0)) {
+      throw std::invalid_argument(
+          "the dataset has " + std::to_string(this->inputs.size(0)) + " inputs but " +
+          (tensor.defined() && tensor.dim() > 0 ? std::to_string(tensor.size(0)) : "no") + " " +
+          name + " rows: give every field one row per input");
+    }
+  };
+  check_rows(this->targets, "targets");
+  for (const auto& [name, tensor] : this->fields) check_rows(tensor, "'" + name + "'");
+}
+
+Example TensorDataset::get(int64_t index) const {
+  Example example{inputs[index], targets[index], {}};
+  for (const auto& [name, tensor] : fields) example.fields[name] = tensor[index];
+  return example;
+}
+
+Batch TensorDataset::get_batch(const std::vector<int64_t>& indices,
+                               const FieldsWanted& wanted) const {
+  const auto rows = torch::tensor(indices, torch::kInt64);
+  auto read = [&](const at::Tensor& column) { return column.index_select(0, rows); };
+  Batch batch;
+  if (wanted.data) batch.data = read(inputs);
+  if (!wanted.target) return batch;
+  batch.target = read(targets);
+  for (const auto& [name, tensor] : fields) batch.fields[name] = read(tensor);
+  return batch;
+}
+
+struct DataLoader::ShuffledOrder {
+  std::mutex mutex;
+  int64_t epoch = -1;
+  std::shared_ptr<const std::vector<int64_t>> order;
+};
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
+    : dataset_(std::move(dataset)), options_(options), order_(std::make_shared<ShuffledOrder>()) {
+  if (!dataset_) throw std::invalid_argument("DataLoader: the dataset is null");
   if (options_.batch_size() < 1) {
     throw std::invalid_argument("batch size must be at least 1 (got " +
                                 std::to_string(options_.batch_size()) + ")");
   }
-  if (dataset_.inputs.size(0) != dataset_.targets.size(0)) {
-    throw std::invalid_argument("the dataset has " + std::to_string(dataset_.inputs.size(0)) +
-                                " inputs but " + std::to_string(dataset_.targets.size(0)) +
-                                " targets");
+  if (options_.num_workers() < 0) {
+    throw std::invalid_argument("num_workers must be 0 or more (got " +
+                                std::to_string(options_.num_workers()) + ")");
   }
 }
 
+DataLoader::DataLoader(TensorDataset dataset, DataLoaderOptions options)
+    : DataLoader(std::make_shared<TensorDataset>(std::move(dataset)), options) {}
+
 int64_t DataLoader::num_batches(int64_t replicas) const {
-  const int64_t n = dataset_.size();
+  const int64_t n = dataset_->size();
   const int64_t b = options_.batch_size() * replicas;
   if (options_.drop_last() || n % b < replicas) return n / b;
   return n / b + 1;
@@ -30,7 +166,7 @@ int64_t DataLoader::num_batches(int64_t replicas) const {
 std::pair<int64_t, int64_t> DataLoader::rows(int64_t index, const BatchShard& shard) const {
   const int64_t global = options_.batch_size() * shard.replicas;
   const int64_t begin = index * global;
-  const int64_t rows = std::min(global, dataset_.size() - begin);
+  const int64_t rows = std::min(global, dataset_->size() - begin);
   // As tensor_split: the first rows % replicas replicas get one row more.
   const int64_t base = rows / shard.replicas, extra = rows % shard.replicas;
   const int64_t offset = shard.replica * base + std::min(shard.replica, extra);
@@ -41,24 +177,77 @@ double DataLoader::share(int64_t index, const BatchShard& shard) const {
   const auto [begin, end] = rows(index, shard);
   const int64_t global_begin = index * options_.batch_size() * shard.replicas;
   const int64_t global_rows =
-      std::min(options_.batch_size() * shard.replicas, dataset_.size() - global_begin);
+      std::min(options_.batch_size() * shard.replicas, dataset_->size() - global_begin);
   return static_cast<double>((end - begin) * shard.replicas) / static_cast<double>(global_rows);
 }
 
-Batch DataLoader::batch(int64_t epoch, int64_t index, const BatchShard& shard) const {
-  if (options_.shuffle() && order_epoch_ != epoch) {
-    auto generator =
-        at::make_generator<at::CPUGeneratorImpl>(options_.seed() + static_cast<uint64_t>(epoch));
-    order_ = torch::randperm(dataset_.size(), generator, torch::kInt64);
-    order_epoch_ = epoch;
+std::vector<int64_t> DataLoader::indices(int64_t epoch, int64_t begin, int64_t end) const {
+  std::vector<int64_t> picked;
+  picked.reserve(static_cast<size_t>(end - begin));
+  if (!options_.shuffle()) {
+    for (int64_t row = begin; row < end; ++row) picked.push_back(row);
+    return picked;
   }
+  std::shared_ptr<const std::vector<int64_t>> order;
+  {
+    std::lock_guard<std::mutex> lock(order_->mutex);
+    if (order_->epoch != epoch) {
+      auto generator =
+          at::make_generator<at::CPUGeneratorImpl>(options_.seed() + static_cast<uint64_t>(epoch));
+      const auto permutation = torch::randperm(dataset_->size(), generator, torch::kInt64);
+      const int64_t* values = permutation.data_ptr<int64_t>();
+      order_->order =
+          std::make_shared<const std::vector<int64_t>>(values, values + permutation.numel());
+      order_->epoch = epoch;
+    }
+    order = order_->order;
+  }
+  picked.assign(order->begin() + begin, order->begin() + end);
+  return picked;
+}
+
+Batch DataLoader::batch(int64_t epoch, int64_t index, const BatchShard& shard) const {
   const auto [begin, end] = rows(index, shard);
-  auto read = [&](const at::Tensor& column, bool wanted) {
-    if (!wanted) return torch::empty({end - begin, 0}, column.options());
-    if (!options_.shuffle()) return column.slice(0, begin, end);
-    return column.index_select(0, order_.slice(0, begin, end));
-  };
-  return {read(dataset_.inputs, shard.inputs), read(dataset_.targets, shard.targets)};
+  const int64_t count = end - begin;
+  const FieldsWanted wanted{shard.inputs, shard.targets};
+  Batch batch;
+  if (wanted.data || wanted.target) {
+    const std::vector<int64_t> picked = indices(epoch, begin, end);
+    const std::string which = count == 0 ? "no examples"
+                                         : "examples " + std::to_string(picked.front()) +
+                                               ", ... (" + std::to_string(count) + " in all)";
+    try {
+      batch = dataset_->get_batch(picked, wanted);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("the dataset failed to read batch " + std::to_string(index) +
+                               " of epoch " + std::to_string(epoch) + " (" + which +
+                               "): " + e.what());
+    }
+    auto check = [&](const at::Tensor& tensor, const std::string& name) {
+      if (!tensor.defined() || tensor.dim() == 0 || tensor.size(0) != count) {
+        throw std::runtime_error(
+            "the dataset's get_batch returned " +
+            (tensor.defined() ? "a " + name + " of shape " + shape_of(tensor) : "no " + name) +
+            " for batch " + std::to_string(index) + " (" + which + "), which needs " +
+            std::to_string(count) + " rows: return one row per index asked for");
+      }
+    };
+    if (wanted.data) check(batch.data, "data");
+    if (wanted.target) {
+      if (batch.target.defined()) check(batch.target, "target");
+      for (const auto& [name, tensor] : batch.fields) check(tensor, "field '" + name + "'");
+    }
+  }
+  // What this process does not read stays a zero-width stand-in that says how many rows it has.
+  const auto stand_in = torch::empty({count, 0});
+  if (!wanted.data) batch.data = stand_in;
+  if (!wanted.target) {
+    batch.target = stand_in;
+    batch.fields.clear();
+  } else if (!batch.target.defined()) {
+    batch.target = stand_in;
+  }
+  return batch;
 }
 
 }  // namespace pipetrain

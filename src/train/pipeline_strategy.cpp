@@ -292,8 +292,7 @@ class PipelineStrategy : public Strategy {
   template <typename Step>
   at::Tensor run_user_step(Module& module, const Batch& batch, const MicroBatch& mb,
                            const at::Tensor& output, LoggedMetrics& metrics, const Step& step) {
-    const Batch micro{batch.data.slice(0, mb.begin, mb.end),
-                      batch.target.slice(0, mb.begin, mb.end)};
+    const Batch micro = batch.slice(mb.begin, mb.end);
     current_output_ = output;
     current_input_ = micro.data;
     module.set_log_target(&metrics, mb.size());
@@ -428,7 +427,7 @@ class PipelineStrategy : public Strategy {
 
   // The batch where the model runs, moved once (Lightning's transfer_batch_to_device).
   Batch on_device(const Batch& batch) const {
-    return {batch.data.to(device()), batch.target.to(device())};
+    return batch.map([&](const at::Tensor& tensor) { return tensor.to(device()); });
   }
 
   int64_t first_layer_of(int64_t stage) const {

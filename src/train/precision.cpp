@@ -24,7 +24,7 @@ Batch convert_batch(const Batch& batch, const std::string& precision) {
   auto convert = [](const at::Tensor& t) {
     return t.is_floating_point() ? t.to(torch::kBFloat16) : t;
   };
-  return {convert(batch.data), convert(batch.target)};
+  return batch.map(convert);
 }
 
 PrecisionGuard::PrecisionGuard(const std::string& precision, c10::DeviceType device)

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "batch_stream.h"
 #include "pipetrain/callback.h"
 #include "pipetrain/checkpoint_io.h"
 #include "pipetrain/cluster_environment.h"
@@ -248,8 +249,19 @@ bool Trainer::is_global_zero() const { return world_->is_global_zero(); }
 
 int64_t Trainer::replicas() const { return strategy_->batch_shard().replicas; }
 
-Batch Trainer::load_batch(const DataLoader& loader, int64_t epoch, int64_t index) const {
-  return convert_batch(loader.batch(epoch, index, strategy_->batch_shard()), options_.precision());
+std::unique_ptr<BatchStream> Trainer::batches(const DataLoader& loader, int64_t epoch,
+                                              int64_t first, int64_t end) const {
+  return std::make_unique<BatchStream>(loader, epoch, first, end, strategy_->batch_shard(),
+                                       options_.precision(), world_->device());
+}
+
+Batch Trainer::next_batch(BatchStream& batches) const {
+  try {
+    return batches.next();
+  } catch (const std::exception& e) {
+    world_->publish_error(error_message(e));
+    throw;
+  }
 }
 
 void Trainer::print(const std::string& message) const {
@@ -396,8 +408,10 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
   LoggedMetrics epoch_metrics;   // everything logged this epoch, for on_epoch values
   LoggedMetrics window_metrics;  // since the last optimizer step
   const int64_t accumulate = options_.accumulate_grad_batches();
+  const auto train_batches =
+      batches(train_loader, fit_progress_.epoch, first_batch, state.train_batches);
   for (int64_t batch_idx = first_batch; batch_idx < state.train_batches; ++batch_idx) {
-    const Batch batch = load_batch(train_loader, fit_progress_.epoch, batch_idx);
+    const Batch batch = next_batch(*train_batches);
     for (auto& callback : options_.callbacks()) {
       callback->on_train_batch_start(*this, module, batch, batch_idx);
     }
@@ -581,8 +595,9 @@ std::map<std::string, double> Trainer::run_evaluation(Module& module, const Data
   }
   if (progress_) progress_->start(test ? "Testing" : "Validation", batches);
   LoggedMetrics epoch_metrics;
+  const auto stream = this->batches(loader, 0, 0, batches);
   for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
-    const Batch batch = load_batch(loader, 0, batch_idx);
+    const Batch batch = next_batch(*stream);
     try {
       PrecisionGuard precision(options_.precision(), world_->device().type());
       strategy_->evaluation_step(
@@ -646,9 +661,11 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
   const int64_t batches = options_.limit_predict_batches().of(loader.num_batches(replicas()));
   if (progress_) progress_->start("Predicting", batches);
   std::vector<at::Tensor> outputs;
+  const auto stream = this->batches(loader, 0, 0, batches);
   for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
+    const Batch batch = next_batch(*stream);
     PrecisionGuard precision(options_.precision(), world_->device().type());
-    auto output = strategy_->predict_step(module, load_batch(loader, 0, batch_idx), batch_idx);
+    auto output = strategy_->predict_step(module, batch, batch_idx);
     if (world_->is_global_zero()) outputs.push_back(output);
     if (progress_) progress_->update(batch_idx + 1, {});
   }

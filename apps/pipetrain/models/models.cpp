@@ -3,7 +3,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <stdexcept>
+
+#include <pipetrain/token_dataset.h>
 
 namespace pipetrain::cli {
 namespace {
@@ -97,8 +100,25 @@ class MlpModel : public Module {
   double lr_;
 };
 
-TensorDataset rows(const TensorDataset& data, int64_t begin, int64_t end) {
-  return {data.inputs.slice(0, begin, end), data.targets.slice(0, begin, end)};
+std::shared_ptr<const Dataset> rows(const TensorDataset& data, int64_t begin, int64_t end) {
+  return std::make_shared<TensorDataset>(data.inputs.slice(0, begin, end),
+                                         data.targets.slice(0, begin, end));
+}
+
+constexpr int64_t kByteVocabulary = 256;
+
+std::string sibling(const std::string& path, const std::string& name) {
+  return (std::filesystem::path(path).parent_path() / name).string();
+}
+
+bool sibling_exists(const std::string& path, const std::string& name) {
+  return std::filesystem::exists(sibling(path, name));
+}
+
+std::string all_bytes() {
+  std::string bytes(kByteVocabulary, '\0');
+  for (int64_t b = 0; b < kByteVocabulary; ++b) bytes[b] = static_cast<char>(b);
+  return bytes;
 }
 
 }  // namespace
@@ -107,6 +127,11 @@ std::vector<std::string> model_names() { return {"boring", "mlp", "gpt"}; }
 
 BuiltInModel make_model(const ModelOptions& options) {
   torch::NoGradGuard no_grad;
+  if (options.name != "gpt" && !options.train_data.empty()) {
+    throw std::invalid_argument("--train-data " + options.train_data +
+                                ": token files are for the language model (--model gpt), not " +
+                                options.name);
+  }
   BuiltInModel built;
   if (options.name == "boring") {
     built.module = std::make_unique<BoringModel>(options.lr);
@@ -122,14 +147,37 @@ BuiltInModel make_model(const ModelOptions& options) {
     const TensorDataset all{inputs, inputs.matmul(teacher).argmax(1)};
     built.train = rows(all, 0, 4096);
     built.val = rows(all, 4096, 5120);
+  } else if (options.name == "gpt" && !options.train_data.empty()) {
+    GptConfig config;
+    config.vocab_size = options.vocab_size > 0 ? options.vocab_size : kByteVocabulary;
+    if (options.block_size > 0) config.block_size = options.block_size;
+    config.dropout = options.dropout;
+    built.module = std::make_unique<GptModel>(config, options.lr);
+    built.train =
+        std::make_shared<TokenDataset>(options.train_data, config.block_size, config.vocab_size);
+    const std::string val_data = !options.val_data.empty() ? options.val_data
+                                 : sibling_exists(options.train_data, "val.bin")
+                                     ? sibling(options.train_data, "val.bin")
+                                     : "";
+    if (!val_data.empty()) {
+      built.val = std::make_shared<TokenDataset>(val_data, config.block_size, config.vocab_size);
+    }
+    // Byte tokens read back as text: the vocabulary of every byte, in byte order.
+    if (config.vocab_size == kByteVocabulary) built.vocabulary = CharVocabulary(all_bytes());
   } else if (options.name == "gpt") {
+    if (!options.val_data.empty()) {
+      throw std::invalid_argument("--val-data needs --train-data (token files for gpt)");
+    }
     auto corpus = load_corpus(options.corpus);
     GptConfig config;
     config.vocab_size = corpus.vocab.size();
+    if (options.block_size > 0) config.block_size = options.block_size;
     config.dropout = options.dropout;
     built.module = std::make_unique<GptModel>(config, options.lr);
-    built.train = make_char_windows(corpus.train_tokens, config.block_size, config.block_size / 2);
-    built.val = make_char_windows(corpus.val_tokens, config.block_size, config.block_size);
+    built.train = std::make_shared<TensorDataset>(
+        make_char_windows(corpus.train_tokens, config.block_size, config.block_size / 2));
+    built.val = std::make_shared<TensorDataset>(
+        make_char_windows(corpus.val_tokens, config.block_size, config.block_size));
     built.vocabulary = corpus.vocab;
   } else {
     throw std::invalid_argument("unknown model '" + options.name + "': use boring, mlp or gpt");

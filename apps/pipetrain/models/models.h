@@ -19,12 +19,18 @@ struct ModelOptions {
   double lr = 0.003;
   double dropout = 0.0;
   std::string corpus;  // gpt: a text file; empty: /usr/share/common-licenses
+  // gpt: token files (nanoGPT's .bin or llm.c shards) instead of the corpus. An empty val_data
+  // means val.bin beside train_data where there is one, else no validation data.
+  std::string train_data;
+  std::string val_data;
+  int64_t vocab_size = 0;  // token files: 0 means 256 (byte tokens, as prepare-data writes)
+  int64_t block_size = 0;  // 0: the model's default
 };
 
 struct BuiltInModel {
   std::unique_ptr<Module> module;
-  TensorDataset train;
-  TensorDataset val;
+  std::shared_ptr<const Dataset> train;
+  std::shared_ptr<const Dataset> val;        // null: no validation data
   std::optional<CharVocabulary> vocabulary;  // gpt only
 };
 

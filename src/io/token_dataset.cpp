@@ -1,0 +1,156 @@
+#include "pipetrain/token_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "pipetrain/file_writer.h"
+
+namespace pipetrain {
+namespace {
+
+// llm.c's shard header: 256 int32, of which the first three are used.
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersion = 1;  // uint16 tokens (version 2 holds uint32 ones)
+constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
+
+}  // namespace
+
+TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t vocab_size)
+    : path_(path), block_size_(block_size), vocab_size_(vocab_size) {
+  if (block_size < 1) {
+    throw std::invalid_argument("block size " + std::to_string(block_size) +
+                                " must be at least 1 (--block-size)");
+  }
+  if (vocab_size < 1) {
+    throw std::invalid_argument("vocabulary size " + std::to_string(vocab_size) +
+                                " must be at least 1 (--vocab-size)");
+  }
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw std::invalid_argument("cannot open token file " + path + ": " + std::strerror(errno));
+  }
+  struct stat info {};
+  if (fstat(fd, &info) != 0) {
+    const int error = errno;
+    close(fd);
+    throw std::invalid_argument("cannot read token file " + path + ": " + std::strerror(error));
+  }
+  mapped_bytes_ = static_cast<size_t>(info.st_size);
+  if (mapped_bytes_ > 0) {
+    mapping_ = mmap(nullptr, mapped_bytes_, PROT_READ, MAP_SHARED, fd, 0);
+  }
+  const int map_error = errno;
+  close(fd);  // the mapping keeps the file
+  if (mapping_ == MAP_FAILED) {
+    mapping_ = nullptr;
+    throw std::invalid_argument("cannot map token file " + path + ": " + std::strerror(map_error));
+  }
+  // From here on the destructor does not run if the constructor throws: unmap by hand.
+  auto fail = [&](const std::string& what) {
+    if (mapping_ != nullptr) munmap(mapping_, mapped_bytes_);
+    mapping_ = nullptr;
+    throw std::invalid_argument("token file " + path + " " + what);
+  };
+  const auto* bytes = static_cast<const unsigned char*>(mapping_);
+  size_t first_token = 0;
+  int32_t magic = 0;
+  if (mapped_bytes_ >= sizeof(magic)) std::memcpy(&magic, bytes, sizeof(magic));
+  if (magic == kLlmcMagic) {
+    format_ = TokenFileFormat::kLlmc;
+    if (mapped_bytes_ < kLlmcHeaderBytes) {
+      fail("starts with llm.c's magic 20240520 but is shorter (" + std::to_string(mapped_bytes_) +
+           " bytes) than its 1024-byte header");
+    }
+    int32_t header[3];
+    std::memcpy(header, bytes, sizeof(header));
+    if (header[1] != kLlmcVersion) {
+      fail("is an llm.c shard of version " + std::to_string(header[1]) +
+           "; only version 1 (uint16 tokens) is read");
+    }
+    first_token = kLlmcHeaderBytes;
+    const size_t payload = mapped_bytes_ - kLlmcHeaderBytes;
+    if (payload % 2 != 0 || static_cast<int64_t>(payload / 2) != header[2]) {
+      fail("has a header saying " + std::to_string(header[2]) + " tokens, but " +
+           std::to_string(payload) + " bytes follow it (" + std::to_string(payload / 2) +
+           " uint16 tokens" + (payload % 2 ? " and an odd byte" : "") +
+           "): the file is truncated or not an llm.c shard");
+    }
+  } else if (mapped_bytes_ % 2 != 0) {
+    fail("has an odd number of bytes (" + std::to_string(mapped_bytes_) +
+         "), so it is not uint16 tokens (nanoGPT's .bin) nor an llm.c shard (magic 20240520)");
+  }
+  num_tokens_ = static_cast<int64_t>((mapped_bytes_ - first_token) / 2);
+  tokens_ = reinterpret_cast<const uint16_t*>(bytes + first_token);
+  if (num_tokens_ < block_size_ + 1) {
+    fail("holds " + std::to_string(num_tokens_) + " tokens, fewer than one window of block size " +
+         std::to_string(block_size_) + " + 1: use a longer file or a smaller --block-size");
+  }
+}
+
+TokenDataset::~TokenDataset() {
+  if (mapping_ != nullptr) munmap(mapping_, mapped_bytes_);
+}
+
+int64_t TokenDataset::size() const { return (num_tokens_ - 1) / block_size_; }
+
+Batch TokenDataset::get_batch(const std::vector<int64_t>& indices,
+                              const FieldsWanted& wanted) const {
+  const int64_t rows = static_cast<int64_t>(indices.size());
+  const int64_t width = block_size_ + 1;
+  auto windows = torch::empty({rows, width}, torch::kInt64);
+  int64_t* out = windows.data_ptr<int64_t>();
+  const long page = sysconf(_SC_PAGESIZE);
+  const auto base = reinterpret_cast<uintptr_t>(mapping_);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t index = indices[static_cast<size_t>(row)];
+    if (index < 0 || index >= size()) {
+      throw std::out_of_range("window " + std::to_string(index) + " is outside token file " +
+                              path_ + " (" + std::to_string(size()) + " windows)");
+    }
+    const uint16_t* window = tokens_ + index * block_size_;
+    for (int64_t t = 0; t < width; ++t) {
+      const int64_t token = window[t];
+      if (token >= vocab_size_) {
+        throw std::invalid_argument(
+            "token file " + path_ + " holds token id " + std::to_string(token) + " at position " +
+            std::to_string(index * block_size_ + t) + ", not below the vocabulary size " +
+            std::to_string(vocab_size_) + " (--vocab-size)");
+      }
+      out[row * width + t] = token;
+    }
+    // The bytes are copied out: drop this window's pages from the process (the page cache keeps
+    // them), so an epoch over a large file does not leave all of it resident.
+    const auto begin = reinterpret_cast<uintptr_t>(window) / page * page;
+    const auto end = reinterpret_cast<uintptr_t>(window + width);
+    madvise(reinterpret_cast<void*>(begin),
+            std::min<size_t>(end - begin, mapped_bytes_ - (begin - base)), MADV_DONTNEED);
+  }
+  Batch batch;
+  if (wanted.data) batch.data = windows.slice(1, 0, block_size_).contiguous();
+  if (wanted.target) batch.target = windows.slice(1, 1, width).contiguous();
+  return batch;
+}
+
+void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens,
+                      TokenFileFormat format) {
+  AtomicFile file(path);
+  if (format == TokenFileFormat::kLlmc) {
+    int32_t header[256] = {};
+    header[0] = kLlmcMagic;
+    header[1] = kLlmcVersion;
+    header[2] = static_cast<int32_t>(tokens.size());
+    file.write(header, sizeof(header));
+  }
+  file.write(tokens.data(), tokens.size() * sizeof(uint16_t));
+  file.commit();
+}
+
+}  // namespace pipetrain
