@@ -1,5 +1,7 @@
 #include "pipetrain/data.h"
 
+#include "pipetrain/torch_dataset.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -65,6 +67,135 @@ TEST(DataLoader, StagesThatDoNotReadInputsOrTargetsGetOnlyTheRowCount) {
   const auto batch = loader.batch(0, 2, {0, 1, false, true});
   EXPECT_EQ(batch.data.sizes(), (std::vector<int64_t>{2, 0}));
   EXPECT_TRUE(torch::equal(batch.target.squeeze(1), torch::tensor({80.0f, 90.0f})));
+}
+
+// A dataset of the user's own that only knows get(): the loader stacks its examples.
+class Squares : public Dataset {
+ public:
+  int64_t size() const override { return 10; }
+  Example get(int64_t index) const override {
+    const auto x = torch::full({2}, static_cast<float>(index));
+    return {x, x * x, {{"weight", torch::tensor(static_cast<float>(index) / 10)}}};
+  }
+};
+
+TEST(Dataset, ExamplesOfAUsersDatasetAreStackedWithTheirExtraFields) {
+  DataLoader loader(std::make_shared<Squares>(),
+                    DataLoaderOptions().batch_size(4).shuffle(true).seed(5));
+  const Batch batch = loader.batch(0, 1);
+  ASSERT_EQ(batch.data.sizes(), (std::vector<int64_t>{4, 2}));
+  EXPECT_TRUE(torch::equal(batch.target, batch.data * batch.data));
+  EXPECT_TRUE(torch::allclose(batch.field("weight"), batch.data.select(1, 0) / 10));
+  // The last stage alone reads the target and the extra fields; the first the data alone.
+  const Batch first = loader.batch(0, 1, {0, 1, true, false});
+  EXPECT_EQ(first.target.sizes(), (std::vector<int64_t>{4, 0}));
+  EXPECT_TRUE(first.fields.empty());
+  const Batch last = loader.batch(0, 1, {0, 1, false, true});
+  EXPECT_EQ(last.data.sizes(), (std::vector<int64_t>{4, 0}));
+  EXPECT_TRUE(torch::equal(last.field("weight"), batch.field("weight")));
+  try {
+    batch.field("mask");
+    FAIL() << "found a field that is not there";
+  } catch (const std::out_of_range& e) {
+    EXPECT_NE(std::string(e.what()).find("'mask' (its fields: weight)"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Dataset, ExtraFieldsOfATensorDatasetFollowTheirRowsAcrossReplicas) {
+  auto x = torch::arange(10, torch::kFloat32).unsqueeze(1);
+  DataLoader loader(TensorDataset(x, x * 10, {{"id", torch::arange(10)}}),
+                    DataLoaderOptions().batch_size(3).shuffle(true).seed(1));
+  for (int64_t replica = 0; replica < 2; ++replica) {
+    const Batch batch = loader.batch(2, 1, {replica, 2, true, true});
+    EXPECT_TRUE(torch::equal(batch.field("id").to(torch::kFloat32), batch.data.squeeze(1)));
+  }
+  EXPECT_THROW(TensorDataset(x, x, {{"id", torch::arange(9)}}), std::invalid_argument);
+}
+
+class Ragged : public Dataset {
+ public:
+  int64_t size() const override { return 8; }
+  Example get(int64_t index) const override {
+    if (index == 2) throw std::runtime_error("corrupt record");
+    return {torch::zeros({index == 5 ? 3 : 2}), torch::zeros({1}), {}};
+  }
+};
+
+TEST(Dataset, ExamplesOfDifferentShapesOrAFailingReadAreNamed) {
+  DataLoader loader(std::make_shared<Ragged>(), DataLoaderOptions().batch_size(4));
+  try {
+    loader.batch(0, 1);
+    FAIL() << "stacked examples of different shapes";
+  } catch (const std::runtime_error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("examples 4 and 5 of the dataset have data of different shapes, [2] "
+                           "and [3]"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("batch 1 of epoch 0"), std::string::npos) << message;
+  }
+  DataLoader failing(std::make_shared<Ragged>(), DataLoaderOptions().batch_size(2));
+  try {
+    failing.batch(0, 1);
+    FAIL() << "a failing read went unnoticed";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("reading example 2 of the dataset failed: corrupt record"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A dataset whose get_batch returns the wrong number of rows is caught, not trained on.
+class Short : public Dataset {
+ public:
+  int64_t size() const override { return 8; }
+  Batch get_batch(const std::vector<int64_t>& indices, const FieldsWanted&) const override {
+    return {torch::zeros({static_cast<int64_t>(indices.size()) - 1, 2}),
+            torch::zeros({static_cast<int64_t>(indices.size())})};
+  }
+};
+
+TEST(Dataset, AGetBatchOfTheWrongRowsIsRefused) {
+  DataLoader loader(std::make_shared<Short>(), DataLoaderOptions().batch_size(4));
+  try {
+    loader.batch(0, 0);
+    FAIL() << "accepted 3 rows for 4";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("a data of shape [3, 2]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs 4 rows"), std::string::npos) << e.what();
+  }
+}
+
+// LibTorch's own datasets, as they are: one of Example<>s, then the same with a transform and
+// with Stack<> (a batch transform).
+class TorchSquares : public torch::data::datasets::Dataset<TorchSquares> {
+ public:
+  torch::data::Example<> get(size_t index) override {
+    const auto x = torch::full({2}, static_cast<float>(index));
+    return {x, x * x};
+  }
+  torch::optional<size_t> size() const override { return 10; }
+};
+
+TEST(Dataset, LibTorchDatasetsAreReadAsTheyAre) {
+  const auto options = DataLoaderOptions().batch_size(4).shuffle(true).seed(2);
+  const DataLoader plain(from_torch_dataset(TorchSquares()), options);
+  const DataLoader reference(std::make_shared<Squares>(), options);
+  EXPECT_EQ(plain.num_batches(), 3);
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(torch::equal(plain.batch(1, i).data, reference.batch(1, i).data));
+    EXPECT_TRUE(torch::equal(plain.batch(1, i).target, reference.batch(1, i).target));
+  }
+  auto halve =
+      torch::data::transforms::Lambda<torch::data::Example<>>([](torch::data::Example<> e) {
+        return torch::data::Example<>{e.data / 2, e.target};
+      });
+  const DataLoader mapped(from_torch_dataset(TorchSquares().map(halve)), options);
+  EXPECT_TRUE(torch::equal(mapped.batch(1, 2).data * 2, reference.batch(1, 2).data));
+  const DataLoader stacked(
+      from_torch_dataset(TorchSquares().map(torch::data::transforms::Stack<>())), options);
+  EXPECT_TRUE(torch::equal(stacked.batch(1, 2).target, reference.batch(1, 2).target));
 }
 
 }  // namespace

@@ -1,0 +1,308 @@
+// Data of the user's own through the Trainer, against the same rows as a TensorDataset and against
+// `single`: a LibTorch dataset with a transform, per-sample fields beside the target (weights and
+// row ids, checked in the step to belong to the target's rows), reads counted per stage,
+// prefetching workers, and an exact resume mid-epoch.
+// Tolerance: exact where the same arithmetic runs (same data by another route, workers, resume);
+// absolute 1e-5 on weights and relative 1e-5 on losses where only the order of sums differs
+// (micro-batches, replicas).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+
+#include "pipetrain/module.h"
+#include "pipetrain/torch_dataset.h"
+#include "pipetrain/trainer.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+#include "support/trainer_run.h"
+
+namespace pipetrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kRows = 48;
+
+// Row r: x = (sin r, cos 2r), target (x0 * x1, r), weight 1 + r % 3, id r.
+at::Tensor row_inputs() {
+  const auto r = torch::arange(kRows, torch::kFloat32);
+  return torch::stack({r.sin(), (2 * r).cos()}, 1);
+}
+at::Tensor row_targets() {
+  const auto x = row_inputs();
+  return torch::stack({x.select(1, 0) * x.select(1, 1), torch::arange(kRows, torch::kFloat32)}, 1);
+}
+
+// The same rows as a LibTorch dataset, its inputs scaled by a transform.
+class TorchRows : public torch::data::datasets::Dataset<TorchRows> {
+ public:
+  torch::data::Example<> get(size_t index) override {
+    return {row_inputs()[static_cast<int64_t>(index)] / 2,
+            row_targets()[static_cast<int64_t>(index)]};
+  }
+  torch::optional<size_t> size() const override { return kRows; }
+};
+
+// Counts what it is asked for, to show which ranks read.
+class CountingRows : public TensorDataset {
+ public:
+  CountingRows() : TensorDataset(row_inputs(), row_targets()) {}
+  Batch get_batch(const std::vector<int64_t>& indices, const FieldsWanted& wanted) const override {
+    if (wanted.data && wanted.target) {
+      ++both_reads;
+    } else if (wanted.data) {
+      ++data_reads;
+    } else if (wanted.target) {
+      ++target_reads;
+    }
+    return TensorDataset::get_batch(indices, wanted);
+  }
+  mutable std::atomic<int64_t> data_reads{0}, target_reads{0}, both_reads{0};
+};
+
+// Failing at row 30, which the second epoch reaches.
+class FailingRows : public TensorDataset {
+ public:
+  FailingRows() : TensorDataset(row_inputs(), row_targets()) {}
+  Example get(int64_t index) const override {
+    if (index == 30) throw std::runtime_error("row 30 is unreadable");
+    return TensorDataset::get(index);
+  }
+  Batch get_batch(const std::vector<int64_t>& indices, const FieldsWanted& wanted) const override {
+    return Dataset::get_batch(indices, wanted);
+  }
+};
+
+class Regression : public Module {
+ public:
+  Regression()
+      : Module(torch::nn::Sequential(torch::nn::Linear(2, 8), torch::nn::Tanh(),
+                                     torch::nn::Linear(8, 8), torch::nn::Tanh(),
+                                     torch::nn::Linear(8, 1))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    const auto error = (forward(batch.data).squeeze(1) - batch.target.select(1, 0)).pow(2);
+    at::Tensor loss;
+    if (batch.fields.count("weight") > 0) {
+      // The fields must be the target's rows, cut into the same micro-batches.
+      if (!torch::equal(batch.field("id").to(torch::kFloat32), batch.target.select(1, 1))) {
+        throw std::runtime_error("the fields reached the step beside other rows' targets");
+      }
+      const auto weight = batch.field("weight");
+      loss = sum_over((weight * error).sum(), weight.sum());
+    } else {
+      loss = error.mean();
+    }
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(),
+                                               torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+};
+
+std::shared_ptr<const Dataset> make_data(const std::string& kind) {
+  if (kind == "torch") return from_torch_dataset(TorchRows());
+  if (kind == "tensor") return std::make_shared<TensorDataset>(row_inputs() / 2, row_targets());
+  if (kind == "counting") return std::make_shared<CountingRows>();
+  if (kind == "failing") return std::make_shared<FailingRows>();
+  const auto r = torch::arange(kRows);
+  return std::make_shared<TensorDataset>(
+      row_inputs(), row_targets(),
+      std::map<std::string, at::Tensor>{{"weight", (1 + r % 3).to(torch::kFloat32)}, {"id", r}});
+}
+
+struct DataRun {
+  std::string root, data = "tensor", strategy = "single", ckpt_path;
+  int64_t devices = 1, chunks = 1, batch_size = 8, workers = 1, max_steps = -1;
+
+  std::map<std::string, std::string> env() const {
+    return {{"TEST_ROOT", root},
+            {"TEST_DATA", data},
+            {"TEST_STRATEGY", strategy},
+            {"TEST_CKPT", ckpt_path},
+            {"TEST_DEVICES", std::to_string(devices)},
+            {"TEST_CHUNKS", std::to_string(chunks)},
+            {"TEST_BATCH", std::to_string(batch_size)},
+            {"TEST_WORKERS", std::to_string(workers)},
+            {"TEST_MAX_STEPS", std::to_string(max_steps)}};
+  }
+  static DataRun from_env() {
+    DataRun run;
+    run.root = env_or("TEST_ROOT", "");
+    run.data = env_or("TEST_DATA", "");
+    run.strategy = env_or("TEST_STRATEGY", "");
+    run.ckpt_path = env_or("TEST_CKPT", "");
+    run.devices = std::stoll(env_or("TEST_DEVICES", "1"));
+    run.chunks = std::stoll(env_or("TEST_CHUNKS", "1"));
+    run.batch_size = std::stoll(env_or("TEST_BATCH", "8"));
+    run.workers = std::stoll(env_or("TEST_WORKERS", "1"));
+    run.max_steps = std::stoll(env_or("TEST_MAX_STEPS", "-1"));
+    return run;
+  }
+  std::string weights(int64_t rank = 0) const {
+    return root + "/rank-" + std::to_string(rank) + ".safetensors";
+  }
+  std::string losses_csv(int64_t version = 0) const { return metrics_csv(root, version); }
+};
+
+// Three epochs, shuffled; every rank writes its layers and what it read.
+void train(const DataRun& run) {
+  Trainer trainer(logged_run_options(run.root)
+                      .strategy(run.strategy)
+                      .devices(run.devices)
+                      .max_epochs(3)
+                      .max_steps(run.max_steps)
+                      .pipe(PipeOptions().chunks(run.chunks)));
+  Regression model;
+  const auto data = make_data(run.data);
+  const DataLoader loader(data, DataLoaderOptions()
+                                    .batch_size(run.batch_size)
+                                    .shuffle(true)
+                                    .seed(11)
+                                    .num_workers(run.workers));
+  trainer.fit(model, loader, nullptr, run.ckpt_path);
+  const std::string rank = env_or("RANK", "0");
+  save_local_tensors(model, run.weights(std::stoll(rank)));
+  if (const auto* counting = dynamic_cast<const CountingRows*>(data.get())) {
+    std::ofstream(run.root + "/reads-" + rank + ".txt")
+        << counting->data_reads << " " << counting->target_reads << " " << counting->both_reads;
+  }
+}
+
+PIPETRAIN_WORKER(data_run_worker) {
+  const auto run = DataRun::from_env();
+  try {
+    train(run);
+  } catch (const std::exception& e) {
+    std::ofstream(run.root + "/error-" + env_or("RANK", "0") + ".txt") << e.what();
+    throw;
+  }
+}
+
+class Datasets : public ::testing::Test {
+ protected:
+  void TearDown() override { fs::remove_all(dir); }
+  DataRun run(const std::string& name, const std::string& data,
+              const std::string& strategy = "single", int64_t devices = 1,
+              int64_t chunks = 1) const {
+    DataRun r;
+    r.root = dir + "/" + name;
+    r.data = data;
+    r.strategy = strategy;
+    r.devices = devices;
+    r.chunks = chunks;
+    return r;
+  }
+  void train_in_ranks(const DataRun& r) const {
+    fs::create_directories(r.root);
+    ASSERT_EQ(run_ranks(static_cast<int>(r.devices), "data_run_worker", r.env()), 0);
+  }
+  std::string dir = make_temp_dir("datasets");
+};
+
+void expect_same_losses(const DataRun& expected, const DataRun& actual, double relative) {
+  const auto a = read_csv_column(expected.losses_csv(), "train_loss");
+  const auto b = read_csv_column(actual.losses_csv(), "train_loss");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], relative * std::abs(a[i])) << "step " << i;
+  }
+}
+
+TEST_F(Datasets, ALibTorchDatasetWithATransformTrainsAsTheSameRowsInATensorDataset) {
+  for (const std::string strategy : {"single", "pipe", "ddp"}) {
+    SCOPED_TRACE(strategy);
+    const int64_t devices = strategy == "single" ? 1 : 2;
+    const int64_t chunks = strategy == "pipe" ? 2 : 1;
+    const auto adapted = run(strategy + "-torch", "torch", strategy, devices, chunks);
+    const auto tensors = run(strategy + "-tensor", "tensor", strategy, devices, chunks);
+    if (devices == 1) {
+      train(adapted);
+      train(tensors);
+    } else {
+      train_in_ranks(adapted);
+      train_in_ranks(tensors);
+    }
+    expect_same_losses(tensors, adapted, 0);
+    for (int64_t rank = 0; rank < (strategy == "pipe" ? 2 : 1); ++rank) {
+      expect_same_weights(tensors.weights(rank), adapted.weights(rank), 0);
+    }
+  }
+}
+
+TEST_F(Datasets, ExtraFieldsReachTheLastStageWithTheirRowsInEveryMicroBatch) {
+  const auto single = run("single", "weighted");
+  train(single);
+  const auto pipe = run("pipe", "weighted", "pipe", 3, 3);
+  train_in_ranks(pipe);
+  auto ddp = run("ddp", "weighted", "ddp", 2);
+  ddp.batch_size = 4;  // per replica: the same global batches as single's
+  train_in_ranks(ddp);
+  expect_same_losses(single, pipe, 1e-5);
+  expect_same_losses(single, ddp, 1e-5);
+  expect_same_weights(single.weights(), ddp.weights(), 1e-5);
+}
+
+TEST_F(Datasets, OnlyTheStagesThatUseAFieldReadIt) {
+  const auto pipe = run("pipe", "counting", "pipe", 3, 2);
+  train_in_ranks(pipe);
+  auto reads = [&](int rank) {
+    std::ifstream file(pipe.root + "/reads-" + std::to_string(rank) + ".txt");
+    int64_t data = -1, target = -1, both = -1;
+    file >> data >> target >> both;
+    return std::vector<int64_t>{data, target, both};
+  };
+  // 6 batches an epoch, 3 epochs: the first stage reads inputs, the last targets, the middle none.
+  EXPECT_EQ(reads(0), (std::vector<int64_t>{18, 0, 0}));
+  EXPECT_EQ(reads(1), (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(reads(2), (std::vector<int64_t>{0, 18, 0}));
+}
+
+TEST_F(Datasets, PrefetchingWorkersChangeNothingAndPassOnTheDatasetsErrors) {
+  auto synchronous = run("workers-0", "tensor");
+  synchronous.workers = 0;
+  train(synchronous);
+  auto three = run("workers-3", "tensor");
+  three.workers = 3;
+  train(three);
+  expect_same_losses(synchronous, three, 0);
+  expect_same_weights(synchronous.weights(), three.weights(), 0);
+
+  auto failing = run("failing", "failing");
+  failing.workers = 2;
+  try {
+    train(failing);
+    FAIL() << "trained past an unreadable row";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("reading example 30 of the dataset failed: row 30 is "
+                                         "unreadable"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(Datasets, AnAdaptedDatasetResumedMidEpochSeesTheBatchesOfAnUninterruptedRun) {
+  const auto whole = run("whole", "torch");
+  train(whole);
+  auto stopped = run("resumed", "torch");
+  stopped.max_steps = 8;  // epoch 1, batch 2 of 6
+  train(stopped);
+  auto resumed = stopped;
+  resumed.max_steps = -1;
+  resumed.ckpt_path = stopped.root + "/checkpoints/last.ckpt";
+  train(resumed);
+  const auto expected = read_csv_column(whole.losses_csv(), "train_loss");
+  auto seen = read_csv_column(stopped.losses_csv(0), "train_loss");
+  const auto rest = read_csv_column(stopped.losses_csv(1), "train_loss");
+  seen.insert(seen.end(), rest.begin(), rest.end());
+  EXPECT_EQ(seen, expected);
+  expect_same_weights(whole.weights(), resumed.weights(), 0);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
