@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace pipetrain {
@@ -31,9 +32,19 @@ struct FitProgress {
   }
 };
 
+// Where the training data stands, in terms that do not depend on the layout: how many samples of
+// the epoch's order have been trained on, and what decides that order.
+struct DataPosition {
+  int64_t samples = 0;  // of `progress.epoch`'s order, in whole global batches
+  uint64_t seed = 0;
+  bool shuffle = false;
+  int64_t dataset_size = 0;
+};
+
 struct TrainingState {
   FitProgress progress;
-  int64_t lr_scheduler_steps = -1;  // -1: no scheduler
+  std::optional<DataPosition> data;  // absent in checkpoints written before it was recorded
+  int64_t lr_scheduler_steps = -1;   // -1: no scheduler
   int64_t world_size = 1;
   std::map<std::string, std::string> layout;
   std::map<std::string, std::map<std::string, std::string>> callbacks;

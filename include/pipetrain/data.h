@@ -126,6 +126,8 @@ class DataLoader {
   int64_t num_batches(int64_t replicas = 1) const;
   // Rows per replica.
   int64_t batch_size() const { return options_.batch_size(); }
+  // Examples in the dataset.
+  int64_t dataset_size() const;
   const DataLoaderOptions& options() const { return options_; }
   // This shard of batch `index` of `epoch`; the order depends only on (seed, epoch). Calls the
   // dataset only for fields the shard reads, and not at all for a shard that reads none. Safe to

@@ -131,7 +131,13 @@ class Trainer {
   std::string scheduler_interval_ = "epoch";
   std::map<std::string, double> callback_metrics_;
   std::map<std::string, double> progress_metrics_;
+  // The training data's position for a checkpoint, and where a resumed fit continues from it.
+  DataPosition data_position(const DataLoader& loader) const;
+  int64_t resumed_batch(const DataPosition& saved, const DataLoader& loader,
+                        const std::string& path) const;
+
   FitProgress fit_progress_;
+  const DataLoader* fit_loader_ = nullptr;  // the training data, while fit runs
   bool stop_requested_ = false;
   int stop_signal_ = 0;
   at::Tensor window_nonfinite_;  // losses of this optimizer step that were not finite (device)

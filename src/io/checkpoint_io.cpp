@@ -76,6 +76,12 @@ void write_checkpoint(const World& world, const std::string& path,
                           {"world_size", state.world_size},
                           {"layout", state.layout},
                           {"callbacks", state.callbacks}};
+      if (state.data) {
+        json["data"] = {{"samples", state.data->samples},
+                        {"seed", state.data->seed},
+                        {"shuffle", state.data->shuffle},
+                        {"dataset_size", state.data->dataset_size}};
+      }
       write_file(state_path(staged), json.dump(2) + "\n");
     }
   } catch (const std::exception& e) {
@@ -114,6 +120,12 @@ TrainingState read_training_state(const std::string& checkpoint) {
     state.layout = json.at("layout").get<std::map<std::string, std::string>>();
     state.callbacks =
         json.at("callbacks").get<std::map<std::string, std::map<std::string, std::string>>>();
+    if (json.contains("data")) {
+      const auto& data = json.at("data");
+      state.data =
+          DataPosition{data.at("samples").get<int64_t>(), data.at("seed").get<uint64_t>(),
+                       data.at("shuffle").get<bool>(), data.at("dataset_size").get<int64_t>()};
+    }
     return state;
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error("checkpoint " + checkpoint + " has a corrupt trainer_state.json (" +

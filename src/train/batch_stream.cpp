@@ -53,7 +53,8 @@ BatchStream::Prepared BatchStream::prepare(int64_t index) const {
     prepared.batch = convert_batch(loader_.batch(epoch_, index, shard_), precision_);
     // Pinned host memory lets the copy to the GPU run asynchronously.
     if (device_.is_cuda() && reads_) {
-      prepared.batch = prepared.batch.map([](const at::Tensor& t) { return t.pin_memory(); });
+      prepared.batch =
+          prepared.batch.map([](const at::Tensor& t) { return t.is_cuda() ? t : t.pin_memory(); });
     }
   } catch (...) {
     prepared.error = std::current_exception();

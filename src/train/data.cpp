@@ -125,7 +125,10 @@ Example TensorDataset::get(int64_t index) const {
 Batch TensorDataset::get_batch(const std::vector<int64_t>& indices,
                                const FieldsWanted& wanted) const {
   const auto rows = torch::tensor(indices, torch::kInt64);
-  auto read = [&](const at::Tensor& column) { return column.index_select(0, rows); };
+  // Columns may live on a GPU already (the indices follow them there).
+  auto read = [&](const at::Tensor& column) {
+    return column.index_select(0, rows.to(column.device()));
+  };
   Batch batch;
   if (wanted.data) batch.data = read(inputs);
   if (!wanted.target) return batch;
@@ -155,6 +158,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
 
 DataLoader::DataLoader(TensorDataset dataset, DataLoaderOptions options)
     : DataLoader(std::make_shared<TensorDataset>(std::move(dataset)), options) {}
+
+int64_t DataLoader::dataset_size() const { return dataset_->size(); }
 
 int64_t DataLoader::num_batches(int64_t replicas) const {
   const int64_t n = dataset_->size();

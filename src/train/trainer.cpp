@@ -309,6 +309,11 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
                   const std::string& ckpt_path) {
   strategy_->check_data(train_loader);
   setup(module);
+  fit_loader_ = &train_loader;
+  struct Forget {
+    const DataLoader*& loader;
+    ~Forget() { loader = nullptr; }
+  } forget{fit_loader_};
   auto config = module.configure_optimizers();
   optimizer_ = std::move(config.optimizer);
   lr_scheduler_ = std::move(config.lr_scheduler);
@@ -680,6 +685,7 @@ void Trainer::save_checkpoint(const std::string& path) {
   for (auto& logger : loggers_) logger->save();  // the logs are at least as new as the checkpoint
   TrainingState state;
   state.progress = fit_progress_;
+  if (fit_loader_ != nullptr) state.data = data_position(*fit_loader_);
   state.world_size = world_->size();
   state.layout = strategy_->layout();
   state.lr_scheduler_steps = lr_scheduler_ ? lr_scheduler_->step_count() : -1;
@@ -804,6 +810,47 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
     if (it != state.callbacks.end()) callback->load_state_dict(it->second);
   }
   fit_progress_ = state.progress.next();
+  if (fit_loader_ != nullptr && state.data && !state.progress.epoch_finished) {
+    fit_progress_.batch_idx = resumed_batch(*state.data, *fit_loader_, path);
+  }
+}
+
+DataPosition Trainer::data_position(const DataLoader& loader) const {
+  const int64_t global_batch = loader.batch_size() * replicas();
+  return {std::min(fit_progress_.batch_idx * global_batch, loader.dataset_size()),
+          loader.options().seed(), loader.options().shuffle(), loader.dataset_size()};
+}
+
+int64_t Trainer::resumed_batch(const DataPosition& saved, const DataLoader& loader,
+                               const std::string& path) const {
+  const DataPosition now = data_position(loader);
+  auto refuse = [&](const std::string& what) {
+    throw std::invalid_argument("checkpoint " + path + " stopped mid-epoch " +
+                                std::to_string(fit_progress_.epoch) + " after " +
+                                std::to_string(saved.samples) + " samples, but " + what +
+                                ": the resumed run would not see the batches it had left");
+  };
+  if (saved.dataset_size != now.dataset_size) {
+    refuse("its training data had " + std::to_string(saved.dataset_size) +
+           " examples and this has " + std::to_string(now.dataset_size));
+  }
+  if (saved.shuffle != now.shuffle || (saved.shuffle && saved.seed != now.seed)) {
+    refuse("its data order came from shuffle " + std::string(saved.shuffle ? "on" : "off") +
+           ", seed " + std::to_string(saved.seed) + " and this loader's from shuffle " +
+           (now.shuffle ? "on" : "off") + ", seed " + std::to_string(now.seed) +
+           " (DataLoaderOptions::seed, --seed)");
+  }
+  // The epoch's order does not depend on the layout; a different number of replicas (or batch
+  // size) continues from the same sample where its global batch divides what was done.
+  const int64_t global_batch = loader.batch_size() * replicas();
+  if (saved.samples >= saved.dataset_size) return loader.num_batches(replicas());
+  if (saved.samples % global_batch != 0) {
+    refuse("a global batch here is " + std::to_string(global_batch) + " samples (batch size " +
+           std::to_string(loader.batch_size()) + " x " + std::to_string(replicas()) +
+           " replicas), which does not divide it; resume with a global batch that divides " +
+           std::to_string(saved.samples));
+  }
+  return saved.samples / global_batch;
 }
 
 }  // namespace pipetrain

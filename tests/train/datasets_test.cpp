@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include "pipetrain/module.h"
 #include "pipetrain/torch_dataset.h"
@@ -90,6 +92,9 @@ class Regression : public Module {
       if (!torch::equal(batch.field("id").to(torch::kFloat32), batch.target.select(1, 1))) {
         throw std::runtime_error("the fields reached the step beside other rows' targets");
       }
+      const auto ids = batch.field("id");
+      seen_ids.insert(seen_ids.end(), ids.data_ptr<int64_t>(),
+                      ids.data_ptr<int64_t>() + ids.numel());
       const auto weight = batch.field("weight");
       loss = sum_over((weight * error).sum(), weight.sum());
     } else {
@@ -102,6 +107,7 @@ class Regression : public Module {
     return std::make_unique<torch::optim::SGD>(parameters(),
                                                torch::optim::SGDOptions(0.1).momentum(0.9));
   }
+  std::vector<int64_t> seen_ids;  // the rows trained on, in order
 };
 
 std::shared_ptr<const Dataset> make_data(const std::string& kind) {
@@ -117,7 +123,7 @@ std::shared_ptr<const Dataset> make_data(const std::string& kind) {
 
 struct DataRun {
   std::string root, data = "tensor", strategy = "single", ckpt_path;
-  int64_t devices = 1, chunks = 1, batch_size = 8, workers = 1, max_steps = -1;
+  int64_t devices = 1, chunks = 1, batch_size = 8, workers = 1, max_steps = -1, seed = 11;
 
   std::map<std::string, std::string> env() const {
     return {{"TEST_ROOT", root},
@@ -128,7 +134,8 @@ struct DataRun {
             {"TEST_CHUNKS", std::to_string(chunks)},
             {"TEST_BATCH", std::to_string(batch_size)},
             {"TEST_WORKERS", std::to_string(workers)},
-            {"TEST_MAX_STEPS", std::to_string(max_steps)}};
+            {"TEST_MAX_STEPS", std::to_string(max_steps)},
+            {"TEST_SEED", std::to_string(seed)}};
   }
   static DataRun from_env() {
     DataRun run;
@@ -141,6 +148,7 @@ struct DataRun {
     run.batch_size = std::stoll(env_or("TEST_BATCH", "8"));
     run.workers = std::stoll(env_or("TEST_WORKERS", "1"));
     run.max_steps = std::stoll(env_or("TEST_MAX_STEPS", "-1"));
+    run.seed = std::stoll(env_or("TEST_SEED", "11"));
     return run;
   }
   std::string weights(int64_t rank = 0) const {
@@ -162,11 +170,13 @@ void train(const DataRun& run) {
   const DataLoader loader(data, DataLoaderOptions()
                                     .batch_size(run.batch_size)
                                     .shuffle(true)
-                                    .seed(11)
+                                    .seed(static_cast<uint64_t>(run.seed))
                                     .num_workers(run.workers));
   trainer.fit(model, loader, nullptr, run.ckpt_path);
   const std::string rank = env_or("RANK", "0");
   save_local_tensors(model, run.weights(std::stoll(rank)));
+  std::ofstream ids(run.root + "/ids-" + rank + (run.ckpt_path.empty() ? "" : "-resumed") + ".txt");
+  for (const int64_t id : model.seen_ids) ids << id << "\n";
   if (const auto* counting = dynamic_cast<const CountingRows*>(data.get())) {
     std::ofstream(run.root + "/reads-" + rank + ".txt")
         << counting->data_reads << " " << counting->target_reads << " " << counting->both_reads;
@@ -302,6 +312,65 @@ TEST_F(Datasets, AnAdaptedDatasetResumedMidEpochSeesTheBatchesOfAnUninterruptedR
   seen.insert(seen.end(), rest.begin(), rest.end());
   EXPECT_EQ(seen, expected);
   expect_same_weights(whole.weights(), resumed.weights(), 0);
+}
+
+std::vector<int64_t> read_ids(const std::string& path) {
+  std::ifstream file(path);
+  std::vector<int64_t> ids;
+  for (int64_t id; file >> id;) ids.push_back(id);
+  return ids;
+}
+
+// The epoch's order does not depend on the layout: two replicas stopped half-way through an epoch
+// resume as one and train on exactly the samples left, in the order an uninterrupted run has.
+TEST_F(Datasets, AResumeWithAnotherNumberOfReplicasContinuesAtTheSameSample) {
+  auto ddp = run("layout", "weighted", "ddp", 2);
+  ddp.batch_size = 4;
+  ddp.max_steps = 3;  // 24 of the epoch's 48 samples
+  train_in_ranks(ddp);
+  auto single = ddp;
+  single.strategy = "single";
+  single.devices = 1;
+  single.max_steps = 9;  // 6 batches of 4: the rest of epoch 0
+  single.ckpt_path = ddp.root + "/checkpoints/last.ckpt";
+  // Resuming where the rest of the epoch cannot be cut the same way, or is ordered otherwise, is
+  // refused.
+  auto uneven = single;
+  uneven.root = dir + "/uneven";
+  uneven.batch_size = 5;
+  auto reseeded = single;
+  reseeded.root = dir + "/reseeded";
+  reseeded.seed = 12;
+  for (const auto& [bad, message] : std::vector<std::pair<DataRun, std::string>>{
+           {uneven,
+            "a global batch here is 5 samples (batch size 5 x 1 replicas), which does not "
+            "divide it"},
+           {reseeded, "shuffle on, seed 11 and this loader's from shuffle on, seed 12"}}) {
+    try {
+      train(bad);
+      ADD_FAILURE() << "resumed at another sample: " << message;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("stopped mid-epoch 0 after 24 samples"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  train(single);
+
+  const DataLoader order(make_data("weighted"),
+                         DataLoaderOptions().batch_size(24).shuffle(true).seed(11));
+  const auto expected = order.batch(0, 1).field("id");
+  const auto resumed = read_ids(single.root + "/ids-0-resumed.txt");
+  EXPECT_TRUE(torch::equal(torch::tensor(resumed, torch::kInt64), expected));
+  auto all = read_ids(ddp.root + "/ids-0.txt");
+  const auto second = read_ids(ddp.root + "/ids-1.txt");
+  all.insert(all.end(), second.begin(), second.end());
+  all.insert(all.end(), resumed.begin(), resumed.end());
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> every(kRows);
+  std::iota(every.begin(), every.end(), 0);
+  EXPECT_EQ(all, every);
 }
 
 }  // namespace
