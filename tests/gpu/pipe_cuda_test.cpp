@@ -265,5 +265,41 @@ TEST(CudaTrainer, Bf16MixedKeepsFp32MasterWeightsOnTheGpuAndLearns) {
   EXPECT_LT(trainer.callback_metrics().at("train_loss"), 0.5);
 }
 
+// Batches prepared ahead (pinned, copied on a side stream) train exactly as batches read when the
+// step asks for them, also with extra fields and a dataset already on the GPU.
+TEST(CudaTrainer, PrefetchedBatchesTrainAsBatchesReadInTheStep) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(1);
+  const auto x = torch::randn({96, 3});
+  auto fit = [&](int64_t workers, bool on_gpu) {
+    Trainer trainer(TrainerOptions()
+                        .accelerator("cuda")
+                        .max_epochs(3)
+                        .loggers({})
+                        .enable_checkpointing(false)
+                        .enable_progress_bar(false));
+    torch::manual_seed(2);
+    Regression model;
+    const auto device = on_gpu ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+    trainer.fit(model,
+                DataLoader(TensorDataset(x.to(device), x.sum(1, true).to(device),
+                                         {{"weight", torch::ones({96}).to(device)}}),
+                           DataLoaderOptions().batch_size(8).shuffle(true).num_workers(workers)));
+    std::vector<at::Tensor> weights;
+    for (const auto& p : model.parameters()) weights.push_back(p.detach().cpu());
+    return weights;
+  };
+  const auto expected = fit(0, false);
+  for (const auto& [workers, on_gpu] :
+       std::vector<std::pair<int64_t, bool>>{{2, false}, {1, true}}) {
+    const auto actual = fit(workers, on_gpu);
+    ASSERT_EQ(actual.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_TRUE(torch::equal(actual[i], expected[i]))
+          << "workers " << workers << ", parameter " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain::testing
