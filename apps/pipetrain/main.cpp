@@ -122,12 +122,18 @@ void add_flags(CLI::App& app, Args& a) {
   add("--corpus", a.model.corpus,
       "gpt: a text file to train on (default: /usr/share/common-licenses)");
   add("--train-data", a.model.train_data,
-      "gpt: token file to train on (nanoGPT's train.bin or an llm.c shard; see prepare-data)");
+      "gpt, gpt2: token file to train on (nanoGPT's train.bin or an llm.c shard; see "
+      "prepare-data)");
   add("--val-data", a.model.val_data,
-      "gpt: token file to validate on (default: val.bin beside --train-data, if there)");
+      "gpt, gpt2: token file to validate on (default: val.bin beside --train-data, if there)");
   add("--vocab-size", a.model.vocab_size,
-      "gpt with --train-data: token ids are below this (0: 256, byte tokens)");
-  add("--block-size", a.model.block_size, "gpt: context length in tokens (0: the model's, 32)");
+      "token ids are below this (0: gpt 256, byte tokens; gpt2 50304)");
+  add("--block-size", a.model.block_size,
+      "gpt, gpt2: context length in tokens (0: the model's, 32 and 1024)");
+  add("--model-size", a.model.model_size, "gpt2: 124M, 350M, 774M or 1558M (GPT-2 small to xl)");
+  add("--n-layer", a.model.n_layer, "gpt2: transformer blocks (0: the preset's)");
+  add("--n-head", a.model.n_head, "gpt2: attention heads (0: the preset's)");
+  add("--n-embd", a.model.n_embd, "gpt2: embedding width (0: the preset's)");
   add("--strategy", a.strategy,
       "how to place the model: single, pipe, ddp, ddp_pipe, or a registered name");
   add("--accelerator", a.accelerator, "cpu, cuda, or auto (cuda when a GPU is visible)");

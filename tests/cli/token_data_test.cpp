@@ -96,7 +96,7 @@ TEST_F(TokenData, BadFilesAndMisplacedFlagsAreUsageErrors) {
   auto mlp = run_command({PIPETRAIN_CLI, "fit", "--model", "mlp", "--train-data",
                           dir + "/data/train.bin", "--default-root-dir", dir + "/mlp"});
   EXPECT_EQ(mlp.exit_code, 2) << mlp.output;
-  EXPECT_NE(mlp.output.find("token files are for the language model (--model gpt)"),
+  EXPECT_NE(mlp.output.find("token files are for the language models (--model gpt, gpt2)"),
             std::string::npos)
       << mlp.output;
 

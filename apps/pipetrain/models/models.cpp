@@ -8,6 +8,8 @@
 
 #include <pipetrain/token_dataset.h>
 
+#include "models/gpt2.h"
+
 namespace pipetrain::cli {
 namespace {
 
@@ -123,13 +125,26 @@ std::string all_bytes() {
 
 }  // namespace
 
-std::vector<std::string> model_names() { return {"boring", "mlp", "gpt"}; }
+std::vector<std::string> model_names() { return {"boring", "mlp", "gpt", "gpt2"}; }
+
+Gpt2Config gpt2_config(const ModelOptions& options) {
+  Gpt2Config config = gpt2_preset(options.model_size);
+  if (options.n_layer > 0) config.n_layer = options.n_layer;
+  if (options.n_head > 0) config.n_head = options.n_head;
+  if (options.n_embd > 0) config.n_embd = options.n_embd;
+  if (options.block_size > 0) config.block_size = options.block_size;
+  if (options.vocab_size > 0) config.vocab_size = options.vocab_size;
+  config.dropout = options.dropout;
+  return config;
+}
 
 BuiltInModel make_model(const ModelOptions& options) {
   torch::NoGradGuard no_grad;
-  if (options.name != "gpt" && !options.train_data.empty()) {
+  const bool language_model = options.name == "gpt" || options.name == "gpt2";
+  if (!language_model && !options.train_data.empty()) {
     throw std::invalid_argument("--train-data " + options.train_data +
-                                ": token files are for the language model (--model gpt), not " +
+                                ": token files are for the language models (--model gpt, gpt2), "
+                                "not " +
                                 options.name);
   }
   BuiltInModel built;
@@ -147,6 +162,23 @@ BuiltInModel make_model(const ModelOptions& options) {
     const TensorDataset all{inputs, inputs.matmul(teacher).argmax(1)};
     built.train = rows(all, 0, 4096);
     built.val = rows(all, 4096, 5120);
+  } else if (options.name == "gpt2") {
+    if (options.train_data.empty()) {
+      throw std::invalid_argument(
+          "--model gpt2 trains on token files: pass --train-data FILE (nanoGPT's train.bin, an "
+          "llm.c shard, or what `pipetrain prepare-data` makes from any text)");
+    }
+    const Gpt2Config config = gpt2_config(options);
+    built.module = std::make_unique<Gpt2Model>(config, options.lr);
+    built.train =
+        std::make_shared<TokenDataset>(options.train_data, config.block_size, config.vocab_size);
+    const std::string val_data = !options.val_data.empty() ? options.val_data
+                                 : sibling_exists(options.train_data, "val.bin")
+                                     ? sibling(options.train_data, "val.bin")
+                                     : "";
+    if (!val_data.empty()) {
+      built.val = std::make_shared<TokenDataset>(val_data, config.block_size, config.vocab_size);
+    }
   } else if (options.name == "gpt" && !options.train_data.empty()) {
     GptConfig config;
     config.vocab_size = options.vocab_size > 0 ? options.vocab_size : kByteVocabulary;

@@ -11,6 +11,7 @@
 #include <pipetrain/module.h>
 
 #include "models/gpt.h"
+#include "models/gpt2.h"
 
 namespace pipetrain::cli {
 
@@ -25,6 +26,11 @@ struct ModelOptions {
   std::string val_data;
   int64_t vocab_size = 0;  // token files: 0 means 256 (byte tokens, as prepare-data writes)
   int64_t block_size = 0;  // 0: the model's default
+  // gpt2: a preset (124M, 350M, 774M, 1558M) and any shape of its own (0: the preset's).
+  std::string model_size = "124M";
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_embd = 0;
 };
 
 struct BuiltInModel {
@@ -38,5 +44,7 @@ std::vector<std::string> model_names();
 // Builds the model (its initial weights come from the default generator) and its data (the same
 // on every rank and every run).
 BuiltInModel make_model(const ModelOptions& options);
+// GPT-2's shape from the preset and the flags that override it.
+Gpt2Config gpt2_config(const ModelOptions& options);
 
 }  // namespace pipetrain::cli

@@ -1,0 +1,243 @@
+#include "models/gpt2.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace pipetrain::cli {
+namespace {
+
+torch::nn::LayerNorm layer_norm(int64_t width) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{width}));
+}
+
+class Gpt2EmbeddingImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2EmbeddingImpl(const Gpt2Config& config)
+      : block_size_(config.block_size),
+        wte(register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd))),
+        wpe(register_module("wpe", torch::nn::Embedding(config.block_size, config.n_embd))),
+        drop_(register_module("drop", torch::nn::Dropout(config.dropout))) {}
+
+  at::Tensor forward(const at::Tensor& ids) {
+    if (ids.dim() != 2 || ids.scalar_type() != torch::kInt64) {
+      std::ostringstream message;
+      message << "GPT-2 takes token ids (int64) of shape [batch, time], got a " << ids.scalar_type()
+              << " tensor of shape " << ids.sizes();
+      throw std::invalid_argument(message.str());
+    }
+    if (ids.size(1) > block_size_) {
+      throw std::invalid_argument("a sequence of " + std::to_string(ids.size(1)) +
+                                  " tokens is longer than GPT-2's block size " +
+                                  std::to_string(block_size_) + " (--block-size)");
+    }
+    return drop_(wte(ids) + wpe(torch::arange(ids.size(1), ids.options())));
+  }
+
+  int64_t block_size_;
+  torch::nn::Embedding wte, wpe;
+
+ private:
+  torch::nn::Dropout drop_;
+};
+TORCH_MODULE(Gpt2Embedding);
+
+class Gpt2AttentionImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2AttentionImpl(const Gpt2Config& config)
+      : n_head_(config.n_head),
+        dropout_(config.dropout),
+        c_attn(register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd))),
+        c_proj(register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd))),
+        resid_drop_(register_module("resid_drop", torch::nn::Dropout(config.dropout))) {}
+
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
+    // [B, T, 3C] -> q, k, v of [B, H, T, hs]
+    const auto qkv =
+        c_attn(x).view({batch, time, 3, n_head_, channels / n_head_}).permute({2, 0, 3, 1, 4});
+    const auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0);
+    return resid_drop_(c_proj(y.transpose(1, 2).reshape({batch, time, channels})));
+  }
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+
+ public:
+  torch::nn::Linear c_attn, c_proj;
+
+ private:
+  torch::nn::Dropout resid_drop_;
+};
+TORCH_MODULE(Gpt2Attention);
+
+class Gpt2MlpImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2MlpImpl(const Gpt2Config& config)
+      : c_fc(register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd))),
+        c_proj(register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd))),
+        drop_(register_module("drop", torch::nn::Dropout(config.dropout))) {}
+
+  at::Tensor forward(const at::Tensor& x) { return drop_(c_proj(torch::gelu(c_fc(x), "tanh"))); }
+
+  torch::nn::Linear c_fc, c_proj;
+
+ private:
+  torch::nn::Dropout drop_;
+};
+TORCH_MODULE(Gpt2Mlp);
+
+class Gpt2BlockImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2BlockImpl(const Gpt2Config& config)
+      : ln_1(register_module("ln_1", layer_norm(config.n_embd))),
+        attn(register_module("attn", Gpt2Attention(config))),
+        ln_2(register_module("ln_2", layer_norm(config.n_embd))),
+        mlp(register_module("mlp", Gpt2Mlp(config))) {}
+
+  at::Tensor forward(const at::Tensor& x) {
+    const auto h = x + attn(ln_1(x));
+    return h + mlp(ln_2(h));
+  }
+
+  torch::nn::LayerNorm ln_1;
+  Gpt2Attention attn;
+  torch::nn::LayerNorm ln_2;
+  Gpt2Mlp mlp;
+};
+TORCH_MODULE(Gpt2Block);
+
+// The LM head: the token embedding's tensor itself, so the two stay one parameter.
+class Gpt2HeadImpl : public torch::nn::Module {
+ public:
+  explicit Gpt2HeadImpl(const torch::nn::Embedding& wte)
+      : weight(register_parameter("weight", wte->weight)) {}
+  at::Tensor forward(const at::Tensor& x) { return torch::nn::functional::linear(x, weight); }
+  at::Tensor weight;
+};
+TORCH_MODULE(Gpt2Head);
+
+void validate(const Gpt2Config& config) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument("GPT-2: " + message);
+  };
+  require(config.n_layer > 0, "n_layer (--n-layer) must be positive");
+  require(config.vocab_size > 0, "vocab_size (--vocab-size) must be positive");
+  require(config.block_size > 0, "block_size (--block-size) must be positive");
+  require(config.n_head > 0 && config.n_embd > 0 && config.n_embd % config.n_head == 0,
+          "n_embd (--n-embd " + std::to_string(config.n_embd) +
+              ") must be a positive multiple of n_head (--n-head " + std::to_string(config.n_head) +
+              ")");
+  require(config.dropout >= 0 && config.dropout < 1, "dropout must be in [0, 1)");
+}
+
+}  // namespace
+
+Gpt2Config gpt2_preset(const std::string& size) {
+  Gpt2Config config;
+  if (size == "124M") {
+    config.n_layer = 12, config.n_head = 12, config.n_embd = 768;
+  } else if (size == "350M") {
+    config.n_layer = 24, config.n_head = 16, config.n_embd = 1024;
+  } else if (size == "774M") {
+    config.n_layer = 36, config.n_head = 20, config.n_embd = 1280;
+  } else if (size == "1558M") {
+    config.n_layer = 48, config.n_head = 25, config.n_embd = 1600;
+  } else {
+    throw std::invalid_argument("--model-size " + size + ": use 124M, 350M, 774M or 1558M");
+  }
+  return config;
+}
+
+at::Tensor causal_attention_explicit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     double dropout) {
+  const int64_t time = q.size(-2);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  const auto steps = torch::arange(time, q.options().dtype(torch::kInt64));
+  const auto future = steps.unsqueeze(0) > steps.unsqueeze(1);  // [T, T], true above diagonal
+  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  auto weights = torch::softmax(scores, -1);
+  if (dropout > 0) weights = torch::dropout(weights, dropout, /*train=*/true);
+  return torch::matmul(weights, v);
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double dropout) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+#else
+  return causal_attention_explicit(q, k, v, dropout);
+#endif
+}
+
+torch::nn::Sequential make_gpt2(const Gpt2Config& config) {
+  validate(config);
+  torch::NoGradGuard no_grad;
+  torch::nn::Sequential gpt2;
+  Gpt2Embedding embedding(config);
+  gpt2->push_back(embedding);
+  for (int64_t i = 0; i < config.n_layer; ++i) gpt2->push_back(Gpt2Block(config));
+  gpt2->push_back(layer_norm(config.n_embd));
+  gpt2->push_back(Gpt2Head(embedding->wte));
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  const std::string final_norm = std::to_string(config.n_layer + 1) + ".";
+  std::set<const void*> drawn;  // the head's tensor is wte's: drawn once, with it
+  for (auto& item : gpt2->named_parameters()) {
+    const std::string& name = item.key();
+    auto& tensor = item.value();
+    const auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (!drawn.insert(tensor.data_ptr()).second) continue;
+    if (name.find(".ln_") != std::string::npos || name.rfind(final_norm, 0) == 0) {
+      continue;  // LayerNorms: weight 1, bias 0, LibTorch's defaults already
+    }
+    if (ends_with(".bias")) {
+      tensor.zero_();
+    } else if (ends_with("c_proj.weight")) {
+      tensor.normal_(0, residual_std);
+    } else {
+      tensor.normal_(0, 0.02);
+    }
+  }
+  return gpt2;
+}
+
+Gpt2Model::Gpt2Model(const Gpt2Config& config, double lr)
+    : Module(make_gpt2(config)), config_(config), lr_(lr) {}
+
+at::Tensor Gpt2Model::loss(const Batch& batch) {
+  const auto logits = forward(batch.data);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              batch.target.reshape({-1}));
+}
+
+at::Tensor Gpt2Model::training_step(const Batch& batch, int64_t) {
+  auto loss_value = loss(batch);
+  log("train_loss", loss_value, LogOptions().prog_bar(true));
+  return loss_value;
+}
+
+void Gpt2Model::validation_step(const Batch& batch, int64_t) {
+  log("val_loss", loss(batch), LogOptions().prog_bar(true));
+}
+
+OptimizerConfig Gpt2Model::configure_optimizers() {
+  std::vector<at::Tensor> decayed, kept;
+  for (const auto& parameter : parameters())
+    (parameter.dim() >= 2 ? decayed : kept).push_back(parameter);
+  const auto options = torch::optim::AdamWOptions(lr_).betas({0.9, 0.95}).eps(1e-8);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decayed,
+                      std::make_unique<torch::optim::AdamWOptions>(
+                          torch::optim::AdamWOptions(options).weight_decay(config_.weight_decay)));
+  groups.emplace_back(kept, std::make_unique<torch::optim::AdamWOptions>(
+                                torch::optim::AdamWOptions(options).weight_decay(0)));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+}
+
+}  // namespace pipetrain::cli

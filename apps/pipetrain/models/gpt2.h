@@ -1,0 +1,69 @@
+// GPT-2 (Radford et al. 2019, as nanoGPT and Hugging Face's GPT2LMHeadModel build it) as a
+// Sequential a pipeline can cut between any two of its n_layer + 3 layers:
+//   0          Gpt2Embedding: token (wte) + learned position (wpe) embedding, dropout
+//   1..n_layer Gpt2Block: x + attn(ln_1(x)), then x + mlp(ln_2(x)); causal self-attention through
+//              one c_attn projection to q, k, v; MLP of 4 n_embd with tanh-approximated GELU
+//   n_layer+1  ln_f, the final LayerNorm
+//   n_layer+2  the LM head: logits = x wte^T, the token embedding's own tensor (tied weights, so
+//              a stage holding the head keeps a copy that gets the sum of both gradients)
+// Biases everywhere but the head. Initialisation as GPT-2's: N(0, 0.02) for matrices and
+// embeddings, the two residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer)),
+// zero biases, LayerNorms 1 and 0.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+#include <pipetrain/module.h>
+
+namespace pipetrain::cli {
+
+struct Gpt2Config {
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  int64_t block_size = 1024;
+  // GPT-2's 50257 tokens padded to a multiple of 64 (as nanoGPT does, for faster GEMMs).
+  int64_t vocab_size = 50304;
+  double dropout = 0.0;
+  double weight_decay = 0.1;  // on matrices and embeddings only
+};
+
+// GPT-2 small, medium, large, xl: "124M", "350M", "774M", "1558M" (n_layer, n_head, n_embd of the
+// released models; block 1024, vocabulary 50304). Throws std::invalid_argument naming the sizes.
+Gpt2Config gpt2_preset(const std::string& size);
+
+// Causal self-attention of q, k, v [B, H, T, hs]: through at::scaled_dot_product_attention (flash
+// and memory-efficient kernels) where the Torch has it (2.x), else written out (Debian's 1.13).
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double dropout);
+// The written-out path, always available (the fused one is checked against it).
+at::Tensor causal_attention_explicit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     double dropout);
+
+// The Sequential above, its weights drawn from the default generator. Throws
+// std::invalid_argument for a shape that does not fit (n_embd not a multiple of n_head, ...).
+torch::nn::Sequential make_gpt2(const Gpt2Config& config);
+
+// Next-token prediction: mean cross-entropy over every position; AdamW (betas 0.9, 0.95) with
+// weight decay on matrices and embeddings alone.
+class Gpt2Model : public Module {
+ public:
+  explicit Gpt2Model(const Gpt2Config& config, double lr = 6e-4);
+
+  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override;
+  void validation_step(const Batch& batch, int64_t batch_idx) override;
+  OptimizerConfig configure_optimizers() override;
+
+  const Gpt2Config& config() const { return config_; }
+
+ private:
+  at::Tensor loss(const Batch& batch);
+
+  Gpt2Config config_;
+  double lr_;
+};
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,227 @@
+// GPT-2 as the command builds it (--model gpt2): its initialisation and weight decay groups, the
+// fused attention against the written-out one, and a small GPT-2 under `pipe` on 2 and 3 stages
+// (the tied embedding on the first and last) with both schedules and every checkpoint mode
+// against `single` on the same data and initial weights, including a resume across layouts.
+// Tolerance: fp32 on CPU, relative 1e-5 on per-step losses and absolute 1e-5 on the final
+// weights, where only the order of sums differs (micro-batches, the tied gradient's two halves).
+#include "models/gpt2.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "pipetrain/safetensors.h"
+#include "pipetrain/trainer.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+#include "support/trainer_run.h"
+
+namespace pipetrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using cli::Gpt2Config;
+
+Gpt2Config small_config() {
+  Gpt2Config config;
+  config.n_layer = 3;
+  config.n_head = 2;
+  config.n_embd = 16;
+  config.block_size = 8;
+  config.vocab_size = 32;
+  return config;
+}
+
+TEST(Gpt2, InitialisesAsGpt2AndTiesTheHeadToTheTokenEmbedding) {
+  Gpt2Config config = small_config();
+  config.n_layer = 4;
+  config.n_embd = 256;
+  torch::manual_seed(0);
+  auto gpt2 = cli::make_gpt2(config);
+  ASSERT_EQ(gpt2->size(), 7u);
+  const auto parameters = gpt2->named_parameters();
+  EXPECT_TRUE(parameters["0.wte.weight"].is_same(parameters["6.weight"]));
+  EXPECT_NEAR(parameters["0.wte.weight"].std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(parameters["2.mlp.c_fc.weight"].std().item<double>(), 0.02, 0.001);
+  const double residual = 0.02 / std::sqrt(8.0);
+  EXPECT_NEAR(parameters["2.attn.c_proj.weight"].std().item<double>(), residual, 0.1 * residual);
+  EXPECT_NEAR(parameters["2.mlp.c_proj.weight"].std().item<double>(), residual, 0.1 * residual);
+  EXPECT_EQ(parameters["1.attn.c_attn.bias"].abs().max().item<double>(), 0);
+  EXPECT_TRUE(torch::equal(parameters["5.weight"], torch::ones({256})));
+  EXPECT_TRUE(torch::equal(parameters["1.ln_1.bias"], torch::zeros({256})));
+}
+
+TEST(Gpt2, DecaysMatricesAndEmbeddingsOnly) {
+  cli::Gpt2Model model(small_config());
+  auto config = model.configure_optimizers();
+  auto& groups = config.optimizer->param_groups();
+  ASSERT_EQ(groups.size(), 2u);
+  for (const auto& parameter : groups[0].params()) EXPECT_GE(parameter.dim(), 2);
+  for (const auto& parameter : groups[1].params()) EXPECT_EQ(parameter.dim(), 1);
+  EXPECT_EQ(groups[0].params().size() + groups[1].params().size(), model.parameters().size());
+  auto weight_decay = [](const torch::optim::OptimizerParamGroup& group) {
+    return static_cast<const torch::optim::AdamWOptions&>(group.options()).weight_decay();
+  };
+  EXPECT_EQ(weight_decay(groups[0]), 0.1);
+  EXPECT_EQ(weight_decay(groups[1]), 0.0);
+}
+
+TEST(Gpt2, FusedAttentionGivesTheWrittenOutOne) {
+#if TORCH_VERSION_MAJOR < 2
+  GTEST_SKIP() << "this Torch (" << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
+               << ") has no scaled_dot_product_attention: both paths are the written-out one";
+#endif
+  torch::manual_seed(3);
+  const auto q = torch::randn({2, 3, 10, 8}), k = torch::randn({2, 3, 10, 8}),
+             v = torch::randn({2, 3, 10, 8});
+  EXPECT_TRUE(torch::allclose(cli::causal_attention(q, k, v, 0),
+                              cli::causal_attention_explicit(q, k, v, 0), 1e-5, 1e-5));
+}
+
+TEST(Gpt2, AttentionIsCausal) {
+  torch::manual_seed(4);
+  auto q = torch::randn({1, 1, 6, 4}), k = torch::randn({1, 1, 6, 4}),
+       v = torch::randn({1, 1, 6, 4});
+  const auto before = cli::causal_attention(q, k, v, 0);
+  k.select(2, 5).fill_(9), v.select(2, 5).fill_(9);  // the last position alone changes
+  const auto after = cli::causal_attention(q, k, v, 0);
+  EXPECT_TRUE(torch::allclose(before.slice(2, 0, 5), after.slice(2, 0, 5)));
+  EXPECT_FALSE(torch::allclose(before.select(2, 5), after.select(2, 5)));
+}
+
+// Random token windows, the same on every rank.
+TensorDataset token_windows() {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(17);
+  const auto tokens = torch::randint(0, 32, {48, 9}, generator, torch::kInt64);
+  return {tokens.slice(1, 0, 8), tokens.slice(1, 1, 9)};
+}
+
+struct Gpt2Run {
+  std::string root, strategy = "single", schedule = "gpipe", checkpoint = "except_last", resume;
+  int64_t devices = 1, chunks = 1, max_steps = -1;
+  std::map<std::string, std::string> env() const {
+    return {{"ROOT", root},
+            {"STRATEGY", strategy},
+            {"SCHEDULE", schedule},
+            {"CHECKPOINT", checkpoint},
+            {"RESUME", resume},
+            {"DEVICES", std::to_string(devices)},
+            {"CHUNKS", std::to_string(chunks)},
+            {"MAX_STEPS", std::to_string(max_steps)}};
+  }
+  static Gpt2Run from_env() {
+    Gpt2Run run;
+    run.root = env_or("ROOT", "");
+    run.strategy = env_or("STRATEGY", "single");
+    run.schedule = env_or("SCHEDULE", "gpipe");
+    run.checkpoint = env_or("CHECKPOINT", "except_last");
+    run.resume = env_or("RESUME", "");
+    run.devices = std::stoll(env_or("DEVICES", "1"));
+    run.chunks = std::stoll(env_or("CHUNKS", "1"));
+    run.max_steps = std::stoll(env_or("MAX_STEPS", "-1"));
+    return run;
+  }
+  std::string weights() const { return root + "/checkpoints/last.ckpt/model.safetensors"; }
+};
+
+// Two epochs of 6 batches of 8 windows, shuffled, gradients clipped at 1 (the recipe's).
+void train(const Gpt2Run& run) {
+  Trainer trainer(
+      logged_run_options(run.root)
+          .strategy(run.strategy)
+          .devices(run.devices)
+          .max_epochs(2)
+          .max_steps(run.max_steps)
+          .gradient_clip_val(1.0)
+          .pipe(
+              PipeOptions().chunks(run.chunks).schedule(run.schedule).checkpoint(run.checkpoint)));
+  torch::manual_seed(5);
+  cli::Gpt2Model model(small_config(), 3e-3);
+  const DataLoader loader(token_windows(), DataLoaderOptions().batch_size(8).shuffle(true).seed(2));
+  trainer.fit(model, loader, nullptr, run.resume);
+}
+
+PIPETRAIN_WORKER(gpt2_worker) {
+  const auto run = Gpt2Run::from_env();
+  try {
+    train(run);
+  } catch (const std::exception& e) {
+    std::ofstream(run.root + "/error-" + env_or("RANK", "0") + ".txt") << e.what();
+    throw;
+  }
+}
+
+class Gpt2Pipe : public ::testing::Test {
+ protected:
+  void TearDown() override { fs::remove_all(dir); }
+  void train_in_ranks(const Gpt2Run& run) const {
+    fs::create_directories(run.root);
+    ASSERT_EQ(run_ranks(static_cast<int>(run.devices), "gpt2_worker", run.env()), 0) << run.root;
+  }
+  std::string dir = make_temp_dir("gpt2");
+};
+
+void expect_same_losses(const std::vector<double>& expected, const std::vector<double>& actual) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
+  }
+}
+
+TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointMode) {
+  Gpt2Run single;
+  single.root = dir + "/single";
+  train(single);
+  const auto expected = read_csv_column(metrics_csv(single.root), "train_loss");
+  ASSERT_EQ(expected.size(), 12u);
+  struct Layout {
+    int64_t stages;
+    std::string schedule, checkpoint;
+  };
+  for (const auto& layout : std::vector<Layout>{{2, "gpipe", "always"},
+                                                {2, "1f1b", "except_last"},
+                                                {2, "1f1b", "never"},
+                                                {3, "gpipe", "never"},
+                                                {3, "1f1b", "always"}}) {
+    Gpt2Run pipe;
+    pipe.root =
+        dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" + layout.checkpoint;
+    SCOPED_TRACE(pipe.root);
+    pipe.strategy = "pipe";
+    pipe.devices = layout.stages;
+    pipe.chunks = 4;
+    pipe.schedule = layout.schedule;
+    pipe.checkpoint = layout.checkpoint;
+    train_in_ranks(pipe);
+    expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"));
+    expect_same_weights(single.weights(), pipe.weights(), 1e-5);
+  }
+}
+
+TEST_F(Gpt2Pipe, ACheckpointOfTwoStagesResumesInOneProcess) {
+  Gpt2Run single;
+  single.root = dir + "/single";
+  train(single);
+  Gpt2Run pipe;
+  pipe.root = dir + "/pipe";
+  pipe.strategy = "pipe";
+  pipe.devices = 2;
+  pipe.chunks = 2;
+  pipe.max_steps = 4;  // mid-epoch 0
+  train_in_ranks(pipe);
+  Gpt2Run resumed;
+  resumed.root = dir + "/resumed";
+  resumed.resume = pipe.root + "/checkpoints/last.ckpt";
+  train(resumed);
+  auto seen = read_csv_column(metrics_csv(pipe.root), "train_loss");
+  const auto rest = read_csv_column(metrics_csv(resumed.root), "train_loss");
+  seen.insert(seen.end(), rest.begin(), rest.end());
+  expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"), seen);
+  expect_same_weights(single.weights(), resumed.weights(), 1e-5);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing
