@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <pipetrain/fused_adamw.h>
+
 namespace pipetrain::cli {
 namespace {
 
@@ -237,7 +239,7 @@ OptimizerConfig Gpt2Model::configure_optimizers() {
                           torch::optim::AdamWOptions(options).weight_decay(config_.weight_decay)));
   groups.emplace_back(kept, std::make_unique<torch::optim::AdamWOptions>(
                                 torch::optim::AdamWOptions(options).weight_decay(0)));
-  return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+  return std::make_unique<FusedAdamW>(std::move(groups), options);
 }
 
 }  // namespace pipetrain::cli

@@ -1,0 +1,75 @@
+#include "pipetrain/fused_adamw.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <tuple>
+#include <vector>
+
+namespace pipetrain {
+
+at::Tensor FusedAdamW::step(LossClosure closure) {
+#if TORCH_VERSION_MAJOR >= 2
+  bool fusable = true;
+  for (const auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    for (const auto& parameter : group.params()) fusable &= parameter.is_cuda();
+    fusable &= !options.amsgrad();
+  }
+  if (!fusable) return AdamW::step(std::move(closure));
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    // One kernel per (device, dtype), as torch.optim groups its tensors.
+    struct Lists {
+      std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    };
+    std::map<std::pair<int64_t, at::ScalarType>, Lists> lists;
+    for (auto& parameter : group.params()) {
+      if (!parameter.grad().defined()) continue;
+      // Torch 2.x keys the state by the parameter's TensorImpl itself.
+      void* const key = parameter.unsafeGetTensorImpl();
+      auto& slot = state_[key];
+      if (!slot) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(parameter, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(parameter, at::MemoryFormat::Preserve));
+        slot = std::move(fresh);
+      }
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
+      auto& [device_step, host_step] = device_steps_[key];
+      if (!device_step.defined() || host_step != state.step()) {
+        device_step = torch::full({}, static_cast<double>(state.step()),
+                                  parameter.options().dtype(torch::kFloat32));
+      }
+      state.step(state.step() + 1);
+      host_step = state.step();
+      auto& list = lists[{parameter.get_device(), parameter.scalar_type()}];
+      list.params.push_back(parameter);
+      list.grads.push_back(parameter.grad());
+      list.exp_avgs.push_back(state.exp_avg());
+      list.exp_avg_sqs.push_back(state.exp_avg_sq());
+      list.steps.push_back(device_step);
+    }
+    for (auto& [where, list] : lists) {
+      at::_foreach_add_(list.steps, 1);
+      at::_fused_adamw_(list.params, list.grads, list.exp_avgs, list.exp_avg_sqs, {}, list.steps,
+                        options.lr(), std::get<0>(options.betas()), std::get<1>(options.betas()),
+                        options.weight_decay(), options.eps(), /*amsgrad=*/false,
+                        /*maximize=*/false, /*grad_scale=*/std::nullopt,
+                        /*found_inf=*/std::nullopt);
+    }
+  }
+  return loss;
+#else
+  return AdamW::step(std::move(closure));
+#endif
+}
+
+}  // namespace pipetrain
