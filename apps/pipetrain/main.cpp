@@ -22,6 +22,7 @@
 #include <pipetrain/module.h>
 #include <pipetrain/trainer.h>
 
+#include "models/hf_gpt2.h"
 #include "models/models.h"
 #include "models/prepare_data.h"
 
@@ -134,6 +135,8 @@ void add_flags(CLI::App& app, Args& a) {
   add("--n-layer", a.model.n_layer, "gpt2: transformer blocks (0: the preset's)");
   add("--n-head", a.model.n_head, "gpt2: attention heads (0: the preset's)");
   add("--n-embd", a.model.n_embd, "gpt2: embedding width (0: the preset's)");
+  add("--init-from", a.model.init_from,
+      "gpt2: start from a Hugging Face GPT-2 folder (config.json, model.safetensors)");
   add("--strategy", a.strategy,
       "how to place the model: single, pipe, ddp, ddp_pipe, or a registered name");
   add("--accelerator", a.accelerator, "cpu, cuda, or auto (cuda when a GPU is visible)");
@@ -401,6 +404,22 @@ int main(int argc, char** argv) {
     subcommands[name] = app.add_subcommand(name, help);
     add_flags(*subcommands[name], args[name]);
   }
+  struct ExportOptions {
+    std::string format = "hf-gpt2", ckpt_path, output;
+    int64_t n_head = 0;
+  } exported;
+  CLI::App* export_command = app.add_subcommand(
+      "export", "write a checkpoint's weights for other tools (hf-gpt2: transformers' GPT-2)");
+  export_command->add_option("--format", exported.format, "hf-gpt2 (the one there is)");
+  export_command->add_option("--ckpt-path", exported.ckpt_path, "a .ckpt folder of --model gpt2")
+      ->required();
+  export_command
+      ->add_option("--output", exported.output,
+                   "folder for model.safetensors and "
+                   "config.json")
+      ->required();
+  export_command->add_option("--n-head", exported.n_head,
+                             "attention heads (0: those of the released GPT-2 of this shape)");
   pipetrain::cli::PrepareDataOptions prepare;
   CLI::App* prepare_command =
       app.add_subcommand("prepare-data", "make token files (train.bin, val.bin) from any text");
@@ -436,6 +455,18 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (export_command->parsed()) {
+      if (exported.format != "hf-gpt2") {
+        throw std::invalid_argument("--format " + exported.format + ": use hf-gpt2");
+      }
+      const auto weights = pipetrain::read_checkpoint_weights(exported.ckpt_path);
+      pipetrain::cli::export_hf_gpt2(
+          weights, pipetrain::cli::gpt2_config_of(weights, exported.n_head), exported.output);
+      std::cout << "wrote " << exported.output << "/model.safetensors and config.json "
+                << "(transformers.GPT2LMHeadModel.from_pretrained(\"" << exported.output << "\"))"
+                << std::endl;
+      return 0;
+    }
     if (prepare_command->parsed()) {
       std::cout << pipetrain::cli::prepare_data(prepare) << std::endl;
       return 0;

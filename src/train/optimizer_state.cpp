@@ -1,5 +1,7 @@
 #include "pipetrain/optimizer_state.h"
 
+#include "pipetrain/fused_adamw.h"
+
 #include <c10/util/Type.h>
 #include <torch/optim.h>
 
@@ -86,6 +88,11 @@ const std::vector<Kind>& kinds() {
          return adam_required(options_as<optim::AdamOptions>(options).amsgrad());
        }},
       {"AdamW", typeid(optim::AdamW), make_state<optim::AdamWParamState>, adamw_tensors,
+       [](const OptimizerOptions& options) {
+         return adam_required(options_as<optim::AdamWOptions>(options).amsgrad());
+       }},
+      // AdamW's state and options, stepped by a fused kernel: its checkpoints are AdamW's.
+      {"AdamW", typeid(FusedAdamW), make_state<optim::AdamWParamState>, adamw_tensors,
        [](const OptimizerOptions& options) {
          return adam_required(options_as<optim::AdamWOptions>(options).amsgrad());
        }},

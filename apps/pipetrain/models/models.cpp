@@ -8,7 +8,10 @@
 
 #include <pipetrain/token_dataset.h>
 
+#include <pipetrain/checkpoint_io.h>
+
 #include "models/gpt2.h"
+#include "models/hf_gpt2.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -168,8 +171,28 @@ BuiltInModel make_model(const ModelOptions& options) {
           "--model gpt2 trains on token files: pass --train-data FILE (nanoGPT's train.bin, an "
           "llm.c shard, or what `pipetrain prepare-data` makes from any text)");
     }
-    const Gpt2Config config = gpt2_config(options);
+    Gpt2Config config = gpt2_config(options);
+    std::map<std::string, at::Tensor> initial;
+    if (!options.init_from.empty()) {
+      auto [stored, weights] = read_hf_gpt2(options.init_from);
+      const bool shaped = options.n_layer > 0 || options.n_head > 0 || options.n_embd > 0;
+      if (shaped && (stored.n_layer != config.n_layer || stored.n_head != config.n_head ||
+                     stored.n_embd != config.n_embd)) {
+        throw std::invalid_argument("--init-from " + options.init_from +
+                                    " holds a GPT-2 of its own shape (config.json): leave out "
+                                    "--n-layer, --n-head and --n-embd");
+      }
+      stored.dropout = config.dropout;
+      config = stored;
+      // The head is the token embedding's tensor: loading it under both names is loading it once.
+      weights[std::to_string(config.n_layer + 2) + ".weight"] = weights.at("0.wte.weight");
+      initial = std::move(weights);
+    }
     built.module = std::make_unique<Gpt2Model>(config, options.lr);
+    if (!initial.empty()) {
+      auto layers = built.module->layers();
+      load_weights(layers, initial, options.init_from + "/model.safetensors");
+    }
     built.train =
         std::make_shared<TokenDataset>(options.train_data, config.block_size, config.vocab_size);
     const std::string val_data = !options.val_data.empty() ? options.val_data

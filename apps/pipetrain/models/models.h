@@ -31,6 +31,8 @@ struct ModelOptions {
   int64_t n_layer = 0;
   int64_t n_head = 0;
   int64_t n_embd = 0;
+  // gpt2: a Hugging Face GPT-2 folder (config.json, model.safetensors) to start from.
+  std::string init_from;
 };
 
 struct BuiltInModel {

@@ -1,0 +1,34 @@
+// GPT-2 weights in the layout of Hugging Face's transformers.GPT2LMHeadModel: a folder holding
+// model.safetensors (names "transformer.h.0.attn.c_attn.weight", ...; the Conv1D projections
+// stored [in, out], the transpose of a Linear's weight; lm_head tied to wte and so not stored)
+// and config.json. `pipetrain export --format hf-gpt2` writes one; `--init-from DIR` starts
+// training from one.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include <ATen/Tensor.h>
+
+#include "models/gpt2.h"
+
+namespace pipetrain::cli {
+
+// Writes `weights` (pipetrain's names, as in a checkpoint's model.safetensors) of a GPT-2 of shape
+// `config` into `dir` (created if missing). Throws std::invalid_argument naming a missing tensor
+// or one whose shape disagrees with `config`, std::runtime_error when a file cannot be written.
+void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2Config& config,
+                    const std::string& dir);
+
+// The shape in `dir`/config.json and the weights of `dir`/model.safetensors under pipetrain's
+// names (ready for load_weights). Throws std::invalid_argument naming the file and what is
+// missing or not GPT-2.
+std::pair<Gpt2Config, std::map<std::string, at::Tensor>> read_hf_gpt2(const std::string& dir);
+
+// The shape of the GPT-2 whose weights these are: n_layer, n_embd, vocab and block size from the
+// tensors, n_head from `n_head` or, when that is 0, from the released model of this depth and
+// width. Throws std::invalid_argument when n_head cannot be known.
+Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int64_t n_head);
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,146 @@
+// GPT-2 to and from Hugging Face's layout: `pipetrain export --format hf-gpt2` of a trained
+// checkpoint gives, read by a PyTorch re-implementation of GPT-2's forward that shares no code with
+// pipetrain (tests/io/gpt2_reference.py), the logits pipetrain computes (fp32, absolute 1e-4);
+// `--init-from` of the export starts training from exactly those weights; bad folders and shapes
+// are usage errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "models/gpt2.h"
+#include "pipetrain/checkpoint_io.h"
+#include "pipetrain/safetensors.h"
+#include "support/command.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A Python with torch: Debian's (python3-torch), else the first on PATH; "" when neither has it.
+std::string python_with_torch() {
+  for (const char* python : {"/usr/bin/python3", "python3"}) {
+    if (run_command({python, "-c", "import torch"}).exit_code == 0) return python;
+  }
+  return "";
+}
+
+class HfExport : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(run_command({PIPETRAIN_CLI, "prepare-data", "--input",
+                           "/usr/share/common-licenses/GPL-3", "--output", dir + "/data"})
+                  .exit_code,
+              0);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  // A tiny GPT-2 trained for `steps` steps into `root`; returns its last.ckpt.
+  std::string fit(const std::string& root, int64_t steps, std::vector<std::string> extra) const {
+    std::vector<std::string> argv{PIPETRAIN_CLI,
+                                  "fit",
+                                  "--model",
+                                  "gpt2",
+                                  "--train-data",
+                                  dir + "/data/train.bin",
+                                  "--max-steps",
+                                  std::to_string(steps),
+                                  "--batch-size",
+                                  "4",
+                                  "--vocab-size",
+                                  "256",
+                                  "--block-size",
+                                  "8",
+                                  "--num-sanity-val-steps",
+                                  "0",
+                                  "--limit-val-batches",
+                                  "0",
+                                  "--enable-progress-bar",
+                                  "false",
+                                  "--default-root-dir",
+                                  root};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto result = run_command(argv);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return root + "/lightning_logs/version_0/checkpoints/last.ckpt";
+  }
+  const std::vector<std::string> shape{"--n-layer", "2", "--n-head", "2", "--n-embd", "16"};
+  std::string dir = make_temp_dir("hf-export");
+};
+
+TEST_F(HfExport, AnExportGivesAnIndependentGpt2TheSameLogitsAndTrainsOnFromThere) {
+  const std::string checkpoint = fit(dir + "/trained", 5, shape);
+  const std::string folder = dir + "/hf";
+  const auto exported = run_command({PIPETRAIN_CLI, "export", "--format", "hf-gpt2", "--ckpt-path",
+                                     checkpoint, "--output", folder, "--n-head", "2"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  std::ifstream config_file(folder + "/config.json");
+  const auto config = nlohmann::json::parse(config_file);
+  EXPECT_EQ(config.at("model_type"), "gpt2");
+  EXPECT_EQ(config.at("n_layer"), 2);
+  EXPECT_EQ(config.at("n_positions"), 8);
+  EXPECT_EQ(config.at("vocab_size"), 256);
+  const auto stored = load_safetensors(folder + "/model.safetensors");
+  EXPECT_EQ(stored.count("lm_head.weight"), 0u);  // tied to wte
+  EXPECT_EQ(stored.at("transformer.h.0.attn.c_attn.weight").sizes(),
+            (std::vector<int64_t>{16, 48}));  // Conv1D: [in, out]
+
+  // pipetrain's logits of the checkpoint.
+  cli::Gpt2Config shape_config;
+  shape_config.n_layer = 2, shape_config.n_head = 2, shape_config.n_embd = 16;
+  shape_config.block_size = 8, shape_config.vocab_size = 256;
+  auto gpt2 = cli::make_gpt2(shape_config);
+  auto weights = read_checkpoint_weights(checkpoint);
+  weights["4.weight"] = weights.at("0.wte.weight");
+  load_weights(gpt2, weights, checkpoint);
+  gpt2->eval();
+  const std::vector<int64_t> ids{84, 104, 101, 32, 71, 78, 85, 32};
+  const auto ours = gpt2->forward(torch::tensor(ids).unsqueeze(0)).squeeze(0);
+
+  const std::string python = python_with_torch();
+  if (python.empty()) GTEST_SKIP() << "no Python with torch (Debian: python3-torch)";
+  std::vector<std::string> argv{
+      python, std::string(PIPETRAIN_SOURCE_DIR) + "/tests/io/gpt2_reference.py", folder};
+  for (const int64_t id : ids) argv.push_back(std::to_string(id));
+  const auto reference = run_command(argv);
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const auto rows = nlohmann::json::parse(reference.output).get<std::vector<std::vector<float>>>();
+  ASSERT_EQ(rows.size(), ids.size());
+  for (size_t t = 0; t < rows.size(); ++t) {
+    const auto theirs = torch::tensor(rows[t]);
+    EXPECT_TRUE(torch::allclose(ours[static_cast<int64_t>(t)], theirs, 0, 1e-4))
+        << "position " << t << " differs by "
+        << (ours[static_cast<int64_t>(t)] - theirs).abs().max().item<double>();
+  }
+
+  // A run started from the export with lr 0 keeps its weights exactly.
+  const std::string restarted = fit(dir + "/restarted", 1, {"--init-from", folder, "--lr", "0"});
+  const auto before = read_checkpoint_weights(checkpoint),
+             after = read_checkpoint_weights(restarted);
+  ASSERT_EQ(after.size(), before.size());
+  for (const auto& [name, tensor] : before) {
+    EXPECT_TRUE(torch::equal(after.at(name), tensor)) << name;
+  }
+}
+
+TEST_F(HfExport, AShapeOfItsOwnNeedsItsHeadsAndAFolderItsFiles) {
+  const std::string checkpoint = fit(dir + "/trained", 1, shape);
+  const auto unknown =
+      run_command({PIPETRAIN_CLI, "export", "--ckpt-path", checkpoint, "--output", dir + "/hf"});
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("is no released size, so its heads are unknown: pass --n-head"),
+            std::string::npos)
+      << unknown.output;
+  const auto missing =
+      run_command({PIPETRAIN_CLI, "fit", "--model", "gpt2", "--train-data", dir + "/data/train.bin",
+                   "--init-from", dir + "/nothing", "--default-root-dir", dir + "/r"});
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("no config.json there"), std::string::npos) << missing.output;
+}
+
+}  // namespace
+}  // namespace pipetrain::testing

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""GPT-2's forward written out in PyTorch from a Hugging Face folder (config.json and
+model.safetensors in GPT2LMHeadModel's layout: Conv1D weights [in, out], lm_head tied to wte), so
+that an export is checked against a reading of the layout that shares no code with pipetrain.
+
+  gpt2_reference.py DIR TOKEN...   prints the logits of the token sequence as a JSON list of rows
+"""
+import json
+import math
+import struct
+import sys
+
+import torch
+
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def load_safetensors(path):
+    data = open(path, "rb").read()
+    (length,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8:8 + length])
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        raw = bytearray(data[8 + length + begin:8 + length + end])
+        tensors[name] = torch.frombuffer(raw, dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
+    return tensors
+
+
+def main():
+    folder, ids = sys.argv[1], [int(t) for t in sys.argv[2:]]
+    config = json.load(open(folder + "/config.json"))
+    w = {k.removeprefix("transformer."): v.float() for k, v in
+         load_safetensors(folder + "/model.safetensors").items()}
+    layers, heads, width = config["n_layer"], config["n_head"], config["n_embd"]
+    eps = config["layer_norm_epsilon"]
+    tokens = torch.tensor(ids)
+    time = len(ids)
+    x = w["wte.weight"][tokens] + w["wpe.weight"][torch.arange(time)]
+
+    def norm(v, name):
+        return torch.nn.functional.layer_norm(v, (width,), w[name + ".weight"], w[name + ".bias"], eps)
+
+    def conv1d(v, name):  # Hugging Face's Conv1D: v @ W + b, W of [in, out]
+        return v @ w[name + ".weight"] + w[name + ".bias"]
+
+    causal = torch.tril(torch.ones(time, time, dtype=torch.bool))
+    for i in range(layers):
+        p = "h.%d." % i
+        q, k, v = conv1d(norm(x, p + "ln_1"), p + "attn.c_attn").split(width, dim=-1)
+        q, k, v = (z.view(time, heads, width // heads).transpose(0, 1) for z in (q, k, v))
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(width // heads)
+        attention = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+        x = x + conv1d(attention.transpose(0, 1).reshape(time, width), p + "attn.c_proj")
+        hidden = conv1d(norm(x, p + "ln_2"), p + "mlp.c_fc")
+        x = x + conv1d(torch.nn.functional.gelu(hidden, approximate="tanh"), p + "mlp.c_proj")
+    logits = norm(x, "ln_f") @ w["wte.weight"].t()
+    print(json.dumps(logits.tolist()))
+
+
+main()
