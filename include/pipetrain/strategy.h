@@ -54,8 +54,8 @@ class Strategy {
   // A collective: every rank calls it at the same point.
   virtual ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) = 0;
   // The L2 norm of all gradients of the whole model (every stage), as one process would compute
-  // it. A collective.
-  virtual double gradient_norm(Module& module) = 0;
+  // it: a float64 scalar on this rank's device, which the host need not wait for. A collective.
+  virtual at::Tensor gradient_norm(Module& module) = 0;
   // Every parameter and buffer of the whole model under its global name ("3.weight"), on rank 0
   // (empty elsewhere). A collective.
   virtual std::map<std::string, at::Tensor> gather_weights(Module& module) = 0;

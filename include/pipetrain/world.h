@@ -67,6 +67,9 @@ class World {
   // Element-wise sums of `values` over all ranks, on the host: one collective for several
   // decisions, whose values may still be on the device (one host wait for all of them).
   std::vector<double> all_reduce_sum(const at::Tensor& values) const;
+  // Element-wise sums of `values` (float64) over all ranks, left on this rank's device: on a GPU
+  // the host does not wait for them.
+  at::Tensor all_reduce_sum_on_device(const at::Tensor& values) const;
   // True on every rank when it is true on any rank: decisions one rank takes alone (a clock ran
   // out) become everyone's.
   bool any(bool value) const { return all_reduce_sum(value ? 1.0 : 0.0) > 0; }

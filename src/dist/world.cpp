@@ -152,11 +152,15 @@ double World::all_reduce_sum(double value) const {
 }
 
 std::vector<double> World::all_reduce_sum(const at::Tensor& values) const {
+  const auto host = all_reduce_sum_on_device(values).cpu();
+  return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+}
+
+at::Tensor World::all_reduce_sum_on_device(const at::Tensor& values) const {
   std::vector<at::Tensor> tensors{values.to(device_, at::kDouble).contiguous().clone()};
   try {
     if (process_group_) wait(process_group_->allreduce(tensors));
-    const auto host = tensors[0].cpu();
-    return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+    return tensors[0];
   } catch (const std::exception& e) {
     fail("sum values with", e);
   }

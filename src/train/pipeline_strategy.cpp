@@ -205,16 +205,26 @@ class PipelineStrategy : public Strategy {
     return decode(pipeline_->broadcast(text, stages_ - 1));
   }
 
-  double gradient_norm(Module& module) override {
-    // Replicas hold the same (averaged) gradients: the sum runs over the stages of one pipeline.
-    auto sum_of_squares = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device()));
+  at::Tensor gradient_norm(Module& module) override {
     // A tied parameter counts once, on the first stage holding it.
+    std::vector<at::Tensor> gradients;
     for (const auto& p : module.parameters()) {
       if (p.grad().defined() && !pipe_->tied_parameters().is_extra_copy(p)) {
-        sum_of_squares += p.grad().to(torch::kFloat64).pow(2).sum();
+        gradients.push_back(p.grad());
       }
     }
-    return std::sqrt(pipeline_->all_reduce_sum(sum_of_squares.item<double>()));
+    auto sum_of_squares = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(device()));
+    if (!gradients.empty()) {
+#if TORCH_VERSION_MAJOR >= 2
+      // One kernel for every gradient's norm, instead of three per gradient.
+      sum_of_squares =
+          torch::stack(at::_foreach_norm(gradients, 2)).to(torch::kFloat64).pow(2).sum();
+#else
+      for (const auto& g : gradients) sum_of_squares += g.to(torch::kFloat64).pow(2).sum();
+#endif
+    }
+    // Replicas hold the same (averaged) gradients: the sum runs over the stages of one pipeline.
+    return pipeline_->all_reduce_sum_on_device(sum_of_squares).sqrt();
   }
 
   std::map<std::string, at::Tensor> gather_weights(Module& module) override {

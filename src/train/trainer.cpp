@@ -512,13 +512,20 @@ void Trainer::optimizer_step(Module& module) {
     const double clip = options_.gradient_clip_val();
     torch::NoGradGuard no_grad;
     if (options_.gradient_clip_algorithm() == "norm") {
-      // The norm over every stage, as clip_grad_norm_ over the whole model would compute it.
-      const double norm = strategy_->gradient_norm(module);
-      const double scale = clip / (norm + 1e-6);
-      if (scale < 1.0) {
-        for (auto& p : module.parameters()) {
-          if (p.grad().defined()) p.grad().mul_(scale);
-        }
+      // The norm over every stage, as clip_grad_norm_ over the whole model would compute it, and
+      // the scale stay on the device (a factor of 1 leaves a gradient as it is).
+      const auto scale = (clip / (strategy_->gradient_norm(module) + 1e-6)).clamp_max(1.0);
+      std::map<at::ScalarType, std::vector<at::Tensor>> gradients;
+      for (auto& p : module.parameters()) {
+        if (p.grad().defined()) gradients[p.grad().scalar_type()].push_back(p.grad());
+      }
+      for (auto& [dtype, group] : gradients) {
+        const auto factor = scale.to(dtype);
+#if TORCH_VERSION_MAJOR >= 2
+        at::_foreach_mul_(group, factor);
+#else
+        for (auto& g : group) g.mul_(factor);
+#endif
       }
     } else {
       for (auto& p : module.parameters()) {

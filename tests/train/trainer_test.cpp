@@ -105,7 +105,7 @@ class CountingStrategy : public Strategy {
   ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) override {
     return inner_->reduce_metrics(metrics);
   }
-  double gradient_norm(Module& module) override { return inner_->gradient_norm(module); }
+  at::Tensor gradient_norm(Module& module) override { return inner_->gradient_norm(module); }
   std::map<std::string, at::Tensor> gather_weights(Module& module) override {
     return inner_->gather_weights(module);
   }
