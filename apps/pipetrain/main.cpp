@@ -269,6 +269,9 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
             .patience(a.early_stopping_patience)));
   }
   if (!loggers.empty()) callbacks.push_back(std::make_shared<pipetrain::LearningRateMonitor>());
+  if (a.model.name == "gpt" || a.model.name == "gpt2") {
+    callbacks.push_back(std::make_shared<pipetrain::cli::PerplexityLogger>());
+  }
   return pipetrain::TrainerOptions()
       .strategy(a.strategy)
       .accelerator(a.accelerator)

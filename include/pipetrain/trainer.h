@@ -93,7 +93,6 @@ class Trainer {
   LRScheduler* lr_scheduler() const { return lr_scheduler_.get(); }
 
  private:
-  // Batch `index` of `epoch`: this rank's share, in the precision's dtype.
   // Batches [first, end) of `epoch` as this process reads them, prepared ahead.
   std::unique_ptr<BatchStream> batches(const DataLoader& loader, int64_t epoch, int64_t first,
                                        int64_t end) const;

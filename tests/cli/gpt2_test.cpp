@@ -223,5 +223,51 @@ TEST_F(Gpt2Pipe, ACheckpointOfTwoStagesResumesInOneProcess) {
   expect_same_weights(single.weights(), resumed.weights(), 1e-5);
 }
 
+// Through the command: validation logs the perplexity of the epoch's mean loss.
+TEST_F(Gpt2Pipe, TheCommandLogsValidationPerplexity) {
+  ASSERT_EQ(run_command({PIPETRAIN_CLI, "prepare-data", "--input",
+                         "/usr/share/common-licenses/GPL-3", "--output", dir + "/data"})
+                .exit_code,
+            0);
+  const auto result = run_command({PIPETRAIN_CLI,
+                                   "fit",
+                                   "--model",
+                                   "gpt2",
+                                   "--n-layer",
+                                   "2",
+                                   "--n-head",
+                                   "2",
+                                   "--n-embd",
+                                   "16",
+                                   "--block-size",
+                                   "8",
+                                   "--vocab-size",
+                                   "256",
+                                   "--train-data",
+                                   dir + "/data/train.bin",
+                                   "--max-steps",
+                                   "4",
+                                   "--val-check-interval",
+                                   "2",
+                                   "--limit-val-batches",
+                                   "3",
+                                   "--batch-size",
+                                   "4",
+                                   "--enable-progress-bar",
+                                   "false",
+                                   "--logger",
+                                   "csv",
+                                   "--default-root-dir",
+                                   dir + "/run"});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto loss = read_csv_column(metrics_csv(dir + "/run"), "val_loss");
+  const auto perplexity = read_csv_column(metrics_csv(dir + "/run"), "val_ppl");
+  ASSERT_EQ(loss.size(), 2u);
+  ASSERT_EQ(perplexity.size(), loss.size());
+  for (size_t i = 0; i < loss.size(); ++i) {
+    EXPECT_NEAR(perplexity[i], std::exp(loss[i]), 1e-5 * std::exp(loss[i]));
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain::testing

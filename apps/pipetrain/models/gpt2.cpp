@@ -1,5 +1,6 @@
 #include "models/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -7,6 +8,7 @@
 #include <stdexcept>
 
 #include <pipetrain/fused_adamw.h>
+#include <pipetrain/trainer.h>
 
 namespace pipetrain::cli {
 namespace {
@@ -226,6 +228,15 @@ at::Tensor Gpt2Model::training_step(const Batch& batch, int64_t) {
 
 void Gpt2Model::validation_step(const Batch& batch, int64_t) {
   log("val_loss", loss(batch), LogOptions().prog_bar(true));
+}
+
+void PerplexityLogger::on_validation_end(Trainer& trainer, Module&) {
+  const auto loss = trainer.callback_metrics().find("val_loss");
+  if (loss == trainer.callback_metrics().end()) return;
+  // The row of the validation itself: its epoch and step.
+  trainer.log_metrics({{"val_ppl", std::exp(loss->second)},
+                       {"epoch", static_cast<double>(trainer.current_epoch())}},
+                      std::max<int64_t>(trainer.global_step() - 1, 0));
 }
 
 OptimizerConfig Gpt2Model::configure_optimizers() {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include <pipetrain/callback.h>
 #include <pipetrain/module.h>
 
 namespace pipetrain::cli {
@@ -64,6 +65,14 @@ class Gpt2Model : public Module {
 
   Gpt2Config config_;
   double lr_;
+};
+
+// Logs val_ppl, the validation perplexity exp(val_loss), beside val_loss after every validation of
+// a fit: the exponential of the epoch's mean loss (a mean of per-batch exponentials would not be
+// a perplexity), so it cannot be a value the steps log.
+class PerplexityLogger : public Callback {
+ public:
+  void on_validation_end(Trainer& trainer, Module& module) override;
 };
 
 }  // namespace pipetrain::cli
