@@ -116,8 +116,16 @@ std::string sibling(const std::string& path, const std::string& name) {
   return (std::filesystem::path(path).parent_path() / name).string();
 }
 
-bool sibling_exists(const std::string& path, const std::string& name) {
-  return std::filesystem::exists(sibling(path, name));
+// A language model's data: --train-data, and --val-data or else a val.bin beside the training file.
+void read_token_files(const ModelOptions& options, int64_t block_size, int64_t vocab_size,
+                      BuiltInModel& built) {
+  built.train = std::make_shared<TokenDataset>(options.train_data, block_size, vocab_size);
+  std::string val_data = options.val_data;
+  if (val_data.empty() && std::filesystem::exists(sibling(options.train_data, "val.bin"))) {
+    val_data = sibling(options.train_data, "val.bin");
+  }
+  if (!val_data.empty())
+    built.val = std::make_shared<TokenDataset>(val_data, block_size, vocab_size);
 }
 
 std::string all_bytes() {
@@ -193,30 +201,14 @@ BuiltInModel make_model(const ModelOptions& options) {
       auto layers = built.module->layers();
       load_weights(layers, initial, options.init_from + "/model.safetensors");
     }
-    built.train =
-        std::make_shared<TokenDataset>(options.train_data, config.block_size, config.vocab_size);
-    const std::string val_data = !options.val_data.empty() ? options.val_data
-                                 : sibling_exists(options.train_data, "val.bin")
-                                     ? sibling(options.train_data, "val.bin")
-                                     : "";
-    if (!val_data.empty()) {
-      built.val = std::make_shared<TokenDataset>(val_data, config.block_size, config.vocab_size);
-    }
+    read_token_files(options, config.block_size, config.vocab_size, built);
   } else if (options.name == "gpt" && !options.train_data.empty()) {
     GptConfig config;
     config.vocab_size = options.vocab_size > 0 ? options.vocab_size : kByteVocabulary;
     if (options.block_size > 0) config.block_size = options.block_size;
     config.dropout = options.dropout;
     built.module = std::make_unique<GptModel>(config, options.lr);
-    built.train =
-        std::make_shared<TokenDataset>(options.train_data, config.block_size, config.vocab_size);
-    const std::string val_data = !options.val_data.empty() ? options.val_data
-                                 : sibling_exists(options.train_data, "val.bin")
-                                     ? sibling(options.train_data, "val.bin")
-                                     : "";
-    if (!val_data.empty()) {
-      built.val = std::make_shared<TokenDataset>(val_data, config.block_size, config.vocab_size);
-    }
+    read_token_files(options, config.block_size, config.vocab_size, built);
     // Byte tokens read back as text: the vocabulary of every byte, in byte order.
     if (config.vocab_size == kByteVocabulary) built.vocabulary = CharVocabulary(all_bytes());
   } else if (options.name == "gpt") {
