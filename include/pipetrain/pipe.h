@@ -49,12 +49,14 @@ struct PipeOptions {
   // On CUDA with checkpoint "never": replay each micro-batch's forward and backward as captured
   // CUDA graphs, so the CPU no longer launches every kernel (see stage_graphs.h).
   TORCH_ARG(bool, cuda_graphs) = false;
-  // Linear layers accumulate their weight gradients inside the GEMM (src/pipeline/fused_linear.h)
-  // instead of adding each micro-batch's gradient afterwards. A stage that keeps every
-  // micro-batch's activations until its backwards anyway (all its forwards come first and none is
-  // recomputed: GPipe with checkpoint "never", or any schedule with one micro-batch) computes them
-  // after its last backward, one GEMM per layer over the whole batch, keeping the layers' output
-  // gradients until then; other stages but the first, after sending each input's gradient.
+  // nn::Linear layers of the Sequential itself (not Linear layers nested inside a layer, such as a
+  // transformer block's) accumulate their weight gradients inside the GEMM
+  // (src/pipeline/fused_linear.h) instead of adding each micro-batch's gradient afterwards. A stage
+  // that keeps every micro-batch's activations until its backwards anyway (all its forwards come
+  // first and none is recomputed: GPipe with checkpoint "never", or any schedule with one
+  // micro-batch) computes them after its last backward, one GEMM per layer over the whole batch,
+  // keeping the layers' output gradients until then; other stages but the first, after sending each
+  // input's gradient.
   TORCH_ARG(bool, fuse_gradient_accumulation) = false;
   // BatchNorm layers of the Sequential update their running statistics once per batch, from the
   // whole batch's statistics, rather than once per micro-batch (torchgpipe's DeferredBatchNorm);
