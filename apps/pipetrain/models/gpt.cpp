@@ -1,7 +1,9 @@
 // The character-level GPT: its vocabulary and corpus, the Sequential a pipeline splits, the
-// Module the Trainer drives, and sampling. Attention is written out by hand because Debian's
-// libtorch 1.13 has no scaled_dot_product_attention.
+// Module the Trainer drives, and sampling. Attention is the written-out causal_attention_explicit
+// (models/attention.h), the same on Debian's 1.13 and on 2.x.
 #include "models/gpt.h"
+
+#include "models/attention.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -99,9 +101,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GptConfig& config)
       : n_head_(config.n_head),
+        dropout_(config.dropout),
         qkv_(register_module("qkv", torch::nn::Linear(config.n_embd, 3 * config.n_embd))),
         proj_(register_module("proj", torch::nn::Linear(config.n_embd, config.n_embd))),
-        attn_dropout_(register_module("attn_dropout", torch::nn::Dropout(config.dropout))),
         resid_dropout_(register_module("resid_dropout", torch::nn::Dropout(config.dropout))) {}
 
   at::Tensor forward(const at::Tensor& x) {
@@ -109,23 +111,17 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
     const int64_t head_size = channels / n_head_;
     // [B, T, 3C] -> three [B, H, T, hs]
     auto qkv = qkv_(x).view({batch, time, 3, n_head_, head_size}).permute({2, 0, 3, 1, 4});
-    const auto q = qkv[0], k = qkv[1], v = qkv[2];
-    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_size));
-    // Position i sees positions <= i only; the mask is rebuilt per call (a buffer would travel
-    // with the weights and be broadcast for nothing).
-    const auto steps = torch::arange(time, x.options().dtype(torch::kInt64));
-    const auto future = steps.unsqueeze(0) > steps.unsqueeze(1);  // [T, T], true above diagonal
-    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-    const auto weights = attn_dropout_(torch::softmax(scores, -1));
-    const auto y = torch::matmul(weights, v).transpose(1, 2).reshape({batch, time, channels});
+    const auto y = causal_attention_explicit(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0)
+                       .transpose(1, 2)
+                       .reshape({batch, time, channels});
     return resid_dropout_(proj_(y));
   }
 
  private:
   int64_t n_head_;
+  double dropout_;
   torch::nn::Linear qkv_;
   torch::nn::Linear proj_;
-  torch::nn::Dropout attn_dropout_;
   torch::nn::Dropout resid_dropout_;
 };
 TORCH_MODULE(CausalSelfAttention);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -154,27 +153,6 @@ Gpt2Config gpt2_preset(const std::string& size) {
     throw std::invalid_argument("--model-size " + size + ": use 124M, 350M, 774M or 1558M");
   }
   return config;
-}
-
-at::Tensor causal_attention_explicit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     double dropout) {
-  const int64_t time = q.size(-2);
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
-  const auto steps = torch::arange(time, q.options().dtype(torch::kInt64));
-  const auto future = steps.unsqueeze(0) > steps.unsqueeze(1);  // [T, T], true above diagonal
-  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-  auto weights = torch::softmax(scores, -1);
-  if (dropout > 0) weights = torch::dropout(weights, dropout, /*train=*/true);
-  return torch::matmul(weights, v);
-}
-
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout) {
-#if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout, /*is_causal=*/true);
-#else
-  return causal_attention_explicit(q, k, v, dropout);
-#endif
 }
 
 torch::nn::Sequential make_gpt2(const Gpt2Config& config) {

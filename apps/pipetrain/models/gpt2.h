@@ -19,6 +19,8 @@
 #include <pipetrain/callback.h>
 #include <pipetrain/module.h>
 
+#include "models/attention.h"
+
 namespace pipetrain::cli {
 
 struct Gpt2Config {
@@ -35,14 +37,6 @@ struct Gpt2Config {
 // GPT-2 small, medium, large, xl: "124M", "350M", "774M", "1558M" (n_layer, n_head, n_embd of the
 // released models; block 1024, vocabulary 50304). Throws std::invalid_argument naming the sizes.
 Gpt2Config gpt2_preset(const std::string& size);
-
-// Causal self-attention of q, k, v [B, H, T, hs]: through at::scaled_dot_product_attention (flash
-// and memory-efficient kernels) where the Torch has it (2.x), else written out (Debian's 1.13).
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout);
-// The written-out path, always available (the fused one is checked against it).
-at::Tensor causal_attention_explicit(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     double dropout);
 
 // The Sequential above, its weights drawn from the default generator. Throws
 // std::invalid_argument for a shape that does not fit (n_embd not a multiple of n_head, ...).

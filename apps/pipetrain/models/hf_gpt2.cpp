@@ -16,32 +16,50 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// pipetrain's name -> (Hugging Face's name, stored transposed) for one GPT-2 of n_layer blocks.
-std::map<std::string, std::pair<std::string, bool>> name_map(int64_t n_layer) {
-  std::map<std::string, std::pair<std::string, bool>> names{
-      {"0.wte.weight", {"transformer.wte.weight", false}},
-      {"0.wpe.weight", {"transformer.wpe.weight", false}},
-      {std::to_string(n_layer + 1) + ".weight", {"transformer.ln_f.weight", false}},
-      {std::to_string(n_layer + 1) + ".bias", {"transformer.ln_f.bias", false}}};
-  for (int64_t i = 0; i < n_layer; ++i) {
+// One tensor of a GPT-2 in Hugging Face's layout: its name there, whether it is stored transposed
+// (Conv1D keeps [in, out]), and its shape under pipetrain's name.
+struct HfTensor {
+  std::string name;
+  bool transposed;
+  std::vector<int64_t> shape;
+};
+
+// pipetrain's name -> the tensor in Hugging Face's layout, for a GPT-2 of shape `config`.
+std::map<std::string, HfTensor> name_map(const Gpt2Config& config) {
+  const int64_t c = config.n_embd;
+  const std::string final_norm = std::to_string(config.n_layer + 1);
+  std::map<std::string, HfTensor> names{
+      {"0.wte.weight", {"transformer.wte.weight", false, {config.vocab_size, c}}},
+      {"0.wpe.weight", {"transformer.wpe.weight", false, {config.block_size, c}}},
+      {final_norm + ".weight", {"transformer.ln_f.weight", false, {c}}},
+      {final_norm + ".bias", {"transformer.ln_f.bias", false, {c}}}};
+  // Linear layers as [out, in]: c_attn C -> 3C, attn.c_proj C -> C, c_fc C -> 4C, mlp.c_proj 4C ->
+  // C.
+  const std::vector<std::pair<const char*, std::pair<int64_t, int64_t>>> linears{
+      {"attn.c_attn", {3 * c, c}},
+      {"attn.c_proj", {c, c}},
+      {"mlp.c_fc", {4 * c, c}},
+      {"mlp.c_proj", {c, 4 * c}}};
+  for (int64_t i = 0; i < config.n_layer; ++i) {
     const std::string ours = std::to_string(i + 1) + ".",
                       theirs = "transformer.h." + std::to_string(i) + ".";
     for (const char* norm : {"ln_1", "ln_2"}) {
       for (const char* part : {".weight", ".bias"}) {
-        names[ours + norm + part] = {theirs + norm + part, false};
+        names[ours + norm + part] = {theirs + norm + part, false, {c}};
       }
     }
-    for (const char* linear : {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}) {
-      names[ours + linear + ".weight"] = {theirs + linear + ".weight", true};  // Conv1D: [in, out]
-      names[ours + linear + ".bias"] = {theirs + linear + ".bias", false};
+    for (const auto& [linear, out_in] : linears) {
+      names[ours + linear + ".weight"] = {
+          theirs + linear + ".weight", true, {out_in.first, out_in.second}};
+      names[ours + linear + ".bias"] = {theirs + linear + ".bias", false, {out_in.first}};
     }
   }
   return names;
 }
 
-std::string shape_of(const at::Tensor& tensor) {
+std::string shape_of(at::IntArrayRef sizes) {
   std::ostringstream out;
-  out << tensor.sizes();
+  out << sizes;
   return out.str();
 }
 
@@ -80,22 +98,20 @@ Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int6
 
 void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2Config& config,
                     const std::string& dir) {
-  const Gpt2Config expected_shapes = config;
-  auto reference = make_gpt2(expected_shapes);  // only for the shapes each name must have
-  const auto shapes = reference->named_parameters();
   TensorMap out;
-  for (const auto& [ours, theirs] : name_map(config.n_layer)) {
+  for (const auto& [ours, theirs] : name_map(config)) {
     const auto found = weights.find(ours);
     if (found == weights.end()) {
       throw std::invalid_argument("the checkpoint has no " + ours + ", which GPT-2 of " +
                                   std::to_string(config.n_layer) + " blocks needs");
     }
-    if (found->second.sizes() != shapes[ours].sizes()) {
-      throw std::invalid_argument(ours + " has shape " + shape_of(found->second) + ", not " +
-                                  shape_of(shapes[ours]) + " as this GPT-2's shape says");
+    if (found->second.sizes() != at::IntArrayRef(theirs.shape)) {
+      throw std::invalid_argument(ours + " has shape " + shape_of(found->second.sizes()) +
+                                  ", not " + shape_of(theirs.shape) +
+                                  " as this GPT-2's shape says");
     }
     const auto tensor = found->second.to(torch::kFloat32);
-    out[theirs.first] = (theirs.second ? tensor.t() : tensor).contiguous();
+    out[theirs.name] = (theirs.transposed ? tensor.t() : tensor).contiguous();
   }
   std::error_code error;
   fs::create_directories(dir, error);
@@ -151,16 +167,16 @@ std::pair<Gpt2Config, std::map<std::string, at::Tensor>> read_hf_gpt2(const std:
   const auto weights_path = (fs::path(dir) / "model.safetensors").string();
   const TensorMap stored = load_safetensors(weights_path);
   std::map<std::string, at::Tensor> weights;
-  for (const auto& [ours, theirs] : name_map(config.n_layer)) {
+  for (const auto& [ours, theirs] : name_map(config)) {
     // Hub files of the base model leave out the "transformer." prefix.
-    auto found = stored.find(theirs.first);
+    auto found = stored.find(theirs.name);
     if (found == stored.end())
-      found = stored.find(theirs.first.substr(std::string("transformer.").size()));
+      found = stored.find(theirs.name.substr(std::string("transformer.").size()));
     if (found == stored.end()) {
-      throw std::invalid_argument(weights_path + " has no " + theirs.first + " (GPT-2 of " +
+      throw std::invalid_argument(weights_path + " has no " + theirs.name + " (GPT-2 of " +
                                   std::to_string(config.n_layer) + " blocks, config.json)");
     }
-    weights[ours] = theirs.second ? found->second.t().contiguous() : found->second;
+    weights[ours] = theirs.transposed ? found->second.t().contiguous() : found->second;
   }
   return {config, weights};
 }
