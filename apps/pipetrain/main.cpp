@@ -271,6 +271,8 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
   if (!loggers.empty()) callbacks.push_back(std::make_shared<pipetrain::LearningRateMonitor>());
   if (a.model.name == "gpt" || a.model.name == "gpt2") {
     callbacks.push_back(std::make_shared<pipetrain::cli::PerplexityLogger>());
+    callbacks.push_back(std::make_shared<pipetrain::ThroughputMonitor>(
+        pipetrain::cli::throughput_options(a.model)));
   }
   return pipetrain::TrainerOptions()
       .strategy(a.strategy)

@@ -10,6 +10,7 @@
 //   }
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -83,6 +84,8 @@ class Trainer {
   const FitProgress& fit_progress() const { return fit_progress_; }
   bool is_global_zero() const;
   const World& world() const { return *world_; }
+  // Data-parallel replicas of the model (1 without data parallelism).
+  int64_t replicas() const;
   const TrainerOptions& options() const { return options_; }
   // Latest reduced values of every logged metric (the same on every rank).
   const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
@@ -103,8 +106,6 @@ class Trainer {
   void train_epoch(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,
                    FitState& state);
   void optimizer_step(Module& module);
-  // Data-parallel replicas of the model (1 without data parallelism).
-  int64_t replicas() const;
   // `record`: log the metrics and keep them in callback_metrics (not for the sanity check).
   std::map<std::string, double> run_evaluation(Module& module, const DataLoader& loader,
                                                int64_t batches, bool test, bool record = true);
@@ -114,7 +115,11 @@ class Trainer {
   bool max_steps_reached() const;
   // Collective, before each optimizer step: whether fit stops after it (max_time ran out, a stop
   // signal reached any rank). Throws on every rank when a loss of the step was not finite.
-  bool agree_to_stop(int64_t batch_idx);
+  // In one process the loss check is deferred to steps where `host_waits` (or a save).
+  bool agree_to_stop(int64_t batch_idx, bool host_waits);
+  // Throws the error of a loss that was not finite since the last check (one process).
+  void check_losses_finite();
+  [[noreturn]] void throw_nonfinite_loss(int64_t step) const;
   // Keeps reduced metrics for callbacks (all) and the progress bar (those logged with prog_bar).
   void remember(const std::map<std::string, ReducedMetric>& metrics);
 
@@ -139,7 +144,10 @@ class Trainer {
   const DataLoader* fit_loader_ = nullptr;  // the training data, while fit runs
   bool stop_requested_ = false;
   int stop_signal_ = 0;
-  at::Tensor window_nonfinite_;  // losses of this optimizer step that were not finite (device)
+  at::Tensor window_nonfinite_;      // losses of this optimizer step that were not finite (device)
+  at::Tensor first_nonfinite_step_;  // one process: the first such step since the fit began, or -1
+  // Steps not yet checked: global step -> (epoch, first batch, last batch), for the error.
+  std::map<int64_t, std::array<int64_t, 3>> unchecked_steps_;
   std::string last_checkpoint_;  // the last checkpoint this Trainer saved, and at which step
   int64_t last_saved_step_ = -1;
   bool set_up_ = false;

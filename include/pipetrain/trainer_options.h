@@ -66,7 +66,11 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, num_sanity_val_steps) = 2;
   TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
   // Stop (with an error on every rank, before the optimizer step) when a training loss is NaN or
-  // infinite; false trains on, as Lightning does.
+  // infinite; false trains on, as Lightning does. Across processes the check is part of every
+  // step's stop agreement. In one process it is made where the host waits for the device anyway
+  // (each logging step, the epoch's end, the last step, before any checkpoint is saved), so that
+  // the host never stalls the device for it: training may run on to that step, and stops there
+  // with the error naming the first such step, before any checkpoint holds an update from it.
   TORCH_ARG(bool, stop_on_nonfinite_loss) = true;
   // 0: no clipping. "norm" clips by the global norm over all stages; "value" clamps elements.
   TORCH_ARG(double, gradient_clip_val) = 0;

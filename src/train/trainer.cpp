@@ -359,13 +359,16 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
   stop_requested_ = false;
   stop_signal_ = 0;
   window_nonfinite_ = at::Tensor();  // a fit that failed mid-window leaves nothing behind
-  const StopSignals signals;         // SIGTERM and SIGUSR1 stop fit after the step in progress
+  first_nonfinite_step_ = at::Tensor();
+  unchecked_steps_.clear();
+  const StopSignals signals;  // SIGTERM and SIGUSR1 stop fit after the step in progress
   if (options_.pipe().trace()) options_.pipe().trace()->start(*world_);
   try {
     while (fit_progress_.epoch < options_.max_epochs() && !stop_requested_ &&
            !max_steps_reached()) {
       train_epoch(module, train_loader, val_loader, state);
     }
+    check_losses_finite();  // a stop between two checks (EarlyStopping, request_stop)
   } catch (...) {
     for (auto& logger : loggers_) logger->save();  // what was logged up to the failure
     throw;
@@ -447,7 +450,12 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
     // gradients a resumed run would not have.
     bool stop_after_step = false;
     if (steps_optimizer) {
-      stop_after_step = agree_to_stop(batch_idx);
+      // Where the host waits for the device anyway (logging, the epoch's end, the last step):
+      // there a deferred check of the losses costs nothing.
+      const bool host_waits =
+          (fit_progress_.global_step + 1) % options_.log_every_n_steps() == 0 || last_batch ||
+          (options_.max_steps() >= 0 && fit_progress_.global_step + 1 >= options_.max_steps());
+      stop_after_step = agree_to_stop(batch_idx, host_waits);
       optimizer_step(module);
       if ((fit_progress_.global_step + 1) % options_.log_every_n_steps() == 0) {
         const auto row = strategy_->reduce_metrics(window_metrics.step_view(true));
@@ -551,36 +559,42 @@ bool Trainer::max_steps_reached() const {
   return options_.max_steps() >= 0 && fit_progress_.global_step >= options_.max_steps();
 }
 
-bool Trainer::agree_to_stop(int64_t batch_idx) {
+bool Trainer::agree_to_stop(int64_t batch_idx, bool host_waits) {
   const bool time_is_up =
       options_.max_time() > 0 && now_seconds() - fit_start_seconds_ >= options_.max_time();
   const double signal = StopSignals::received();
+  const int64_t accumulate = options_.accumulate_grad_batches();
+  if (options_.stop_on_nonfinite_loss()) {
+    unchecked_steps_[fit_progress_.global_step] = {fit_progress_.epoch,
+                                                   batch_idx - (batch_idx % accumulate), batch_idx};
+  }
   at::Tensor nonfinite = window_nonfinite_.defined()
                              ? window_nonfinite_.reshape({1})
                              : at::zeros({1}, at::TensorOptions(at::kDouble));
   window_nonfinite_ = at::Tensor();
-  const auto flags = at::cat({at::tensor({time_is_up ? 1.0 : 0.0, signal, signal > 0 ? 1.0 : 0.0},
-                                         at::TensorOptions(at::kDouble))
-                                  .to(nonfinite.device()),
-                              nonfinite.to(at::kDouble)});
-  const auto agreed = world_->all_reduce_sum(flags);
-  if (agreed[3] > 0 && options_.stop_on_nonfinite_loss()) {
-    const int64_t accumulate = options_.accumulate_grad_batches();
-    const int64_t first = batch_idx - (batch_idx % accumulate);
-    std::string message =
-        "the loss of step " + std::to_string(fit_progress_.global_step) + " (epoch " +
-        std::to_string(fit_progress_.epoch) + ", batch " +
-        (first == batch_idx ? std::to_string(batch_idx)
-                            : std::to_string(first) + ".." + std::to_string(batch_idx)) +
-        ") is NaN or infinite; training stopped before that step's optimizer "
-        "step, so no weights saved hold it. ";
-    message += last_checkpoint_.empty() ? "No checkpoint was saved in this run. "
-                                        : "The last checkpoint saved is " + last_checkpoint_ +
-                                              " (step " + std::to_string(last_saved_step_) + "). ";
-    message +=
-        "Lower the learning rate, clip gradients (--gradient-clip-val) or check the data; "
-        "stop_on_nonfinite_loss(false) (--stop-on-nonfinite-loss false) trains on regardless";
-    throw std::runtime_error(message);
+  std::vector<double> agreed{time_is_up ? 1.0 : 0.0, signal, signal > 0 ? 1.0 : 0.0};
+  if (world_->size() == 1) {
+    // Nothing to agree on: the host reads the device only where it waits for it anyway, and
+    // meanwhile remembers (on the device) the first step whose loss was not finite.
+    if (options_.stop_on_nonfinite_loss()) {
+      const auto step = static_cast<double>(fit_progress_.global_step);
+      const auto first = first_nonfinite_step_.defined()
+                             ? first_nonfinite_step_
+                             : at::full({1}, -1.0, nonfinite.options().dtype(at::kDouble));
+      first_nonfinite_step_ =
+          at::where(first.lt(0).logical_and(nonfinite.gt(0)), at::full_like(first, step), first);
+      if (host_waits || time_is_up || signal > 0) check_losses_finite();
+    }
+  } else {
+    // One collective for all: the flags, and whether any rank's loss of this step was not finite.
+    const auto flags =
+        at::cat({at::tensor(agreed, at::TensorOptions(at::kDouble)).to(nonfinite.device()),
+                 options_.stop_on_nonfinite_loss()
+                     ? nonfinite.to(at::kDouble)
+                     : at::zeros({1}, nonfinite.options().dtype(at::kDouble))});
+    agreed = world_->all_reduce_sum(flags);
+    if (agreed[3] > 0) throw_nonfinite_loss(fit_progress_.global_step);
+    unchecked_steps_.clear();
   }
   // The signal itself: this rank's, or the one the ranks that got one agree on (SIGTERM if they
   // got different ones).
@@ -591,6 +605,36 @@ bool Trainer::agree_to_stop(int64_t batch_idx) {
                                                 : SIGTERM;
   }
   return agreed[0] > 0 || agreed[2] > 0;
+}
+
+void Trainer::check_losses_finite() {
+  if (!first_nonfinite_step_.defined()) return;
+  const auto first = static_cast<int64_t>(first_nonfinite_step_.item<double>());
+  if (first >= 0) throw_nonfinite_loss(first);
+  unchecked_steps_.clear();
+}
+
+void Trainer::throw_nonfinite_loss(int64_t step) const {
+  const auto where = unchecked_steps_.find(step);
+  const auto [epoch, first, last] = where != unchecked_steps_.end()
+                                        ? where->second
+                                        : std::array<int64_t, 3>{fit_progress_.epoch, -1, -1};
+  std::string message = "the loss of step " + std::to_string(step) + " (epoch " +
+                        std::to_string(epoch) + ", batch " +
+                        (first == last ? std::to_string(first)
+                                       : std::to_string(first) + ".." + std::to_string(last)) +
+                        ") is NaN or infinite; training stopped ";
+  message += step == fit_progress_.global_step
+                 ? "before that step's optimizer step, so no weights saved hold it. "
+                 : "at step " + std::to_string(fit_progress_.global_step) +
+                       ", before any checkpoint held an update from it. ";
+  message += last_checkpoint_.empty() ? "No checkpoint was saved in this run. "
+                                      : "The last checkpoint saved is " + last_checkpoint_ +
+                                            " (step " + std::to_string(last_saved_step_) + "). ";
+  message +=
+      "Lower the learning rate, clip gradients (--gradient-clip-val) or check the data; "
+      "stop_on_nonfinite_loss(false) (--stop-on-nonfinite-loss false) trains on regardless";
+  throw std::runtime_error(message);
 }
 
 // --- validate, test, predict --------------------------------------------------------------------
@@ -689,6 +733,7 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
 
 void Trainer::save_checkpoint(const std::string& path) {
   if (module_ == nullptr) throw std::logic_error("save_checkpoint needs a fit in progress");
+  check_losses_finite();  // no checkpoint holds an update from a loss that was not finite
   for (auto& logger : loggers_) logger->save();  // the logs are at least as new as the checkpoint
   TrainingState state;
   state.progress = fit_progress_;

@@ -229,36 +229,9 @@ TEST_F(Gpt2Pipe, TheCommandLogsValidationPerplexity) {
                          "/usr/share/common-licenses/GPL-3", "--output", dir + "/data"})
                 .exit_code,
             0);
-  const auto result = run_command({PIPETRAIN_CLI,
-                                   "fit",
-                                   "--model",
-                                   "gpt2",
-                                   "--n-layer",
-                                   "2",
-                                   "--n-head",
-                                   "2",
-                                   "--n-embd",
-                                   "16",
-                                   "--block-size",
-                                   "8",
-                                   "--vocab-size",
-                                   "256",
-                                   "--train-data",
-                                   dir + "/data/train.bin",
-                                   "--max-steps",
-                                   "4",
-                                   "--val-check-interval",
-                                   "2",
-                                   "--limit-val-batches",
-                                   "3",
-                                   "--batch-size",
-                                   "4",
-                                   "--enable-progress-bar",
-                                   "false",
-                                   "--logger",
-                                   "csv",
-                                   "--default-root-dir",
-                                   dir + "/run"});
+  const auto result = run_command(tiny_gpt2_fit_command(
+      dir + "/run", dir + "/data/train.bin",
+      {"--max-steps", "4", "--val-check-interval", "2", "--limit-val-batches", "3"}));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto loss = read_csv_column(metrics_csv(dir + "/run"), "val_loss");
   const auto perplexity = read_csv_column(metrics_csv(dir + "/run"), "val_ppl");

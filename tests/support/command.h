@@ -60,6 +60,39 @@ inline std::vector<std::string> mlp_fit_command(const std::string& root,
   argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
 }
+
+// `pipetrain fit` of a GPT-2 of 2 layers, 2 heads, width 16 on 8-token windows of byte tokens
+// (`train_bin`, as prepare-data writes), batch 4, logging to CSV under `root`, with `extra` flags.
+inline std::vector<std::string> tiny_gpt2_fit_command(const std::string& root,
+                                                      const std::string& train_bin,
+                                                      std::vector<std::string> extra) {
+  std::vector<std::string> argv{PIPETRAIN_CLI,
+                                "fit",
+                                "--model",
+                                "gpt2",
+                                "--n-layer",
+                                "2",
+                                "--n-head",
+                                "2",
+                                "--n-embd",
+                                "16",
+                                "--block-size",
+                                "8",
+                                "--vocab-size",
+                                "256",
+                                "--train-data",
+                                train_bin,
+                                "--batch-size",
+                                "4",
+                                "--logger",
+                                "csv",
+                                "--enable-progress-bar",
+                                "false",
+                                "--default-root-dir",
+                                root};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
 #endif
 
 // Where run `version` (the first by default) under `root` logged its metrics.

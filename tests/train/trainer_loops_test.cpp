@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "pipetrain/callback.h"
 #include "pipetrain/early_stopping.h"
@@ -254,6 +255,50 @@ TEST_F(TrainerLoops, BadOptionsNameTheValue) {
   EXPECT_EQ(BatchLimit::parse("0.25").of(10), 2);
   EXPECT_EQ(BatchLimit::parse("7").of(10), 7);
   EXPECT_EQ(BatchLimit::parse("70").of(10), 10);
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+namespace pipetrain {
+namespace {
+
+// Its loss is NaN at one batch: in one process the check waits for the next logging step.
+class NanAt : public Module {
+ public:
+  explicit NanAt(int64_t bad_batch)
+      : Module(torch::nn::Sequential(torch::nn::Linear(3, 1))), bad_batch_(bad_batch) {}
+  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override {
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    if (batch_idx == bad_batch_) loss = loss * std::numeric_limits<double>::quiet_NaN();
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01));
+  }
+
+ private:
+  int64_t bad_batch_;
+};
+
+TEST_F(TrainerLoops, ANanLossInOneProcessStopsAtTheNextLoggingStepNamingItsStep) {
+  Trainer trainer(options().log_every_n_steps(5).max_epochs(1).num_sanity_val_steps(0));
+  NanAt model(7);
+  try {
+    trainer.fit(model, train);
+    FAIL() << "fit trained on over a NaN loss";
+  } catch (const std::runtime_error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("the loss of step 7 (epoch 0, batch 7) is NaN or infinite"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("training stopped at step 9, before any checkpoint held an update"),
+              std::string::npos)
+        << message;
+  }
+  // Step 4's row only: step 9's is not written.
+  EXPECT_EQ(testing::read_csv_column(trainer.log_dir() + "/metrics.csv", "train_loss").size(), 1u);
 }
 
 }  // namespace

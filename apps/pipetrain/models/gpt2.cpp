@@ -6,11 +6,20 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <pipetrain/cross_entropy.h>
 #include <pipetrain/fused_adamw.h>
 #include <pipetrain/trainer.h>
 
 namespace pipetrain::cli {
 namespace {
+
+// at::linear, not torch::nn::Linear's forward: LibTorch's functional linear computes a 3-D input
+// as matmul then `+= bias`, an unfused add that under autocast also mixes the bf16 output with the
+// fp32 bias (a tenth of a GPT-2 step on an H200); at::linear folds [B, T, C] into one GEMM with
+// the bias in its epilogue.
+at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
+  return at::linear(x, layer->weight, layer->bias);
+}
 
 torch::nn::LayerNorm layer_norm(int64_t width) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{width}));
@@ -58,11 +67,15 @@ class Gpt2AttentionImpl : public torch::nn::Module {
 
   at::Tensor forward(const at::Tensor& x) {
     const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
-    // [B, T, 3C] -> q, k, v of [B, H, T, hs]
-    const auto qkv =
-        c_attn(x).view({batch, time, 3, n_head_, channels / n_head_}).permute({2, 0, 3, 1, 4});
-    const auto y = causal_attention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0);
-    return resid_drop_(c_proj(y.transpose(1, 2).reshape({batch, time, channels})));
+    // [B, T, 3C] -> q, k, v of [B, H, T, hs]. Split, not indexed: the backward of a split is one
+    // concatenation, where each index's would zero-fill and add a whole [B, T, 3C] gradient.
+    auto heads = [&](const at::Tensor& t) {
+      return t.view({batch, time, n_head_, channels / n_head_}).transpose(1, 2);
+    };
+    const auto qkv = linear(c_attn, x).split(channels, 2);
+    const auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                    is_training() ? dropout_ : 0.0);
+    return resid_drop_(linear(c_proj, y.transpose(1, 2).reshape({batch, time, channels})));
   }
 
  private:
@@ -84,7 +97,9 @@ class Gpt2MlpImpl : public torch::nn::Module {
         c_proj(register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd))),
         drop_(register_module("drop", torch::nn::Dropout(config.dropout))) {}
 
-  at::Tensor forward(const at::Tensor& x) { return drop_(c_proj(torch::gelu(c_fc(x), "tanh"))); }
+  at::Tensor forward(const at::Tensor& x) {
+    return drop_(linear(c_proj, torch::gelu(linear(c_fc, x), "tanh")));
+  }
 
   torch::nn::Linear c_fc, c_proj;
 
@@ -155,6 +170,16 @@ Gpt2Config gpt2_preset(const std::string& size) {
   return config;
 }
 
+double gpt2_flops_per_token(const Gpt2Config& config) {
+  const double layers = static_cast<double>(config.n_layer),
+               width = static_cast<double>(config.n_embd);
+  // Per block: c_attn 3C^2 + 3C, c_proj C^2 + C, c_fc 4C^2 + 4C, mlp.c_proj 4C^2 + C, two
+  // LayerNorms 4C; then wte and ln_f.
+  const double parameters = static_cast<double>(config.vocab_size) * width +
+                            layers * (12 * width * width + 13 * width) + 2 * width;
+  return 6 * parameters + 12 * layers * width * static_cast<double>(config.block_size);
+}
+
 torch::nn::Sequential make_gpt2(const Gpt2Config& config) {
   validate(config);
   torch::NoGradGuard no_grad;
@@ -193,9 +218,9 @@ Gpt2Model::Gpt2Model(const Gpt2Config& config, double lr)
     : Module(make_gpt2(config)), config_(config), lr_(lr) {}
 
 at::Tensor Gpt2Model::loss(const Batch& batch) {
-  const auto logits = forward(batch.data);
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                              batch.target.reshape({-1}));
+  // Never holds fp32 logits (3.3 GB at B=16, T=1024 under bf16-mixed); every position is a
+  // target, so no ignore_index.
+  return chunked_cross_entropy(forward(batch.data), batch.target, std::nullopt);
 }
 
 at::Tensor Gpt2Model::training_step(const Batch& batch, int64_t) {

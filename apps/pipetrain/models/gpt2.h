@@ -38,6 +38,11 @@ struct Gpt2Config {
 // released models; block 1024, vocabulary 50304). Throws std::invalid_argument naming the sizes.
 Gpt2Config gpt2_preset(const std::string& size);
 
+// Model FLOPs of one token's forward and backward, as nanoGPT and the PaLM paper count them:
+// 6 N + 12 n_layer n_embd block_size, N the parameters without the position embedding (the tied
+// head counted once).
+double gpt2_flops_per_token(const Gpt2Config& config);
+
 // The Sequential above, its weights drawn from the default generator. Throws
 // std::invalid_argument for a shape that does not fit (n_embd not a multiple of n_head, ...).
 torch::nn::Sequential make_gpt2(const Gpt2Config& config);

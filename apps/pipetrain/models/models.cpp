@@ -149,6 +149,23 @@ Gpt2Config gpt2_config(const ModelOptions& options) {
   return config;
 }
 
+ThroughputMonitorOptions throughput_options(const ModelOptions& options) {
+  if (options.name == "gpt2") {
+    const Gpt2Config config = gpt2_config(options);
+    auto throughput = ThroughputMonitorOptions().items_per_sample(config.block_size);
+    if (options.init_from.empty()) {
+      throughput.flops_per_sample(gpt2_flops_per_token(config) *
+                                  static_cast<double>(config.block_size));
+    }
+    return throughput;
+  }
+  if (options.name == "gpt") {
+    return ThroughputMonitorOptions().items_per_sample(
+        options.block_size > 0 ? options.block_size : GptConfig().block_size);
+  }
+  return {};
+}
+
 BuiltInModel make_model(const ModelOptions& options) {
   torch::NoGradGuard no_grad;
   const bool language_model = options.name == "gpt" || options.name == "gpt2";

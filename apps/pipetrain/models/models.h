@@ -9,6 +9,7 @@
 
 #include <pipetrain/data.h>
 #include <pipetrain/module.h>
+#include <pipetrain/throughput_monitor.h>
 
 #include "models/gpt.h"
 #include "models/gpt2.h"
@@ -48,5 +49,8 @@ std::vector<std::string> model_names();
 BuiltInModel make_model(const ModelOptions& options);
 // GPT-2's shape from the preset and the flags that override it.
 Gpt2Config gpt2_config(const ModelOptions& options);
+// What a language model's ThroughputMonitor counts: tokens per sample (its block), and for gpt2
+// the model FLOPs (not with --init-from, whose shape is in the folder read later).
+ThroughputMonitorOptions throughput_options(const ModelOptions& options);
 
 }  // namespace pipetrain::cli

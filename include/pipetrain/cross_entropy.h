@@ -1,0 +1,33 @@
+// Cross-entropy for large vocabularies (a language model's head): the mean over rows of
+// -log softmax(logits)[target], as torch::nn::functional::cross_entropy with its defaults
+// (ignore_index -100, mean over the rows not ignored), computed in fp32 a block of rows at a time.
+// Unlike the unfused path under bf16-mixed, it never holds fp32 logits, log-probabilities or
+// gradients for the whole batch (for GPT-2 at B=16, T=1024 each is 3.3 GB): the gradient with
+// respect to the logits is computed in the forward, block by block, and kept in the logits'
+// own dtype; the backward only scales it. That trades the fp32 copies' memory traffic (and peak
+// memory) for one kept tensor the size of the logits.
+//
+// Differences from the unfused path, within bf16 rounding: the kept gradient softmax - onehot
+// is rounded to the logits' dtype before the backward scales it (the unfused path rounds once,
+// after scaling). With fp32 logits both agree to fp32 rounding. One backward per forward: the
+// backward scales the kept gradient in place, so a second one through a retained graph fails
+// autograd's in-place check instead of computing with it (and there is no double backward).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace pipetrain {
+
+// logits [N, C] or [..., C] (any floating dtype), target [N] or [...] (int64 class indices in
+// [0, C), or ignore_index). std::nullopt for ignore_index: every row counts (no masking pass;
+// a target out of range is then an indexing error). Returns an fp32 scalar; NaN when every row is
+// ignored (as torch). `block_rows`: rows per block; 0 takes as many as make 2^25 fp32 elements (128
+// MB). Throws std::invalid_argument naming the shapes or dtypes that do not fit.
+at::Tensor chunked_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
+                                 std::optional<int64_t> ignore_index = -100,
+                                 int64_t block_rows = 0);
+
+}  // namespace pipetrain

@@ -1,0 +1,154 @@
+// chunked_cross_entropy against torch::nn::functional::cross_entropy: the loss and the gradient
+// with respect to the logits, over several blocks of rows, with ignored rows, a scaled backward and
+// [B, T, C] shapes. fp32: relative 1e-5 (absolute 1e-7 for gradients); bf16 logits: against the
+// unfused path on the same bf16 logits upcast to fp32 (as autocast runs it), the loss to fp32
+// rounding and the gradient to one bf16 rounding (relative 2^-7).
+#include "pipetrain/cross_entropy.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace pipetrain {
+namespace {
+
+namespace F = torch::nn::functional;
+
+struct Result {
+  at::Tensor loss, grad;
+};
+
+// loss x 3 backpropagated, so that the backward's scaling is checked too.
+template <typename LossFn>
+Result run(const at::Tensor& logits, LossFn&& loss_fn) {
+  auto input = logits.detach().clone().requires_grad_();
+  auto loss = loss_fn(input);
+  (loss * 3).backward();
+  return {loss.detach(), input.grad()};
+}
+
+at::Tensor make_target(int64_t rows, int64_t classes, bool with_ignored) {
+  auto target = torch::randint(classes, {rows}, torch::kLong);
+  if (with_ignored) target.index_put_({torch::arange(0, rows, 5)}, -100);
+  return target;
+}
+
+TEST(ChunkedCrossEntropy, EqualsCrossEntropyOverSeveralBlocksWithIgnoredRows) {
+  torch::manual_seed(0);
+  const auto logits = torch::randn({37, 11}) * 4;
+  for (const bool with_ignored : {false, true}) {
+    const auto target = make_target(37, 11, with_ignored);
+    const auto expected =
+        run(logits, [&](const at::Tensor& x) { return F::cross_entropy(x, target); });
+    for (const int64_t block_rows : {0, 1, 8, 37, 100}) {
+      const auto actual = run(logits, [&](const at::Tensor& x) {
+        return chunked_cross_entropy(x, target, -100, block_rows);
+      });
+      EXPECT_EQ(actual.loss.scalar_type(), at::kFloat);
+      EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0))
+          << "block_rows " << block_rows << ": " << actual.loss.item<double>() << " vs "
+          << expected.loss.item<double>();
+      EXPECT_TRUE(torch::allclose(actual.grad, expected.grad, 1e-5, 1e-7))
+          << "block_rows " << block_rows << ", ignored rows " << with_ignored << ": off by "
+          << (actual.grad - expected.grad).abs().max().item<double>();
+    }
+  }
+}
+
+TEST(ChunkedCrossEntropy, TakesSequencesOfLogitsAsCrossEntropyOverTheirRows) {
+  torch::manual_seed(1);
+  const auto logits = torch::randn({3, 5, 13});
+  const auto target = torch::randint(13, {3, 5}, torch::kLong);
+  const auto expected = run(logits, [&](const at::Tensor& x) {
+    return F::cross_entropy(x.reshape({-1, 13}), target.reshape({-1}));
+  });
+  const auto actual =
+      run(logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, -100, 4); });
+  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0));
+  EXPECT_TRUE(torch::allclose(actual.grad, expected.grad, 1e-5, 1e-7));
+  EXPECT_EQ(actual.grad.sizes(), logits.sizes());
+}
+
+TEST(ChunkedCrossEntropy, KeepsBf16GradientsWithinOneRoundingOfTheFp32Path) {
+  torch::manual_seed(2);
+  const auto logits = (torch::randn({64, 301}) * 3).to(torch::kBFloat16);
+  const auto target = make_target(64, 301, true);
+  const auto expected = run(
+      logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
+  const auto actual =
+      run(logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, -100, 16); });
+  EXPECT_EQ(actual.grad.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0));
+  const auto error = (actual.grad.to(torch::kFloat) - expected.grad).abs();
+  const auto bound = expected.grad.abs() * (1.0 / 128) + 1e-9;
+  EXPECT_TRUE(error.le(bound).all().item<bool>()) << "largest error " << error.max().item<double>();
+}
+
+// On a GPU the blocks' log_softmax reads bf16 and writes fp32 in one kernel; the same bounds.
+TEST(ChunkedCrossEntropy, CudaBf16GradientsWithinOneRoundingOfTheFp32Path) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(4);
+  const auto logits = (torch::randn({300, 1031}) * 3).to(torch::kCUDA, torch::kBFloat16);
+  const auto target = make_target(300, 1031, true).to(torch::kCUDA);
+  const auto expected = run(
+      logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
+  const auto actual =
+      run(logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, -100, 64); });
+  EXPECT_EQ(actual.grad.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0));
+  const auto error = (actual.grad.to(torch::kFloat) - expected.grad).abs();
+  EXPECT_TRUE(error.le(expected.grad.abs() * (1.0 / 128) + 1e-9).all().item<bool>())
+      << "largest error " << error.max().item<double>();
+}
+
+TEST(ChunkedCrossEntropy, ComputesTheLossAloneWithoutGradients) {
+  torch::manual_seed(3);
+  const auto logits = torch::randn({9, 7});
+  const auto target = torch::randint(7, {9}, torch::kLong);
+  const auto expected = F::cross_entropy(logits, target);
+  EXPECT_TRUE(torch::allclose(chunked_cross_entropy(logits, target), expected, 1e-5, 0));
+  auto trainable = logits.clone().requires_grad_();
+  torch::NoGradGuard no_grad;
+  const auto loss = chunked_cross_entropy(trainable, target, -100, 2);
+  EXPECT_FALSE(loss.requires_grad());
+  EXPECT_TRUE(torch::allclose(loss, expected, 1e-5, 0));
+}
+
+TEST(ChunkedCrossEntropy, WithoutAnIgnoreIndexCountsEveryRow) {
+  torch::manual_seed(5);
+  const auto logits = torch::randn({21, 9});
+  const auto target = torch::randint(9, {21}, torch::kLong);
+  const auto expected =
+      run(logits, [&](const at::Tensor& x) { return F::cross_entropy(x, target); });
+  const auto actual = run(logits, [&](const at::Tensor& x) {
+    return chunked_cross_entropy(x, target, std::nullopt, 4);
+  });
+  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0));
+  EXPECT_TRUE(torch::allclose(actual.grad, expected.grad, 1e-5, 1e-7));
+}
+
+TEST(ChunkedCrossEntropy, ASecondBackwardThroughARetainedGraphFails) {
+  const auto logits = torch::randn({4, 5}).requires_grad_();
+  const auto loss = chunked_cross_entropy(logits, torch::zeros({4}, torch::kLong));
+  loss.backward({}, /*retain_graph=*/true);
+  EXPECT_THROW(loss.backward(), c10::Error);
+}
+
+TEST(ChunkedCrossEntropy, RefusesTargetsThatDoNotFitTheLogits) {
+  const auto logits = torch::randn({4, 6});
+  const auto message = [&](const at::Tensor& l, const at::Tensor& t) {
+    try {
+      chunked_cross_entropy(l, t);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(logits, torch::zeros({4})).find("int64"), std::string::npos);
+  EXPECT_NE(message(logits, torch::zeros({5}, torch::kLong)).find("[5]"), std::string::npos);
+  EXPECT_NE(
+      message(torch::zeros({4, 6}, torch::kLong), torch::zeros({4}, torch::kLong)).find("floating"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipetrain
