@@ -13,7 +13,10 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "models/models.h"
 #include "pipetrain/callback.h"
@@ -99,17 +102,16 @@ int main(int argc, char** argv) {
   }
   const auto dir = std::filesystem::temp_directory_path() / "gpt2_profile_bench";
   std::filesystem::create_directories(dir);
-  const int64_t block = 1024;
-  std::mt19937 random(0);
-  std::vector<uint16_t> tokens(batch * (block + 1) * (kFirst + kSteps + 4));
-  for (auto& token : tokens) token = static_cast<uint16_t>(random() % 50257);
-  pipetrain::write_token_file((dir / "train.bin").string(), tokens);
-
   pipetrain::cli::ModelOptions model_options;
   model_options.name = "gpt2";
   model_options.model_size = size;
   model_options.train_data = (dir / "train.bin").string();
   model_options.lr = 6e-4;
+  const int64_t block = pipetrain::cli::gpt2_config(model_options).block_size;
+  std::mt19937 random(0);
+  std::vector<uint16_t> tokens(batch * (block + 1) * (kFirst + kSteps + 4));
+  for (auto& token : tokens) token = static_cast<uint16_t>(random() % 50257);
+  pipetrain::write_token_file(model_options.train_data, tokens);
   auto model = pipetrain::cli::make_model(model_options);
   pipetrain::Trainer trainer(pipetrain::TrainerOptions()
                                  .accelerator("cuda")

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <pipetrain/checkpoint_io.h>
@@ -350,12 +351,9 @@ int run(const std::string& command, const Args& a) {
   };
   if (command == "fit") {
     const auto train = loader(model.train, a, true);
-    if (model.val) {
-      const auto val_loader = val();
-      trainer.fit(*model.module, train, &val_loader, a.ckpt_path);
-    } else {
-      trainer.fit(*model.module, train, nullptr, a.ckpt_path);
-    }
+    std::optional<pipetrain::DataLoader> val_loader;
+    if (model.val) val_loader = loader(model.val, a, false);
+    trainer.fit(*model.module, train, val_loader ? &*val_loader : nullptr, a.ckpt_path);
     // Preempted: last.ckpt is saved; the shell's status of a signal tells a scheduler (or
     // torchrun --max-restarts) the job is not done.
     if (trainer.stopped_by_signal() != 0) return 128 + trainer.stopped_by_signal();

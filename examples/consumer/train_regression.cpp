@@ -3,6 +3,7 @@
 //   ./train_regression            # pipetrain starts both ranks itself
 //   torchrun --nproc-per-node 2 ./train_regression
 #include <pipetrain/module.h>
+#include <pipetrain/throughput_monitor.h>
 #include <pipetrain/trainer.h>
 #include <torch/torch.h>
 
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
                            .pipe(pipetrain::PipeOptions().chunks(4).schedule("1f1b"))
                            .max_epochs(5)
                            .log_every_n_steps(10)
+                           .callbacks({std::make_shared<pipetrain::ThroughputMonitor>()})
                            .default_root_dir(root);
   // Runs this program once per stage and returns their status; in the ranks, nothing.
   if (const auto status = pipetrain::launch_ranks(options)) return *status;

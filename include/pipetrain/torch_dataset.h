@@ -42,9 +42,7 @@ class TorchDatasetAdapter : public Dataset {
     using Result = decltype(result);
     if constexpr (std::is_same_v<Result, torch::data::Example<>>) {
       // A batch transform (Stack<>) already stacked it.
-      Batch batch(std::move(result.data), std::move(result.target));
-      if (!wanted.data) batch.data = at::Tensor();
-      return batch;
+      return Batch(std::move(result.data), std::move(result.target));
     } else {
       static_assert(std::is_same_v<Result, std::vector<torch::data::Example<>>>,
                     "pipetrain adapts LibTorch datasets of torch::data::Example<> (data and "

@@ -96,10 +96,11 @@ std::optional<BatchStream::Prepared> BatchStream::take(int64_t index, bool wait)
   return prepared;
 }
 
-std::shared_ptr<BatchStream::Staged> BatchStream::stage(Prepared prepared) const {
-  auto staged = std::make_shared<Staged>();
+std::unique_ptr<BatchStream::Staged> BatchStream::stage(Prepared prepared) const {
+  auto staged = std::make_unique<Staged>();
   staged->error = prepared.error;
-  if (prepared.error || !device_.is_cuda()) {
+  // A process that reads nothing holds zero-width stand-ins: nothing to copy.
+  if (prepared.error || !device_.is_cuda() || !reads_) {
     staged->batch = std::move(prepared.batch);
     return staged;
   }
@@ -115,9 +116,14 @@ std::shared_ptr<BatchStream::Staged> BatchStream::stage(Prepared prepared) const
 }
 
 Batch BatchStream::next() {
-  std::shared_ptr<Staged> current = std::move(staged_);
+  std::unique_ptr<Staged> current = std::move(staged_);
   if (!current) current = stage(*take(next_to_hand_, /*wait=*/true));
-  ++next_to_hand_;
+  {
+    // The workers read it to know how far ahead they may read.
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++next_to_hand_;
+  }
+  room_.notify_all();
   // The next batch starts its way to the device now, while this one's step computes.
   if (next_to_hand_ < end_) {
     if (auto prepared = take(next_to_hand_, /*wait=*/false)) staged_ = stage(std::move(*prepared));

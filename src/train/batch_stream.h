@@ -48,7 +48,7 @@ class BatchStream {
   void work();
   // Batch `index`, waiting for it unless `wait` is false (then nullopt when not ready).
   std::optional<Prepared> take(int64_t index, bool wait);
-  std::shared_ptr<Staged> stage(Prepared prepared) const;
+  std::unique_ptr<Staged> stage(Prepared prepared) const;
 
   const DataLoader& loader_;
   const int64_t epoch_, end_;
@@ -62,10 +62,10 @@ class BatchStream {
   std::condition_variable prepared_, room_;
   std::map<int64_t, Prepared> ready_;
   int64_t next_to_prepare_;
-  int64_t next_to_hand_;
+  int64_t next_to_hand_;  // written by next() under mutex_
   bool stopping_ = false;
   std::vector<std::thread> workers_;
-  std::shared_ptr<Staged> staged_;  // batch next_to_hand_, already on its way to the device
+  std::unique_ptr<Staged> staged_;  // batch next_to_hand_, already on its way to the device
 };
 
 }  // namespace pipetrain

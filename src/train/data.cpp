@@ -4,17 +4,10 @@
 #include <torch/torch.h>
 
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 
 namespace pipetrain {
 namespace {
-
-std::string shape_of(const at::Tensor& tensor) {
-  std::ostringstream out;
-  out << tensor.sizes();
-  return out.str();
-}
 
 // Stacks field `name` of every example; `pick` reads it from one example.
 template <typename Pick>
@@ -25,15 +18,15 @@ at::Tensor stack_field(const std::vector<Example>& examples, const std::vector<i
   for (size_t i = 0; i < examples.size(); ++i) {
     const at::Tensor* tensor = pick(examples[i]);
     if (tensor == nullptr || !tensor->defined()) {
-      throw std::invalid_argument("example " + std::to_string(indices[i]) +
-                                  " of the dataset has no " + name + ", but example " +
-                                  std::to_string(indices[0]) + " has one");
+      throw std::invalid_argument(
+          "example " + std::to_string(indices[i]) + " of the dataset has no " + name +
+          (i == 0 ? "" : ", but example " + std::to_string(indices[0]) + " has one"));
     }
     if (!rows.empty() && rows[0].sizes() != tensor->sizes()) {
       throw std::invalid_argument("examples " + std::to_string(indices[0]) + " and " +
                                   std::to_string(indices[i]) + " of the dataset have " + name +
-                                  " of different shapes, " + shape_of(rows[0]) + " and " +
-                                  shape_of(*tensor) + ": make every example's " + name +
+                                  " of different shapes, " + c10::str(rows[0].sizes()) + " and " +
+                                  c10::str(tensor->sizes()) + ": make every example's " + name +
                                   " the same shape (pad it), or implement get_batch");
     }
     rows.push_back(*tensor);
@@ -124,10 +117,11 @@ Example TensorDataset::get(int64_t index) const {
 
 Batch TensorDataset::get_batch(const std::vector<int64_t>& indices,
                                const FieldsWanted& wanted) const {
-  const auto rows = torch::tensor(indices, torch::kInt64);
-  // Columns may live on a GPU already (the indices follow them there).
+  // Columns may live on a GPU already: the indices follow them there, once per device.
+  const auto rows = torch::tensor(indices, torch::kInt64).to(inputs.device());
   auto read = [&](const at::Tensor& column) {
-    return column.index_select(0, rows.to(column.device()));
+    return column.index_select(0,
+                               column.device() == rows.device() ? rows : rows.to(column.device()));
   };
   Batch batch;
   if (wanted.data) batch.data = read(inputs);
@@ -218,22 +212,26 @@ Batch DataLoader::batch(int64_t epoch, int64_t index, const BatchShard& shard) c
   Batch batch;
   if (wanted.data || wanted.target) {
     const std::vector<int64_t> picked = indices(epoch, begin, end);
-    const std::string which = count == 0 ? "no examples"
-                                         : "examples " + std::to_string(picked.front()) +
-                                               ", ... (" + std::to_string(count) + " in all)";
+    // For the messages alone: built only when one is thrown.
+    const auto which = [&] {
+      return count == 0 ? std::string("no examples")
+                        : "examples " + std::to_string(picked.front()) + ", ... (" +
+                              std::to_string(count) + " in all)";
+    };
     try {
       batch = dataset_->get_batch(picked, wanted);
     } catch (const std::exception& e) {
       throw std::runtime_error("the dataset failed to read batch " + std::to_string(index) +
-                               " of epoch " + std::to_string(epoch) + " (" + which +
+                               " of epoch " + std::to_string(epoch) + " (" + which() +
                                "): " + e.what());
     }
     auto check = [&](const at::Tensor& tensor, const std::string& name) {
       if (!tensor.defined() || tensor.dim() == 0 || tensor.size(0) != count) {
         throw std::runtime_error(
             "the dataset's get_batch returned " +
-            (tensor.defined() ? "a " + name + " of shape " + shape_of(tensor) : "no " + name) +
-            " for batch " + std::to_string(index) + " (" + which + "), which needs " +
+            (tensor.defined() ? "a " + name + " of shape " + c10::str(tensor.sizes())
+                              : "no " + name) +
+            " for batch " + std::to_string(index) + " (" + which() + "), which needs " +
             std::to_string(count) + " rows: return one row per index asked for");
       }
     };

@@ -71,6 +71,10 @@ FieldNames adam_required(bool amsgrad) {
   return {"exp_avg", "exp_avg_sq"};
 }
 
+FieldNames adamw_required(const OptimizerOptions& options) {
+  return adam_required(options_as<torch::optim::AdamWOptions>(options).amsgrad());
+}
+
 const std::vector<Kind>& kinds() {
   namespace optim = torch::optim;
   static const std::vector<Kind> all = {
@@ -88,14 +92,10 @@ const std::vector<Kind>& kinds() {
          return adam_required(options_as<optim::AdamOptions>(options).amsgrad());
        }},
       {"AdamW", typeid(optim::AdamW), make_state<optim::AdamWParamState>, adamw_tensors,
-       [](const OptimizerOptions& options) {
-         return adam_required(options_as<optim::AdamWOptions>(options).amsgrad());
-       }},
+       adamw_required},
       // AdamW's state and options, stepped by a fused kernel: its checkpoints are AdamW's.
       {"AdamW", typeid(FusedAdamW), make_state<optim::AdamWParamState>, adamw_tensors,
-       [](const OptimizerOptions& options) {
-         return adam_required(options_as<optim::AdamWOptions>(options).amsgrad());
-       }},
+       adamw_required},
       {"RMSprop", typeid(optim::RMSprop), make_state<optim::RMSpropParamState>,
        [](OptimizerParamState& state) -> Fields {
          auto& s = state_as<optim::RMSpropParamState>(state);

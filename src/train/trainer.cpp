@@ -450,14 +450,15 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
     // gradients a resumed run would not have.
     bool stop_after_step = false;
     if (steps_optimizer) {
+      const bool logs = (fit_progress_.global_step + 1) % options_.log_every_n_steps() == 0;
       // Where the host waits for the device anyway (logging, the epoch's end, the last step):
       // there a deferred check of the losses costs nothing.
       const bool host_waits =
-          (fit_progress_.global_step + 1) % options_.log_every_n_steps() == 0 || last_batch ||
+          logs || last_batch ||
           (options_.max_steps() >= 0 && fit_progress_.global_step + 1 >= options_.max_steps());
       stop_after_step = agree_to_stop(batch_idx, host_waits);
       optimizer_step(module);
-      if ((fit_progress_.global_step + 1) % options_.log_every_n_steps() == 0) {
+      if (logs) {
         const auto row = strategy_->reduce_metrics(window_metrics.step_view(true));
         remember(row);
         auto values = values_of(row);

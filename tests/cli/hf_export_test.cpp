@@ -125,6 +125,15 @@ TEST_F(HfExport, AnExportGivesAnIndependentGpt2TheSameLogitsAndTrainsOnFromThere
   for (const auto& [name, tensor] : before) {
     EXPECT_TRUE(torch::equal(after.at(name), tensor)) << name;
   }
+
+  // A shape flag that contradicts the folder's config.json is refused, not ignored.
+  const auto contradicted = run_command(
+      {PIPETRAIN_CLI, "fit", "--model", "gpt2", "--train-data", dir + "/data/train.bin",
+       "--init-from", folder, "--block-size", "16", "--default-root-dir", dir + "/contradicted"});
+  EXPECT_EQ(contradicted.exit_code, 2) << contradicted.output;
+  EXPECT_NE(contradicted.output.find("holds a GPT-2 of its own shape (config.json)"),
+            std::string::npos)
+      << contradicted.output;
 }
 
 TEST_F(HfExport, AShapeOfItsOwnNeedsItsHeadsAndAFolderItsFiles) {

@@ -138,7 +138,7 @@ void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2
   write_file((fs::path(dir) / "config.json").string(), json.dump(2) + "\n");
 }
 
-std::pair<Gpt2Config, std::map<std::string, at::Tensor>> read_hf_gpt2(const std::string& dir) {
+Gpt2Config read_hf_gpt2_config(const std::string& dir) {
   const auto config_path = (fs::path(dir) / "config.json").string();
   std::ifstream in(config_path);
   if (!in) {
@@ -164,6 +164,11 @@ std::pair<Gpt2Config, std::map<std::string, at::Tensor>> read_hf_gpt2(const std:
   } catch (const std::exception& e) {
     throw std::invalid_argument(config_path + ": " + e.what());
   }
+  return config;
+}
+
+std::map<std::string, at::Tensor> read_hf_gpt2_weights(const std::string& dir,
+                                                       const Gpt2Config& config) {
   const auto weights_path = (fs::path(dir) / "model.safetensors").string();
   const TensorMap stored = load_safetensors(weights_path);
   std::map<std::string, at::Tensor> weights;
@@ -178,7 +183,7 @@ std::pair<Gpt2Config, std::map<std::string, at::Tensor>> read_hf_gpt2(const std:
     }
     weights[ours] = theirs.transposed ? found->second.t().contiguous() : found->second;
   }
-  return {config, weights};
+  return weights;
 }
 
 }  // namespace pipetrain::cli

@@ -7,7 +7,6 @@
 
 #include <map>
 #include <string>
-#include <utility>
 
 #include <ATen/Tensor.h>
 
@@ -21,10 +20,14 @@ namespace pipetrain::cli {
 void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2Config& config,
                     const std::string& dir);
 
-// The shape in `dir`/config.json and the weights of `dir`/model.safetensors under pipetrain's
-// names (ready for load_weights). Throws std::invalid_argument naming the file and what is
+// The shape in `dir`/config.json. Throws std::invalid_argument naming the file and what is
 // missing or not GPT-2.
-std::pair<Gpt2Config, std::map<std::string, at::Tensor>> read_hf_gpt2(const std::string& dir);
+Gpt2Config read_hf_gpt2_config(const std::string& dir);
+// The weights of `dir`/model.safetensors, a GPT-2 of shape `config`, under pipetrain's names
+// (ready for load_weights; the tied head under wte's name alone). Throws std::invalid_argument
+// naming the file and the tensor it lacks.
+std::map<std::string, at::Tensor> read_hf_gpt2_weights(const std::string& dir,
+                                                       const Gpt2Config& config);
 
 // The shape of the GPT-2 whose weights these are: n_layer, n_embd, vocab and block size from the
 // tensors, n_head from `n_head` or, when that is 0, from the released model of this depth and

@@ -139,6 +139,20 @@ std::string all_bytes() {
 std::vector<std::string> model_names() { return {"boring", "mlp", "gpt", "gpt2"}; }
 
 Gpt2Config gpt2_config(const ModelOptions& options) {
+  if (!options.init_from.empty()) {
+    // The folder's shape; a flag may only repeat it.
+    Gpt2Config stored = read_hf_gpt2_config(options.init_from);
+    const auto differs = [](int64_t flag, int64_t value) { return flag > 0 && flag != value; };
+    if (differs(options.n_layer, stored.n_layer) || differs(options.n_head, stored.n_head) ||
+        differs(options.n_embd, stored.n_embd) || differs(options.block_size, stored.block_size) ||
+        differs(options.vocab_size, stored.vocab_size)) {
+      throw std::invalid_argument("--init-from " + options.init_from +
+                                  " holds a GPT-2 of its own shape (config.json): leave out "
+                                  "--n-layer, --n-head, --n-embd, --block-size and --vocab-size");
+    }
+    stored.dropout = options.dropout;
+    return stored;
+  }
   Gpt2Config config = gpt2_preset(options.model_size);
   if (options.n_layer > 0) config.n_layer = options.n_layer;
   if (options.n_head > 0) config.n_head = options.n_head;
@@ -152,12 +166,9 @@ Gpt2Config gpt2_config(const ModelOptions& options) {
 ThroughputMonitorOptions throughput_options(const ModelOptions& options) {
   if (options.name == "gpt2") {
     const Gpt2Config config = gpt2_config(options);
-    auto throughput = ThroughputMonitorOptions().items_per_sample(config.block_size);
-    if (options.init_from.empty()) {
-      throughput.flops_per_sample(gpt2_flops_per_token(config) *
-                                  static_cast<double>(config.block_size));
-    }
-    return throughput;
+    return ThroughputMonitorOptions()
+        .items_per_sample(config.block_size)
+        .flops_per_sample(gpt2_flops_per_token(config) * static_cast<double>(config.block_size));
   }
   if (options.name == "gpt") {
     return ThroughputMonitorOptions().items_per_sample(
@@ -196,27 +207,13 @@ BuiltInModel make_model(const ModelOptions& options) {
           "--model gpt2 trains on token files: pass --train-data FILE (nanoGPT's train.bin, an "
           "llm.c shard, or what `pipetrain prepare-data` makes from any text)");
     }
-    Gpt2Config config = gpt2_config(options);
-    std::map<std::string, at::Tensor> initial;
-    if (!options.init_from.empty()) {
-      auto [stored, weights] = read_hf_gpt2(options.init_from);
-      const bool shaped = options.n_layer > 0 || options.n_head > 0 || options.n_embd > 0;
-      if (shaped && (stored.n_layer != config.n_layer || stored.n_head != config.n_head ||
-                     stored.n_embd != config.n_embd)) {
-        throw std::invalid_argument("--init-from " + options.init_from +
-                                    " holds a GPT-2 of its own shape (config.json): leave out "
-                                    "--n-layer, --n-head and --n-embd");
-      }
-      stored.dropout = config.dropout;
-      config = stored;
-      // The head is the token embedding's tensor: loading it under both names is loading it once.
-      weights[std::to_string(config.n_layer + 2) + ".weight"] = weights.at("0.wte.weight");
-      initial = std::move(weights);
-    }
+    const Gpt2Config config = gpt2_config(options);
     built.module = std::make_unique<Gpt2Model>(config, options.lr);
-    if (!initial.empty()) {
+    if (!options.init_from.empty()) {
+      // The head is the token embedding's tensor: load_weights fills it through wte's name.
       auto layers = built.module->layers();
-      load_weights(layers, initial, options.init_from + "/model.safetensors");
+      load_weights(layers, read_hf_gpt2_weights(options.init_from, config),
+                   options.init_from + "/model.safetensors");
     }
     read_token_files(options, config.block_size, config.vocab_size, built);
   } else if (options.name == "gpt" && !options.train_data.empty()) {
@@ -244,7 +241,9 @@ BuiltInModel make_model(const ModelOptions& options) {
         make_char_windows(corpus.val_tokens, config.block_size, config.block_size));
     built.vocabulary = corpus.vocab;
   } else {
-    throw std::invalid_argument("unknown model '" + options.name + "': use boring, mlp or gpt");
+    std::string names;
+    for (const auto& name : model_names()) names += (names.empty() ? "" : ", ") + name;
+    throw std::invalid_argument("unknown model '" + options.name + "': use " + names);
   }
   return built;
 }

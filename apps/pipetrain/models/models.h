@@ -47,10 +47,11 @@ std::vector<std::string> model_names();
 // Builds the model (its initial weights come from the default generator) and its data (the same
 // on every rank and every run).
 BuiltInModel make_model(const ModelOptions& options);
-// GPT-2's shape from the preset and the flags that override it.
+// GPT-2's shape: from the preset and the flags that override it, or the --init-from folder's
+// config.json (a flag that contradicts it is refused with std::invalid_argument).
 Gpt2Config gpt2_config(const ModelOptions& options);
 // What a language model's ThroughputMonitor counts: tokens per sample (its block), and for gpt2
-// the model FLOPs (not with --init-from, whose shape is in the folder read later).
+// the model FLOPs.
 ThroughputMonitorOptions throughput_options(const ModelOptions& options);
 
 }  // namespace pipetrain::cli
