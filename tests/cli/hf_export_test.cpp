@@ -1,6 +1,8 @@
 // GPT-2 to and from Hugging Face's layout: `pipetrain export --format hf-gpt2` of a trained
 // checkpoint gives, read by a PyTorch re-implementation of GPT-2's forward that shares no code with
-// pipetrain (tests/io/gpt2_reference.py), the logits pipetrain computes (fp32, absolute 1e-4);
+// pipetrain (tests/io/gpt2_reference.py), and where a Python has it by transformers'
+// GPT2LMHeadModel.from_pretrained itself (tests/io/gpt2_transformers.py), the logits pipetrain
+// computes (fp32, absolute 1e-4);
 // `--init-from` of the export starts training from exactly those weights; bad folders and shapes
 // are usage errors.
 #include <gtest/gtest.h>
@@ -22,10 +24,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A Python with torch: Debian's (python3-torch), else the first on PATH; "" when neither has it.
-std::string python_with_torch() {
+// A Python that imports `modules`: Debian's, else the first on PATH; "" when neither does.
+std::string python_with(const std::string& modules) {
   for (const char* python : {"/usr/bin/python3", "python3"}) {
-    if (run_command({python, "-c", "import torch"}).exit_code == 0) return python;
+    if (run_command({python, "-c", "import " + modules}).exit_code == 0) return python;
   }
   return "";
 }
@@ -68,16 +70,54 @@ class HfExport : public ::testing::Test {
     EXPECT_EQ(result.exit_code, 0) << result.output;
     return root + "/lightning_logs/version_0/checkpoints/last.ckpt";
   }
+  // Trains the tiny GPT-2 into `checkpoint_` and exports it into `folder_`.
+  void export_trained() {
+    checkpoint_ = fit(dir + "/trained", 5, shape);
+    const auto exported =
+        run_command({PIPETRAIN_CLI, "export", "--format", "hf-gpt2", "--ckpt-path", checkpoint_,
+                     "--output", folder_, "--n-head", "2"});
+    ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  }
+  // pipetrain's logits of the checkpoint for ids_.
+  at::Tensor our_logits() const {
+    cli::Gpt2Config shape_config;
+    shape_config.n_layer = 2, shape_config.n_head = 2, shape_config.n_embd = 16;
+    shape_config.block_size = 8, shape_config.vocab_size = 256;
+    auto gpt2 = cli::make_gpt2(shape_config);
+    load_weights(gpt2, read_checkpoint_weights(checkpoint_), checkpoint_);
+    gpt2->eval();
+    return gpt2->forward(torch::tensor(ids_).unsqueeze(0)).squeeze(0);
+  }
+  // `python script folder_ ids_...` prints the same logits as pipetrain.
+  void expect_same_logits(const std::string& python, const std::string& script) const {
+    std::vector<std::string> argv{python, std::string(PIPETRAIN_SOURCE_DIR) + "/tests/io/" + script,
+                                  folder_};
+    for (const int64_t id : ids_) argv.push_back(std::to_string(id));
+    const auto reference = run_command(argv);
+    ASSERT_EQ(reference.exit_code, 0) << reference.output;
+    // The last line: a library may print notices before it.
+    const auto trimmed = reference.output.substr(0, reference.output.find_last_not_of('\n') + 1);
+    const auto rows = nlohmann::json::parse(trimmed.substr(trimmed.rfind('\n') + 1))
+                          .get<std::vector<std::vector<float>>>();
+    ASSERT_EQ(rows.size(), ids_.size());
+    const auto ours = our_logits();
+    for (size_t t = 0; t < rows.size(); ++t) {
+      const auto theirs = torch::tensor(rows[t]);
+      EXPECT_TRUE(torch::allclose(ours[static_cast<int64_t>(t)], theirs, 0, 1e-4))
+          << script << ", position " << t << " differs by "
+          << (ours[static_cast<int64_t>(t)] - theirs).abs().max().item<double>();
+    }
+  }
+
   const std::vector<std::string> shape{"--n-layer", "2", "--n-head", "2", "--n-embd", "16"};
+  const std::vector<int64_t> ids_{84, 104, 101, 32, 71, 78, 85, 32};
   std::string dir = make_temp_dir("hf-export");
+  std::string checkpoint_, folder_ = dir + "/hf";
 };
 
 TEST_F(HfExport, AnExportGivesAnIndependentGpt2TheSameLogitsAndTrainsOnFromThere) {
-  const std::string checkpoint = fit(dir + "/trained", 5, shape);
-  const std::string folder = dir + "/hf";
-  const auto exported = run_command({PIPETRAIN_CLI, "export", "--format", "hf-gpt2", "--ckpt-path",
-                                     checkpoint, "--output", folder, "--n-head", "2"});
-  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  export_trained();
+  const std::string checkpoint = checkpoint_, folder = folder_;
   std::ifstream config_file(folder + "/config.json");
   const auto config = nlohmann::json::parse(config_file);
   EXPECT_EQ(config.at("model_type"), "gpt2");
@@ -89,33 +129,9 @@ TEST_F(HfExport, AnExportGivesAnIndependentGpt2TheSameLogitsAndTrainsOnFromThere
   EXPECT_EQ(stored.at("transformer.h.0.attn.c_attn.weight").sizes(),
             (std::vector<int64_t>{16, 48}));  // Conv1D: [in, out]
 
-  // pipetrain's logits of the checkpoint.
-  cli::Gpt2Config shape_config;
-  shape_config.n_layer = 2, shape_config.n_head = 2, shape_config.n_embd = 16;
-  shape_config.block_size = 8, shape_config.vocab_size = 256;
-  auto gpt2 = cli::make_gpt2(shape_config);
-  auto weights = read_checkpoint_weights(checkpoint);
-  weights["4.weight"] = weights.at("0.wte.weight");
-  load_weights(gpt2, weights, checkpoint);
-  gpt2->eval();
-  const std::vector<int64_t> ids{84, 104, 101, 32, 71, 78, 85, 32};
-  const auto ours = gpt2->forward(torch::tensor(ids).unsqueeze(0)).squeeze(0);
-
-  const std::string python = python_with_torch();
+  const std::string python = python_with("torch");
   if (python.empty()) GTEST_SKIP() << "no Python with torch (Debian: python3-torch)";
-  std::vector<std::string> argv{
-      python, std::string(PIPETRAIN_SOURCE_DIR) + "/tests/io/gpt2_reference.py", folder};
-  for (const int64_t id : ids) argv.push_back(std::to_string(id));
-  const auto reference = run_command(argv);
-  ASSERT_EQ(reference.exit_code, 0) << reference.output;
-  const auto rows = nlohmann::json::parse(reference.output).get<std::vector<std::vector<float>>>();
-  ASSERT_EQ(rows.size(), ids.size());
-  for (size_t t = 0; t < rows.size(); ++t) {
-    const auto theirs = torch::tensor(rows[t]);
-    EXPECT_TRUE(torch::allclose(ours[static_cast<int64_t>(t)], theirs, 0, 1e-4))
-        << "position " << t << " differs by "
-        << (ours[static_cast<int64_t>(t)] - theirs).abs().max().item<double>();
-  }
+  expect_same_logits(python, "gpt2_reference.py");
 
   // A run started from the export with lr 0 keeps its weights exactly.
   const std::string restarted = fit(dir + "/restarted", 1, {"--init-from", folder, "--lr", "0"});
@@ -134,6 +150,14 @@ TEST_F(HfExport, AnExportGivesAnIndependentGpt2TheSameLogitsAndTrainsOnFromThere
   EXPECT_NE(contradicted.output.find("holds a GPT-2 of its own shape (config.json)"),
             std::string::npos)
       << contradicted.output;
+}
+
+// What users of an export run: transformers itself (on machines whose Python has it).
+TEST_F(HfExport, TransformersLoadsTheExportWithTheSameLogits) {
+  const std::string python = python_with("torch, transformers");
+  if (python.empty()) GTEST_SKIP() << "no Python with torch and transformers";
+  export_trained();
+  expect_same_logits(python, "gpt2_transformers.py");
 }
 
 TEST_F(HfExport, AShapeOfItsOwnNeedsItsHeadsAndAFolderItsFiles) {
