@@ -44,10 +44,11 @@ struct PipeOptions {
   TORCH_ARG(int64_t, chunks) = 1;
   // "always" | "except_last" | "never".
   TORCH_ARG(std::string, checkpoint) = "except_last";
-  // "gpipe" | "1f1b".
+  // "gpipe" | "1f1b" | "zbh1" (schedule.h).
   TORCH_ARG(std::string, schedule) = "gpipe";
-  // On CUDA with checkpoint "never": replay each micro-batch's forward and backward as captured
-  // CUDA graphs, so the CPU no longer launches every kernel (see stage_graphs.h).
+  // On CUDA with checkpoint "never" and a schedule of whole backwards: replay each micro-batch's
+  // forward and backward as captured CUDA graphs, so the CPU no longer launches every kernel (see
+  // stage_graphs.h).
   TORCH_ARG(bool, cuda_graphs) = false;
   // nn::Linear layers of the Sequential itself (not Linear layers nested inside a layer, such as a
   // transformer block's) accumulate their weight gradients inside the GEMM
@@ -56,7 +57,7 @@ struct PipeOptions {
   // first and none is recomputed: GPipe with checkpoint "never", or any schedule with one
   // micro-batch) computes them after its last backward, one GEMM per layer over the whole batch,
   // keeping the layers' output gradients until then; other stages but the first, after sending each
-  // input's gradient.
+  // input's gradient (or, where the schedule splits the backward, in its W).
   TORCH_ARG(bool, fuse_gradient_accumulation) = false;
   // BatchNorm layers of the Sequential update their running statistics once per batch, from the
   // whole batch's statistics, rather than once per micro-batch (torchgpipe's DeferredBatchNorm);
@@ -121,7 +122,18 @@ class Pipe {
   const std::vector<int64_t>& balance() const { return balance_; }
 
  private:
+  struct InFlight;  // one micro-batch between its forward and its last backward action
+  struct Step;      // one forward_backward's micro-batches in flight
   at::Tensor run_schedule(const at::Tensor& batch_input, int64_t batch_size, const LossFn& loss_fn);
+  // The actions of a schedule: F, B or I, and W (schedule.h).
+  void run_forward(Step& step, int64_t microbatch);
+  void run_backward(Step& step, const Action& action);
+  void run_weight_backward(Step& step, int64_t microbatch);
+  // What autograd starts this stage's backward of a micro-batch from (after the recompute where it
+  // was checkpointed), given the gradients of its outputs; no roots: nothing to go back through.
+  void backward_roots(InFlight& state, const std::vector<at::Tensor>& grad_outputs,
+                      int64_t microbatch, std::vector<at::Tensor>* roots,
+                      std::vector<at::Tensor>* grads);
   StageValue run_stage(const StageValue& input, int64_t microbatch);
   // `layer`, or, with deferred_batch_norm, the DeferredBatchNorm standing in for it.
   torch::nn::AnyModule defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index);
@@ -143,6 +155,7 @@ class Pipe {
   CheckpointMode checkpoint_mode_;
   Schedule schedule_;
   std::map<int64_t, Schedule> short_schedules_;
+  bool splits_backward_ = false;  // the schedule has I and W actions
   torch::nn::Sequential stage_module_;
   std::function<void()> last_backward_hook_;
   std::unique_ptr<TiedGradients> tied_;

@@ -1,8 +1,11 @@
 // Pipeline schedules as plain data: for each stage, the ordered forwards and backwards it runs in
-// one training step. Keeping them free of torch lets the runtime, the CLI and the tests share one
-// definition of GPipe and 1F1B, and lets a cost-model simulation check a schedule (bubble, step
-// time, deadlocks) without running it: the Pipe simulates every schedule it builds once, with
-// unit costs, so a malformed one fails with its grid instead of hanging the ranks.
+// one training step. A backward is either whole (B) or split in two, as zero-bubble pipelines
+// split it: the input gradient (I), which the previous stage waits for, then the weight gradients
+// (W), which nobody waits for and which fill the bubbles. Keeping them free of torch lets the
+// runtime, the CLI and the tests share one definition of GPipe and 1F1B, and lets a cost-model
+// simulation check a schedule (bubble, step time, deadlocks) without running it: the Pipe simulates
+// every schedule it builds once, with unit costs, so a malformed one fails with its grid instead of
+// hanging the ranks.
 #ifndef PIPETRAIN_SCHEDULE_H_
 #define PIPETRAIN_SCHEDULE_H_
 
@@ -13,7 +16,8 @@
 
 namespace pipetrain {
 
-enum class Phase { kForward, kBackward };
+// F, B, I, W in grids and names (torch.distributed.pipelining's letters).
+enum class Phase { kForward, kBackward, kInputBackward, kWeightBackward };
 
 struct Action {
   Phase phase;
@@ -22,10 +26,11 @@ struct Action {
   bool operator!=(const Action& other) const { return !(*this == other); }
 };
 
-// Prints "F3" / "B3"; the stage is not part of an Action, so gtest failures show the bare action.
+// Prints "F3" / "B3" / "I3" / "W3"; the stage is not part of an Action, so gtest failures show the
+// bare action.
 std::ostream& operator<<(std::ostream& os, const Action& a);
 
-// "<stage><F|B><microbatch>", e.g. "0F3", the notation used in grids and error messages.
+// "<stage><F|B|I|W><microbatch>", e.g. "0F3", the notation used in grids and error messages.
 std::string action_name(int64_t stage, const Action& a);
 
 // schedule[stage] = the actions that stage runs, in order.
@@ -42,17 +47,29 @@ Schedule gpipe_schedule(int64_t stages, int64_t chunks);
 // never holds more than stages - s micro-batches' activations.
 Schedule one_f_one_b_schedule(int64_t stages, int64_t chunks);
 
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024): 1F1B's order with each backward
+// split into I and W, stage s putting its W's off by s micro-batches. The input gradients then
+// travel back without waiting for weight gradients, and the W's put off fill the drain. Every
+// stage holds at most `stages` micro-batches' activations, as 1F1B's first stage does; the bubble
+// is (stages - 1)(F + B - 2W) against 1F1B's (stages - 1)(F + B), B being the whole backward
+// (where W takes no longer than F).
+Schedule zbh1_schedule(int64_t stages, int64_t chunks);
+
 // name is one of schedule_names(); anything else throws std::invalid_argument listing them.
 Schedule make_schedule(const std::string& name, int64_t stages, int64_t chunks);
 std::vector<std::string> schedule_names();
 
-// Cost model: per stage, the time of one forward and one backward of one micro-batch, plus a fixed
-// latency for each activation/gradient transfer between neighbouring stages.
+// Cost model: per stage, the time of one forward and one whole backward (B) of one micro-batch, the
+// weight-gradient part of that backward (W; I takes the rest), plus a fixed latency for each
+// activation/gradient transfer between neighbouring stages.
 struct ActionCosts {
   std::vector<double> forward;   // size == stages
   std::vector<double> backward;  // size == stages
+  std::vector<double> weight;    // size == stages, each <= backward; empty: all 0
   double transfer = 0.0;
-  static ActionCosts uniform(int64_t stages, double forward = 1.0, double backward = 1.0);
+  static ActionCosts uniform(int64_t stages, double forward = 1.0, double backward = 1.0,
+                             double weight = 0.0);
+  double cost(int64_t stage, Phase phase) const;
 };
 
 struct Simulation {
@@ -63,14 +80,16 @@ struct Simulation {
 };
 
 // Runs every action as early as its dependencies and its stage's list order allow:
-//   F(s,m) after F(s-1,m) (+transfer), B(s,m) after B(s+1,m) (+transfer) or, on the last stage,
-//   after F(s,m); and B(s,m) after F(s,m).
+//   F(s,m) after F(s-1,m) (+transfer); B or I (s,m) after F(s,m) and after B or I (s+1,m)
+//   (+transfer); W(s,m) after I(s,m). Each micro-batch has on each stage one F, and one B or an I
+//   and a W.
 // Throws std::invalid_argument when costs do not match the schedule, and std::runtime_error when
 // the schedule is malformed (an action missing or repeated) or can never finish; those messages
 // carry the schedule's grid with "<-- ERROR HERE" on the offending stage.
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs);
 
-// One row per stage, one column per time slot of the unit-cost simulation, "." for idle slots:
+// One row per stage, one column per time slot of a simulation where every action takes one slot,
+// "." for idle slots:
 //           0    1    2    3    4    5
 //   stage 0 0F0  0F1  .    .    0B1  0B0
 //   stage 1 .    1F0  1F1  1B1  1B0  .

@@ -18,21 +18,12 @@
 #include "pipetrain/tied_parameters.h"
 #include "pipetrain/trace.h"
 #include "pipetrain/world.h"
+#include "split_backward.h"
 #include "stage_graphs.h"
 #include "stage_value.h"
 
 namespace pipetrain {
 namespace {
-
-// What a stage keeps between the forward and the backward of one micro-batch.
-struct InFlight {
-  StageValue input;   // floating tensors require grad on every stage but the first
-  StageValue output;  // with its autograd graph, unless checkpointed
-  at::Tensor loss;    // last stage only: scaled loss, graph back to `output`
-  bool checkpointed = false;
-  RngState rng;       // the generator before the forward, for the recompute
-  int64_t slot = -1;  // under CUDA graphs, the graphs holding this micro-batch
-};
 
 // Which CUDA-graph slots hold a micro-batch, and the last send out of each slot's buffers: a
 // slot's graph may only overwrite them once the stream has seen that send complete.
@@ -57,17 +48,32 @@ struct Slots {
 // each layer's micro-batches joined into one GEMM: when it holds every micro-batch's activations
 // until then anyway (all its forwards come first and none is recomputed). The dY it keeps for
 // that is as large as the Linear layers' outputs.
+// A schedule that splits the backward says itself where weight gradients go: in its W's.
 bool joins_weight_gradients(const std::vector<Action>& actions, int64_t recompute_below) {
   if (recompute_below > 0) return false;
   bool backward_seen = false;
   for (const Action& action : actions) {
-    if (action.phase == Phase::kBackward) {
+    if (action.phase == Phase::kWeightBackward) return false;
+    if (action.phase != Phase::kForward) {
       backward_seen = true;
     } else if (backward_seen) {
       return false;
     }
   }
   return true;
+}
+
+// The action of `actions` that adds the last weight gradients of a step: the last B or W (on the
+// first stage, whose I runs the whole backward, the last B or I). Null if none.
+const Action* last_weight_gradient_action(const std::vector<Action>& actions, bool first_stage) {
+  const Action* last = nullptr;
+  for (const Action& action : actions) {
+    const bool adds =
+        action.phase == Phase::kBackward ||
+        action.phase == (first_stage ? Phase::kInputBackward : Phase::kWeightBackward);
+    if (adds) last = &action;
+  }
+  return last;
 }
 
 // Which tensors crossing a boundary come back with a gradient: every floating one (zeros where
@@ -125,6 +131,11 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
                                 std::to_string(options_.chunks()) + ")");
   }
   schedule_ = checked_schedule(options_.schedule(), stages(), options_.chunks());
+  for (const auto& actions : schedule_) {
+    for (const Action& action : actions) {
+      splits_backward_ = splits_backward_ || action.phase == Phase::kInputBackward;
+    }
+  }
   stage_ = world_->rank();
   for (int64_t s = 0; s < stage_; ++s) first_layer_ += balance_[s];
   // Fused Linear layers put their weight gradients off: after the last backward (see
@@ -160,6 +171,10 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     } else if (checkpoint_mode_ != CheckpointMode::kNever) {
       why = "checkpoint '" + options_.checkpoint() +
             "' recomputes forwards outside any graph (use never)";
+    } else if (splits_backward_) {
+      why = "schedule '" + options_.schedule() +
+            "' splits each backward into I and W, and graphs capture whole backwards (use 1f1b or "
+            "gpipe)";
     }
     if (why.empty()) {
       graphs_ = std::make_unique<StageGraphs>(stage_module_, !is_first_stage(), deferred_.get());
@@ -296,20 +311,51 @@ at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
   }
 }
 
+// What a stage keeps of one micro-batch from its forward to its last backward action.
+struct Pipe::InFlight {
+  StageValue input;   // floating tensors require grad on every stage but the first
+  StageValue output;  // with its autograd graph, unless checkpointed
+  at::Tensor loss;    // last stage only: scaled loss, graph back to `output`
+  bool checkpointed = false;
+  RngState rng;       // the generator before the forward, for the recompute
+  int64_t slot = -1;  // under CUDA graphs, the graphs holding this micro-batch
+  // Between an I and its W: the weight gradients still to compute, through autograd and of the
+  // fused Linear layers.
+  WeightBackward weights;
+  std::vector<WeightGradient> fused;
+};
+
+struct Pipe::Step {
+  at::Tensor input;  // the batch, on this stage's device (first stage)
+  int64_t batch_size = 0;
+  const LossFn* loss_fn = nullptr;
+  std::vector<MicroBatch> microbatches;
+  int64_t recompute_below = 0;  // micro-batches below it are checkpointed
+  std::map<int64_t, InFlight> in_flight;
+  Slots slots;
+  at::Tensor total_loss;
+  // The fused Linear layers' weight gradients wait for the last backward (joins_weight_gradients)
+  // and, under CUDA graphs, the slots whose work waits with them.
+  bool join_weight_gradients = false;
+  std::vector<int64_t> weight_gradient_slots;
+};
+
 at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
                               const LossFn& loss_fn) {
+  Step step;
   // One copy per batch: slicing a host tensor per micro-batch would wait for the GPU each time.
-  const at::Tensor input = batch_input.defined() ? batch_input.to(world_->device()) : batch_input;
+  step.input = batch_input.defined() ? batch_input.to(world_->device()) : batch_input;
+  step.batch_size = batch_size;
+  step.loss_fn = &loss_fn;
   // A batch smaller than `chunks` (an epoch's last) runs as one-sample micro-batches.
   const int64_t chunks = std::min(options_.chunks(), batch_size);
-  const auto microbatches = split_microbatches(batch_size, chunks);
-  const int64_t recompute_below = checkpoint_stop(checkpoint_mode_, chunks);
+  step.microbatches = split_microbatches(batch_size, chunks);
+  step.recompute_below = checkpoint_stop(checkpoint_mode_, chunks);
   if (chunks != options_.chunks() && !short_schedules_.count(chunks)) {
     short_schedules_[chunks] = checked_schedule(options_.schedule(), stages(), chunks);
   }
-  const Schedule& schedule = chunks == options_.chunks() ? schedule_ : short_schedules_[chunks];
-  std::map<int64_t, InFlight> in_flight;
-  Slots slots;
+  const std::vector<Action>& actions =
+      (chunks == options_.chunks() ? schedule_ : short_schedules_[chunks])[stage_];
   if (graphs_ && autocast_enabled(world_->device().type())) {
     // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any graph:
     // a replay would read copies the cache has since freed.
@@ -321,136 +367,179 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
     graphs_.reset();
   }
   if (graphs_) graphs_->adopt_gradients();
-  Trace* trace = options_.trace().get();
-  at::Tensor total_loss;
-  const Action* last_backward = nullptr;
-  for (const Action& action : schedule[stage_]) {
-    if (action.phase == Phase::kBackward) last_backward = &action;
-  }
-  const bool join_at_end = deferred_ && joins_weight_gradients(schedule[stage_], recompute_below);
-  std::vector<int64_t> weight_gradient_slots;  // under graphs, slots whose work waits for the end
+  step.join_weight_gradients = deferred_ && joins_weight_gradients(actions, step.recompute_below);
+  const Action* last_weight_gradients = last_weight_gradient_action(actions, is_first_stage());
 
-  for (const Action& action : schedule[stage_]) {
-    const MicroBatch& mb = microbatches[action.microbatch];
-    if (action.phase == Phase::kForward) {
-      InFlight state;
-      state.checkpointed = action.microbatch < recompute_below;
-      if (is_first_stage()) {
-        state.input = StageValue::of(input.slice(0, mb.begin, mb.end));
-      } else {
-        Trace::Span span(trace, "recv activation", mb.index);
-        state.input = unpacked(p2p_->recv(stage_ - 1, Flow::kActivation, mb.size()));
-      }
-      if (graphs_ && !graphs_checked_) check_graphs_fit(state.input, mb.index);
-      Trace::Span forward_span(trace, "forward", mb.index);
-      if (graphs_) {
-        state.slot = slots.take();
-        world_->wait(slots.activation_sends[state.slot]);
-        state.output = StageValue::of(graphs_->forward(state.slot, state.input.tensors[0]));
-      } else if (state.checkpointed) {
-        state.rng = RngState::capture();
-        torch::NoGradGuard no_grad;
-        state.output = run_stage(state.input, mb.index);
-      } else {
-        state.output = run_stage(state.input, mb.index);
-      }
-      if (is_last_stage()) {
-        // The loss head runs with autograd even where the stage's own graph is gone (checkpointed)
-        // or captured; its input is a leaf that collects the gradient the stage's backward needs.
-        at::Tensor& output = state.output.tensors[0];
-        if (state.checkpointed || graphs_) output = output.detach().requires_grad_(true);
-        const double share = static_cast<double>(mb.size()) / static_cast<double>(batch_size);
-        state.loss = loss_fn(output, mb) * share;
-        total_loss = total_loss.defined() ? total_loss + state.loss.detach() : state.loss.detach();
-      } else {
-        Trace::Span span(trace, "send activation", mb.index);
-        auto sent =
-            p2p_->send(activation_packet(state.output), stage_ + 1, Flow::kActivation, mb.size());
-        if (graphs_) slots.activation_sends[state.slot] = sent;
-      }
-      in_flight.emplace(action.microbatch, std::move(state));
-    } else {
-      if (&action == last_backward && last_backward_hook_) last_backward_hook_();
-      auto node = in_flight.extract(action.microbatch);
-      InFlight& state = node.mapped();
-      // The gradients of the outputs that have one (the floating ones), in their order.
-      std::vector<at::Tensor> grad_outputs;
-      const bool gets_gradients =
-          std::any_of(state.output.tensors.begin(), state.output.tensors.end(), has_gradient);
-      if (!is_last_stage() && gets_gradients) {
-        Trace::Span span(trace, "recv gradient", mb.index);
-        grad_outputs = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size()).tensors;
-      }
-      at::Tensor graph_grad_input;  // under CUDA graphs
-      {
-        Trace::Span backward_span(trace, "backward", mb.index);
-        DeferredWeightGradients::Deferral deferral(deferred_.get());  // weight gradients wait
-        if (is_last_stage()) {
-          state.loss.backward();
-          if (state.checkpointed || graphs_) grad_outputs = {state.output.tensors[0].grad()};
-        }
-        if (graphs_) {
-          world_->wait(slots.gradient_sends[state.slot]);
-          graph_grad_input = graphs_->backward(state.slot, grad_outputs.at(0));
-        } else if (!grad_outputs.empty()) {
-          StageValue output = state.output;
-          if (state.checkpointed) {
-            output = state.rng.replay([&] { return rerun_stage(state.input, mb.index, true); });
-          }
-          // Outputs made without this stage's parameters or inputs (a mask, the data riding
-          // along from the first stage) have no graph to go back through.
-          std::vector<at::Tensor> roots, grads;
-          size_t next = 0;
-          for (const auto& t : output.tensors) {
-            if (!has_gradient(t)) continue;
-            const at::Tensor& grad = grad_outputs.at(next++);
-            if (t.requires_grad()) {
-              roots.push_back(t);
-              grads.push_back(grad);
-            }
-          }
-          if (!roots.empty()) torch::autograd::backward(roots, grads);
-        }
-      }
-      if (!is_first_stage()) {
-        // Eagerly, the inputs' gradients are where backward left them (through the loss, on the
-        // last stage of an uncheckpointed pipe).
-        Packet grads;
-        if (graphs_) {
-          grads.tensors = {graph_grad_input.defined() ? graph_grad_input
-                                                      : torch::zeros_like(state.input.tensors[0])};
-        } else {
-          for (const auto& t : state.input.tensors) {
-            if (!t.requires_grad()) continue;
-            grads.tensors.push_back(t.grad().defined() ? t.grad() : torch::zeros_like(t));
-          }
-        }
-        Trace::Span span(trace, "send gradient", mb.index);
-        if (!grads.tensors.empty()) {
-          auto sent = p2p_->send(grads, stage_ - 1, Flow::kGradient, mb.size());
-          if (graphs_) slots.gradient_sends[state.slot] = sent;
-        }
-      }
-      // The fused Linear layers' weight gradients: after the last backward, or now that the
-      // previous stage has what it waits for.
-      if (join_at_end) {
-        if (graphs_) weight_gradient_slots.push_back(state.slot);
-      } else {
-        if (deferred_) {
-          Trace::Span span(trace, "weight gradients", mb.index);
-          run_weight_gradients({state.slot});
-        }
-        if (graphs_) slots.release(state.slot);
-      }
+  for (const Action& action : actions) {
+    if (&action == last_weight_gradients && last_backward_hook_) last_backward_hook_();
+    switch (action.phase) {
+      case Phase::kForward:
+        run_forward(step, action.microbatch);
+        break;
+      case Phase::kBackward:
+      case Phase::kInputBackward:
+        run_backward(step, action);
+        break;
+      case Phase::kWeightBackward:
+        run_weight_backward(step, action.microbatch);
+        break;
     }
   }
-  if (join_at_end) {
-    Trace::Span span(trace, "weight gradients");
-    run_weight_gradients(weight_gradient_slots);
+  if (step.join_weight_gradients) {
+    Trace::Span span(options_.trace().get(), "weight gradients");
+    run_weight_gradients(step.weight_gradient_slots);
   }
   for (const auto& norm : deferred_norms_) norm->commit();
   if (p2p_) p2p_->wait_for_sends();
-  return total_loss;
+  return step.total_loss;
+}
+
+void Pipe::run_forward(Step& step, int64_t microbatch) {
+  Trace* trace = options_.trace().get();
+  const MicroBatch& mb = step.microbatches[microbatch];
+  InFlight state;
+  state.checkpointed = microbatch < step.recompute_below;
+  if (is_first_stage()) {
+    state.input = StageValue::of(step.input.slice(0, mb.begin, mb.end));
+  } else {
+    Trace::Span span(trace, "recv activation", mb.index);
+    state.input = unpacked(p2p_->recv(stage_ - 1, Flow::kActivation, mb.size()));
+  }
+  if (graphs_ && !graphs_checked_) check_graphs_fit(state.input, mb.index);
+  {
+    Trace::Span span(trace, "forward", mb.index);
+    if (graphs_) {
+      state.slot = step.slots.take();
+      world_->wait(step.slots.activation_sends[state.slot]);
+      state.output = StageValue::of(graphs_->forward(state.slot, state.input.tensors[0]));
+    } else if (state.checkpointed) {
+      state.rng = RngState::capture();
+      torch::NoGradGuard no_grad;
+      state.output = run_stage(state.input, mb.index);
+    } else {
+      state.output = run_stage(state.input, mb.index);
+    }
+    if (is_last_stage()) {
+      // The loss head runs with autograd even where the stage's own graph is gone (checkpointed)
+      // or captured; its input is a leaf that collects the gradient the stage's backward needs.
+      at::Tensor& output = state.output.tensors[0];
+      if (state.checkpointed || graphs_) output = output.detach().requires_grad_(true);
+      const double share = static_cast<double>(mb.size()) / static_cast<double>(step.batch_size);
+      state.loss = (*step.loss_fn)(output, mb) * share;
+      step.total_loss =
+          step.total_loss.defined() ? step.total_loss + state.loss.detach() : state.loss.detach();
+    }
+  }
+  if (!is_last_stage()) {
+    Trace::Span span(trace, "send activation", mb.index);
+    auto sent =
+        p2p_->send(activation_packet(state.output), stage_ + 1, Flow::kActivation, mb.size());
+    if (graphs_) step.slots.activation_sends[state.slot] = sent;
+  }
+  step.in_flight.emplace(microbatch, std::move(state));
+}
+
+void Pipe::backward_roots(InFlight& state, const std::vector<at::Tensor>& grad_outputs,
+                          int64_t microbatch, std::vector<at::Tensor>* roots,
+                          std::vector<at::Tensor>* grads) {
+  if (is_last_stage() && !state.checkpointed) {
+    roots->push_back(state.loss);  // the loss's graph runs through the stage's
+    return;
+  }
+  if (grad_outputs.empty()) return;
+  StageValue output = state.output;
+  if (state.checkpointed) {
+    output = state.rng.replay([&] { return rerun_stage(state.input, microbatch, true); });
+  }
+  // Outputs made without this stage's parameters or inputs (a mask, the data riding along from
+  // the first stage) have no graph to go back through.
+  size_t next = 0;
+  for (const auto& t : output.tensors) {
+    if (!has_gradient(t)) continue;
+    const at::Tensor& grad = grad_outputs.at(next++);
+    if (t.requires_grad()) {
+      roots->push_back(t);
+      grads->push_back(grad);
+    }
+  }
+}
+
+void Pipe::run_backward(Step& step, const Action& action) {
+  Trace* trace = options_.trace().get();
+  const MicroBatch& mb = step.microbatches[action.microbatch];
+  InFlight& state = step.in_flight.at(action.microbatch);
+  std::vector<at::Tensor> inputs;  // those that take a gradient
+  for (const auto& t : state.input.tensors) {
+    if (t.requires_grad()) inputs.push_back(t);
+  }
+  // A stage whose inputs take no gradient (the first) has nothing to hurry: its I runs the whole
+  // backward, and its W nothing.
+  const bool split = action.phase == Phase::kInputBackward && !inputs.empty();
+  // The gradients of the outputs that have one (the floating ones), in their order.
+  std::vector<at::Tensor> grad_outputs;
+  if (!is_last_stage() &&
+      std::any_of(state.output.tensors.begin(), state.output.tensors.end(), has_gradient)) {
+    Trace::Span span(trace, "recv gradient", mb.index);
+    grad_outputs = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size()).tensors;
+  }
+  Packet input_grads;
+  {
+    Trace::Span span(trace, action.phase == Phase::kInputBackward ? "input backward" : "backward",
+                     mb.index);
+    DeferredWeightGradients::Deferral deferral(deferred_.get());  // weight gradients wait
+    if (is_last_stage() && (state.checkpointed || graphs_)) {
+      state.loss.backward();  // the loss head alone, into the output's leaf
+      grad_outputs = {state.output.tensors[0].grad()};
+    }
+    if (graphs_) {
+      world_->wait(step.slots.gradient_sends[state.slot]);
+      const at::Tensor grad_input = graphs_->backward(state.slot, grad_outputs.at(0));
+      if (!is_first_stage()) {
+        input_grads.tensors = {grad_input.defined() ? grad_input
+                                                    : torch::zeros_like(state.input.tensors[0])};
+      }
+    } else {
+      std::vector<at::Tensor> roots, grads, computed;
+      backward_roots(state, grad_outputs, mb.index, &roots, &grads);
+      if (split && !roots.empty()) {
+        state.weights = WeightBackward::input_backward(roots, grads, inputs, &computed);
+        if (deferred_) state.fused = deferred_->take();
+      } else if (!roots.empty()) {
+        torch::autograd::backward(roots, grads);
+      }
+      // A whole backward left the inputs' gradients in their .grad.
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const at::Tensor& grad = split ? computed.at(i) : inputs[i].grad();
+        input_grads.tensors.push_back(grad.defined() ? grad : torch::zeros_like(inputs[i]));
+      }
+    }
+  }
+  if (!is_first_stage() && !input_grads.tensors.empty()) {
+    Trace::Span span(trace, "send gradient", mb.index);
+    auto sent = p2p_->send(input_grads, stage_ - 1, Flow::kGradient, mb.size());
+    if (graphs_) step.slots.gradient_sends[state.slot] = sent;
+  }
+  if (action.phase == Phase::kInputBackward) return;  // the rest waits for its W
+  // The fused Linear layers' weight gradients: after the last backward, or now that the previous
+  // stage has what it waits for.
+  if (step.join_weight_gradients) {
+    if (graphs_) step.weight_gradient_slots.push_back(state.slot);
+  } else {
+    if (deferred_) {
+      Trace::Span span(trace, "weight gradients", mb.index);
+      run_weight_gradients({state.slot});
+    }
+    if (graphs_) step.slots.release(state.slot);
+  }
+  step.in_flight.erase(action.microbatch);
+}
+
+void Pipe::run_weight_backward(Step& step, int64_t microbatch) {
+  auto node = step.in_flight.extract(microbatch);
+  InFlight& state = node.mapped();
+  Trace::Span span(options_.trace().get(), "weight backward", microbatch);
+  state.weights.run();
+  if (!state.fused.empty()) DeferredWeightGradients::accumulate(std::move(state.fused));
 }
 
 void Pipe::run_weight_gradients(const std::vector<int64_t>& slots) {

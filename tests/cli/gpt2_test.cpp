@@ -184,8 +184,10 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
   for (const auto& layout : std::vector<Layout>{{2, "gpipe", "always"},
                                                 {2, "1f1b", "except_last"},
                                                 {2, "1f1b", "never"},
+                                                {2, "zbh1", "never"},
                                                 {3, "gpipe", "never"},
-                                                {3, "1f1b", "always"}}) {
+                                                {3, "1f1b", "always"},
+                                                {3, "zbh1", "except_last"}}) {
     Gpt2Run pipe;
     pipe.root =
         dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" + layout.checkpoint;

@@ -196,7 +196,7 @@ constexpr double kLearningRate = 0.5;
 // Embedding and block 0 | block 1, final LayerNorm and head: the cut is between the blocks.
 const std::vector<int64_t> kBalance = {2, 3};
 const std::vector<std::string> kModes = {"always", "except_last", "never"};
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1"};
 
 struct GptData {
   CharVocabulary vocab{kText};

@@ -22,7 +22,7 @@
 namespace pipetrain::testing {
 namespace {
 
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1"};
 const std::vector<std::string> kModes = {"never", "always"};
 
 // kSteps of SGD through a Pipe, then one on a batch of 2 rows (fewer than its 3 chunks, as an
@@ -267,6 +267,18 @@ TEST(FusedGradientAccumulation, TwoStagesSendInputGradientsBeforeWeightGradients
     EXPECT_LT(position(1, "backward " + m), position(1, "weight gradients " + m));
     EXPECT_LT(position(1, "send gradient " + m), position(1, "weight gradients " + m))
         << "1F1B: stage 1 must send micro-batch " << m << "'s gradient before its weight gradients";
+  }
+  // ZB-H1 splits each backward: stage 1 sends a micro-batch's input gradient from its I, and the
+  // weight gradients of the fused Linear layers and the rest wait for its W.
+  order = span_order("zbh1");
+  for (int mb = 0; mb < 3; ++mb) {
+    const auto m = std::to_string(mb);
+    EXPECT_LT(position(1, "input backward " + m), position(1, "send gradient " + m));
+    EXPECT_LT(position(1, "send gradient " + m), position(1, "weight backward " + m));
+    EXPECT_LT(position(1, "weight backward " + m), static_cast<std::ptrdiff_t>(order[1].size()));
+    EXPECT_EQ(position(1, "backward " + m), static_cast<std::ptrdiff_t>(order[1].size()));
+    EXPECT_LT(position(0, "input backward " + m), static_cast<std::ptrdiff_t>(order[0].size()))
+        << "the first stage runs its whole backward at I, under I's name";
   }
   // GPipe keeps every micro-batch's activations until its backward anyway: each stage computes
   // all its weight gradients once, after its last backward.

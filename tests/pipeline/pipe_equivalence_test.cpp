@@ -19,7 +19,7 @@ namespace {
 constexpr uint64_t kSeed = 7;
 const std::vector<int64_t> kChunks = {1, 2, 3, 8};
 const std::vector<std::string> kModes = {"always", "except_last", "never"};
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1"};
 
 std::string result_path(const std::string& dir, const std::string& run, int64_t rank) {
   return dir + "/" + run + "_rank" + std::to_string(rank) + ".pt";

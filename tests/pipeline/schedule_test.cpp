@@ -1,6 +1,6 @@
-// Pins down the exact action orders of GPipe and 1F1B and the behaviour of the cost-model replay.
-// The runtime executes these lists verbatim on every rank, so an order change here would silently
-// change memory use or deadlock a real run; these tests make such a change loud.
+// Pins down the exact action orders of GPipe, 1F1B and ZB-H1 and the behaviour of the cost-model
+// replay. The runtime executes these lists verbatim on every rank, so an order change here would
+// silently change memory use or deadlock a real run; these tests make such a change loud.
 #include "pipetrain/schedule.h"
 
 #include <gtest/gtest.h>
@@ -32,7 +32,10 @@ std::vector<Action> parse(const std::string& text) {
       ++i;
       continue;
     }
-    const Phase phase = text[i] == 'F' ? Phase::kForward : Phase::kBackward;
+    const Phase phase = text[i] == 'F'   ? Phase::kForward
+                        : text[i] == 'B' ? Phase::kBackward
+                        : text[i] == 'I' ? Phase::kInputBackward
+                                         : Phase::kWeightBackward;
     size_t end = text.find(' ', i);
     if (end == std::string::npos) end = text.size();
     actions.push_back({phase, std::stoll(text.substr(i + 1, end - i - 1))});
@@ -41,11 +44,12 @@ std::vector<Action> parse(const std::string& text) {
   return actions;
 }
 
-// Maximum over the step of (forwards run - backwards run) on one stage: how many micro-batches'
-// activations it has to hold at once.
+// Maximum over the step of (forwards run - backwards finished) on one stage, a split backward
+// finishing at its W: how many micro-batches' activations it has to hold at once.
 int64_t max_in_flight(const std::vector<Action>& actions) {
   int64_t live = 0, peak = 0;
   for (const Action& a : actions) {
+    if (a.phase == Phase::kInputBackward) continue;
     live += a.phase == Phase::kForward ? 1 : -1;
     peak = std::max(peak, live);
   }
@@ -65,6 +69,8 @@ std::string error_of(Fn fn) {
 TEST(ScheduleTest, ActionNameAndEquality) {
   EXPECT_EQ(action_name(0, {Phase::kForward, 3}), "0F3");
   EXPECT_EQ(action_name(12, {Phase::kBackward, 10}), "12B10");
+  EXPECT_EQ(action_name(1, {Phase::kInputBackward, 2}), "1I2");
+  EXPECT_EQ(action_name(1, {Phase::kWeightBackward, 2}), "1W2");
   EXPECT_EQ((Action{Phase::kForward, 1}), (Action{Phase::kForward, 1}));
   EXPECT_NE((Action{Phase::kForward, 1}), (Action{Phase::kBackward, 1}));
   EXPECT_NE((Action{Phase::kForward, 1}), (Action{Phase::kForward, 2}));
@@ -100,17 +106,92 @@ TEST(ScheduleTest, OneFOneBWithFewerChunksThanStagesIsAllForwardsThenBackwards) 
   EXPECT_EQ(stage_order(s, 3), "3F0 3B0 3F1 3B1");
 }
 
+TEST(ScheduleTest, ZBH1DelaysEachStagesWeightGradientsByItsIndex) {
+  const Schedule s = zbh1_schedule(2, 4);
+  EXPECT_EQ(stage_order(s, 0), "0F0 0F1 0I0 0W0 0F2 0I1 0W1 0F3 0I2 0W2 0I3 0W3");
+  EXPECT_EQ(stage_order(s, 1), "1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1F3 1I3 1W2 1W3");
+  const Schedule four = zbh1_schedule(4, 6);
+  EXPECT_EQ(stage_order(four, 3),
+            "3F0 3I0 3F1 3I1 3F2 3I2 3F3 3I3 3W0 3F4 3I4 3W1 3F5 3I5 3W2 3W3 3W4 3W5");
+}
+
+// Zero Bubble Pipeline Parallelism (Qi et al., 2024), section 2.1, with B the whole backward:
+// 1F1B's bubble is (p - 1)(F + B) per stage, ZB-H1's (p - 1)(F + B - 2W) where W <= F.
+TEST(ScheduleTest, ZBH1BubbleMatchesThePublishedFormula) {
+  struct Costs {
+    double f, b, w;
+  };
+  for (const Costs c : {Costs{1, 2, 1}, Costs{1, 3, 1}, Costs{2, 3, 1}, Costs{2, 4, 2}}) {
+    for (int64_t p = 2; p <= 4; ++p) {
+      for (int64_t m : {4, 8, 16}) {
+        SCOPED_TRACE("F=" + std::to_string(c.f) + " B=" + std::to_string(c.b) + " W=" +
+                     std::to_string(c.w) + " p=" + std::to_string(p) + " m=" + std::to_string(m));
+        const ActionCosts costs = ActionCosts::uniform(p, c.f, c.b, c.w);
+        const double work = static_cast<double>(m) * (c.f + c.b);
+        const Simulation zb = simulate(zbh1_schedule(p, m), costs);
+        EXPECT_DOUBLE_EQ(zb.step_time - work, double(p - 1) * (c.f + c.b - 2 * c.w));
+        const Simulation f1b1 = simulate(one_f_one_b_schedule(p, m), costs);
+        EXPECT_DOUBLE_EQ(f1b1.step_time - work, double(p - 1) * (c.f + c.b));
+        for (int64_t s = 0; s < p; ++s) EXPECT_DOUBLE_EQ(zb.busy_time[s], work);
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, ZBH1HoldsNoMoreActivationsThanOneFOneBsFirstStage) {
+  for (int64_t p = 1; p <= 6; ++p) {
+    for (int64_t m : {1, 2, 3, 4, 8, 16}) {
+      const Schedule zb = zbh1_schedule(p, m);
+      for (int64_t s = 0; s < p; ++s) {
+        EXPECT_EQ(max_in_flight(zb[s]), std::min(p, m)) << "p=" << p << " m=" << m << " s=" << s;
+      }
+      EXPECT_NO_THROW(simulate(zb, ActionCosts::uniform(p, 1, 2, 1)));
+    }
+  }
+}
+
+TEST(ScheduleTest, SplitBackwardsAreCheckedLikeWholeOnes) {
+  Schedule s(2);
+  s[0] = parse("F0 F1 I0 W0 I1 W1");
+  s[1] = parse("F0 I0 F1 B1 W0");
+  EXPECT_NO_THROW(simulate(s, ActionCosts::uniform(2, 1, 2, 1)));
+  EXPECT_NE(format_schedule(s).find("stage 1 .    1F0  1I0  1F1  1B1  1W0"), std::string::npos)
+      << format_schedule(s);
+
+  Schedule no_weight = s;
+  no_weight[1] = parse("F0 I0 F1 B1");
+  std::string msg = error_of([&] { simulate(no_weight, ActionCosts::uniform(2)); });
+  EXPECT_NE(msg.find("stage 1 has 1I0 but no 1W0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("<-- ERROR HERE"), std::string::npos) << msg;
+
+  Schedule both = s;
+  both[1] = parse("F0 I0 B0 F1 B1 W0");
+  msg = error_of([&] { simulate(both, ActionCosts::uniform(2)); });
+  EXPECT_NE(msg.find("stage 1 runs both 1B0 and 1I0"), std::string::npos) << msg;
+
+  Schedule early = s;
+  early[1] = parse("F0 W0 I0 F1 B1");
+  msg = error_of([&] { simulate(early, ActionCosts::uniform(2)); });
+  EXPECT_NE(msg.find("stage 1 is stuck at 1W0, which waits for 1I0 (later in stage 1's own list)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("<-- ERROR HERE"), std::string::npos) << msg;
+
+  EXPECT_THROW(ActionCosts::uniform(2, 1, 1, 2), std::invalid_argument);  // W is part of B
+}
+
 TEST(ScheduleTest, MakeScheduleDispatchesByName) {
-  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b"}));
+  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "zbh1"}));
   EXPECT_EQ(make_schedule("gpipe", 3, 5), gpipe_schedule(3, 5));
   EXPECT_EQ(make_schedule("1f1b", 3, 5), one_f_one_b_schedule(3, 5));
+  EXPECT_EQ(make_schedule("zbh1", 3, 5), zbh1_schedule(3, 5));
 }
 
 TEST(ScheduleTest, UnknownNameListsKnownNames) {
   EXPECT_THROW(make_schedule("interleaved", 2, 2), std::invalid_argument);
   const std::string msg = error_of([] { make_schedule("interleaved", 2, 2); });
   EXPECT_NE(msg.find("'interleaved'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("gpipe, 1f1b"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gpipe, 1f1b, zbh1"), std::string::npos) << msg;
 }
 
 TEST(ScheduleTest, RejectsInvalidStagesAndChunks) {
@@ -126,7 +207,7 @@ TEST(ScheduleTest, RejectsInvalidStagesAndChunks) {
 }
 
 TEST(ScheduleTest, UnitCostBubbleAndStepTimeMatchTheFormula) {
-  for (const auto& name : schedule_names()) {
+  for (const std::string name : {"gpipe", "1f1b"}) {
     for (int64_t p = 1; p <= 4; ++p) {
       for (int64_t m : {1, 2, 3, 4, 8, 16}) {
         SCOPED_TRACE(name + " p=" + std::to_string(p) + " m=" + std::to_string(m));
