@@ -1,7 +1,7 @@
 // How close does a 2-stage CPU pipeline come to the ideal? The same MLP and the same m
 // micro-batches are trained (a) by ONE process with one thread doing gradient accumulation over
 // the micro-batches and (b) by a 2-stage Pipe, one process and one BLAS/OpenMP thread per stage,
-// for m in {1, 2, 4, 8, 16}, schedules "gpipe" and "1f1b", checkpoint "never". Speedup is
+// for m in {1, 2, 4, 8, 16}, schedules "gpipe", "1f1b" and "zbh1", checkpoint "never". Speedup is
 // T_single / T_pipe, efficiency T_single / (p * T_pipe); the bubble allows at most m / (m + p - 1),
 // so the table also shows efficiency / bound (goal: >= 0.85 at m = 8). A "simulated" column feeds
 // the schedule simulator (schedule.h) the measured single-process cost per micro-batch and the
@@ -49,7 +49,7 @@ constexpr int kRounds = 3;          // every configuration is timed once per rou
 constexpr int kStepsPerTiming = 2;  // training steps between the two barriers of one timing
 constexpr double kLearningRate = 1e-4;
 const std::vector<int64_t> kChunks = {1, 2, 4, 8, 16};
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1"};
 constexpr const char* kWorkerVariable = "PIPETRAIN_BENCH_WORKER";
 
 struct Batch {
@@ -147,11 +147,13 @@ double transfer_seconds(const std::shared_ptr<pipetrain::World>& world, int64_t 
 }
 
 // Step time the schedule simulator predicts from the single process's cost per micro-batch
-// (split evenly over the stages, backward = 2 x forward) and the measured transfer time.
+// (split evenly over the stages, backward = 2 x forward, its weight half = 1 x forward: a Linear's
+// three GEMMs are alike) and the measured transfer time.
 double simulated_seconds(const std::string& schedule, int64_t chunks, double single_seconds,
                          double transfer) {
   const double per_stage = single_seconds / chunks / kStages;
-  auto costs = pipetrain::ActionCosts::uniform(kStages, per_stage / 3, 2 * per_stage / 3);
+  auto costs =
+      pipetrain::ActionCosts::uniform(kStages, per_stage / 3, 2 * per_stage / 3, per_stage / 3);
   costs.transfer = transfer;
   return pipetrain::simulate(pipetrain::make_schedule(schedule, kStages, chunks), costs).step_time;
 }
@@ -292,7 +294,8 @@ void run_stage() {
   }
   std::printf(
       "\nsimulated: eff/bound the schedule simulator predicts from the measured single-process "
-      "cost per micro-batch (half per stage, backward = 2 x forward) and transfer time, i.e. with "
+      "cost per micro-batch (half per stage, backward = 2 x forward, W = 1 x forward) and transfer "
+      "time, i.e. with "
       "bubble and transfer latency as the only losses. 2-core ceiling: T_single over the time of "
       "the same single-process step run by both ranks at once (1.0 when two busy cores are as "
       "fast as one). transfer: one-way time of one micro-batch's activation (ping-pong / 2). "

@@ -148,7 +148,7 @@ void add_flags(CLI::App& app, Args& a) {
       ->delimiter(',');
   add("--chunks", a.chunks, "micro-batches per batch");
   add("--checkpoint", a.checkpoint, "activation checkpointing: always, except_last, never");
-  add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b");
+  add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b, zbh1");
   add("--cuda-graphs", a.cuda_graphs,
       "replay forward and backward as CUDA graphs (cuda, checkpoint never)");
   add("--fuse-gradient-accumulation", a.fuse_gradient_accumulation,

@@ -1,5 +1,6 @@
 #include "split_backward.h"
 
+#include <ATen/ops/ones_like.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -100,7 +101,7 @@ struct WeightBackward::Intermediates {
   struct Intermediate {
     std::shared_ptr<Node> node;  // keeps the graph below it alive until run()
     std::shared_ptr<Received> received;
-    edge_list off_path;  // its edges that leave the input path
+    std::vector<size_t> on_path;  // which of its edges stay on the input path
   };
   std::vector<Intermediate> intermediates;
   // Roots off the input path (an output no input contributed to) take their gradient directly.
@@ -125,7 +126,7 @@ WeightBackward WeightBackward::input_backward(const std::vector<at::Tensor>& roo
             "the loss must be a scalar to start a backward without a given gradient, got one of " +
             std::to_string(root.numel()) + " elements");
       }
-      root_grads.push_back(torch::ones_like(root));
+      root_grads.push_back(at::ones_like(root));
     }
   }
   edge_list root_edges, input_edges;
@@ -148,11 +149,17 @@ WeightBackward WeightBackward::input_backward(const std::vector<at::Tensor>& roo
   for (const auto& [raw, graph_node] : graph) {
     if (!path.count(raw)) continue;
     Intermediates::Intermediate intermediate;
-    for (const Edge& next : raw->next_edges()) {
-      if (next.is_valid() && !path.count(next.function.get()))
-        intermediate.off_path.push_back(next);
+    bool leaves_path = false;
+    for (size_t i = 0; i < raw->next_edges().size(); ++i) {
+      const Edge& next = raw->next_edge(i);
+      if (!next.is_valid()) continue;
+      if (path.count(next.function.get())) {
+        intermediate.on_path.push_back(i);
+      } else {
+        leaves_path = true;
+      }
     }
-    if (intermediate.off_path.empty()) continue;
+    if (!leaves_path) continue;
     intermediate.node = graph_node.node;
     intermediate.received = std::make_shared<Received>();
     raw->add_pre_hook(std::make_unique<RecordGradients>(intermediate.received));
@@ -167,31 +174,24 @@ WeightBackward WeightBackward::input_backward(const std::vector<at::Tensor>& roo
 void WeightBackward::run() {
   if (!pending_) return;
   const std::unique_ptr<Intermediates> pending = std::move(pending_);
-  auto& engine = torch::autograd::Engine::get_default_engine();
-  // Each intermediate once more, for the gradients of its edges off the input path alone.
-  edge_list edges = pending->root_edges;
+  // The input half is done: cut the intermediates' edges along the input path, so that autograd
+  // runs each intermediate for its edges off the path alone, and never reaches one intermediate
+  // from another (which would count its gradient twice). Nothing else follows these edges: the
+  // graph is this micro-batch's, and it is let go below.
+  edge_list roots = pending->root_edges;
   variable_list grads = pending->root_grads;
   for (auto& intermediate : pending->intermediates) {
-    edge_list inputs;
-    variable_list received;
-    for (size_t i = 0; i < intermediate.received->grads.size(); ++i) {
-      add_defined(Edge(intermediate.node, static_cast<uint32_t>(i)),
-                  intermediate.received->grads[i], &inputs, &received);
+    for (size_t i : intermediate.on_path) intermediate.node->next_edges()[i] = Edge();
+    const variable_list& received = intermediate.received->grads;
+    for (size_t i = 0; i < received.size(); ++i) {
+      add_defined(Edge(intermediate.node, static_cast<uint32_t>(i)), received[i], &roots, &grads);
     }
-    if (inputs.empty()) continue;  // no gradient reached it
-    const variable_list off_path =
-        engine.execute(inputs, received, /*keep_graph=*/false, /*create_graph=*/false,
-                       /*accumulate_grad=*/false, intermediate.off_path);
-    for (size_t i = 0; i < off_path.size(); ++i) {
-      add_defined(intermediate.off_path[i], off_path[i], &edges, &grads);
-    }
-    intermediate.received->grads.clear();
   }
-  // From those edges down to the leaves, accumulating, as a whole backward ends.
-  if (!edges.empty()) {
-    engine.execute(edges, grads, /*keep_graph=*/false, /*create_graph=*/false,
-                   /*accumulate_grad=*/true);
-  }
+  pending->intermediates.clear();  // the received gradients, as autograd takes them over
+  if (roots.empty()) return;       // no gradient reached beyond the input path
+  torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false,
+                                                        /*create_graph=*/false,
+                                                        /*accumulate_grad=*/true);
 }
 
 }  // namespace pipetrain

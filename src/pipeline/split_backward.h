@@ -7,9 +7,9 @@
 // runs only the nodes on a path to an input, and each computes only the gradients that lead there
 // (a Linear's backward gives dX and leaves dW). The second half starts where the paths to the
 // parameters leave the input path: at "intermediate" nodes, on the input path, with edges off it.
-// A hook on each records the gradients it received in the first half; the second half runs each
-// intermediate once more with them, for its edges off the input path alone, then autograd from
-// those edges down to the parameters. No node of the input path computes a gradient twice, so
+// A hook on each records the gradients it received in the first half; the second half cuts the
+// intermediates' edges along the input path and runs autograd from the intermediates, with what
+// they received, down to the parameters. No node of the input path computes a gradient twice, so
 // nothing is counted twice, whatever the graph shares (a weight used by two layers of a stage).
 #pragma once
 
