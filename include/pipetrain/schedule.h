@@ -22,6 +22,8 @@ enum class Phase { kForward, kBackward, kInputBackward, kWeightBackward };
 struct Action {
   Phase phase;
   int64_t microbatch;
+  // The stage it runs on; -1: the stage numbered as its rank (one stage per rank).
+  int64_t stage = -1;
   bool operator==(const Action& other) const;
   bool operator!=(const Action& other) const { return !(*this == other); }
 };
@@ -30,10 +32,13 @@ struct Action {
 // bare action.
 std::ostream& operator<<(std::ostream& os, const Action& a);
 
-// "<stage><F|B|I|W><microbatch>", e.g. "0F3", the notation used in grids and error messages.
-std::string action_name(int64_t stage, const Action& a);
+// "<stage><F|B|I|W><microbatch>", e.g. "0F3", the notation used in grids and error messages
+// (torch.distributed.pipelining's), for an action in rank `rank`'s list.
+std::string action_name(int64_t rank, const Action& a);
 
-// schedule[stage] = the actions that stage runs, in order.
+// schedule[rank] = the actions that rank runs, in order. With one stage per rank (every schedule
+// but interleaved1f1b) rank r runs stage r; with V virtual stages per rank over p ranks, the
+// Sequential is cut into V x p stages and rank r runs stages r, r + p, ... (loop placement).
 using Schedule = std::vector<std::vector<Action>>;
 
 // Every stage runs F0..F(m-1), then B(m-1)..B0. The reverse backward order means the last
@@ -55,13 +60,22 @@ Schedule one_f_one_b_schedule(int64_t stages, int64_t chunks);
 // (where W takes no longer than F).
 Schedule zbh1_schedule(int64_t stages, int64_t chunks);
 
+// Interleaved 1F1B (Narayanan et al., 2021, Megatron-LM; torch.distributed.pipelining's
+// ScheduleInterleaved1F1B): each rank holds `virtual_stages` stages and runs 1F1B over them,
+// micro-batches passing its stages in rounds of at most `ranks`; the bubble shrinks to
+// (ranks - 1) / (virtual_stages x chunks) of the ideal step for chunks >= ranks. chunks must be a
+// multiple of its number of rounds, max(1, chunks / ranks).
+Schedule interleaved_1f1b_schedule(int64_t ranks, int64_t virtual_stages, int64_t chunks);
+
 // name is one of schedule_names(); anything else throws std::invalid_argument listing them.
-Schedule make_schedule(const std::string& name, int64_t stages, int64_t chunks);
+// Only interleaved1f1b takes virtual_stages other than 1.
+Schedule make_schedule(const std::string& name, int64_t ranks, int64_t chunks,
+                       int64_t virtual_stages = 1);
 std::vector<std::string> schedule_names();
 
-// Cost model: per stage, the time of one forward and one whole backward (B) of one micro-batch, the
-// weight-gradient part of that backward (W; I takes the rest), plus a fixed latency for each
-// activation/gradient transfer between neighbouring stages.
+// Cost model, for a schedule of S stages: per stage, the time of one forward and one whole backward
+// (B) of one micro-batch, the weight-gradient part of that backward (W; I takes the rest), plus a
+// fixed latency for each activation/gradient transfer between neighbouring stages.
 struct ActionCosts {
   std::vector<double> forward;   // size == stages
   std::vector<double> backward;  // size == stages
@@ -74,21 +88,22 @@ struct ActionCosts {
 
 struct Simulation {
   double step_time = 0.0;                       // time the last action finishes
-  double bubble_fraction = 0.0;                 // 1 - sum(busy) / (stages * step_time)
-  std::vector<double> busy_time;                // per stage
-  std::vector<std::vector<double>> start_time;  // [stage][action index]
+  double bubble_fraction = 0.0;                 // 1 - sum(busy) / (ranks * step_time)
+  std::vector<double> busy_time;                // per rank
+  std::vector<std::vector<double>> start_time;  // [rank][action index]
 };
 
-// Runs every action as early as its dependencies and its stage's list order allow:
+// Runs every action as early as its dependencies and its rank's list order allow:
 //   F(s,m) after F(s-1,m) (+transfer); B or I (s,m) after F(s,m) and after B or I (s+1,m)
-//   (+transfer); W(s,m) after I(s,m). Each micro-batch has on each stage one F, and one B or an I
-//   and a W.
+//   (+transfer); W(s,m) after I(s,m), the transfer counted between stages of different ranks.
+//   Each micro-batch has on each stage one F, and one B or an I and a W; a stage runs on one rank.
 // Throws std::invalid_argument when costs do not match the schedule, and std::runtime_error when
 // the schedule is malformed (an action missing or repeated) or can never finish; those messages
-// carry the schedule's grid with "<-- ERROR HERE" on the offending stage.
+// carry the schedule's grid with "<-- ERROR HERE" on the offending row.
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs);
 
-// One row per stage, one column per time slot of a simulation where every action takes one slot,
+// One row per stage (per rank, "rank r", where ranks hold several stages), one column per time slot
+// of a simulation where every action takes one slot,
 // "." for idle slots:
 //           0    1    2    3    4    5
 //   stage 0 0F0  0F1  .    .    0B1  0B0

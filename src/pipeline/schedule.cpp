@@ -22,6 +22,7 @@ namespace {
 constexpr char kGPipe[] = "gpipe";
 constexpr char kOneFOneB[] = "1f1b";
 constexpr char kZBH1[] = "zbh1";
+constexpr char kInterleaved[] = "interleaved1f1b";
 constexpr char kErrorMarker[] = "  <-- ERROR HERE";
 
 void check_shape(int64_t stages, int64_t chunks) {
@@ -65,31 +66,54 @@ char letter(Phase phase) {
   return '?';
 }
 
-// What a valid schedule is made of: its micro-batch count, and for each stage and micro-batch
-// whether its backward is whole (B) or split (I then W).
+// The stage an action of rank `rank`'s list runs on.
+int64_t stage_of(int64_t rank, const Action& a) { return a.stage >= 0 ? a.stage : rank; }
+
+// Whether rank r runs stage r and no other, for every r: the rows of grids and messages are then
+// stages, else ranks.
+bool one_stage_per_rank(const Schedule& schedule) {
+  for (size_t r = 0; r < schedule.size(); ++r) {
+    for (const Action& a : schedule[r]) {
+      if (stage_of(static_cast<int64_t>(r), a) != static_cast<int64_t>(r)) return false;
+    }
+  }
+  return true;
+}
+
+std::string row_word(const Schedule& schedule, int64_t rank) {
+  return (one_stage_per_rank(schedule) ? "stage " : "rank ") + std::to_string(rank);
+}
+
+// What a valid schedule is made of: its micro-batch count, which rank runs each stage, and for
+// each stage and micro-batch whether its backward is whole (B) or split (I then W).
 struct Shape {
   int64_t chunks = 0;
+  std::vector<int64_t> rank_of;                    // [stage]
   std::vector<std::vector<Phase>> gradient_phase;  // [stage][mb]: kBackward or kInputBackward
+  Schedule resolved;  // the schedule with every action's stage filled in
+  int64_t stages() const { return static_cast<int64_t>(rank_of.size()); }
+  // "stage 1" where rank r runs stage r alone, else "rank 1".
+  std::string row(int64_t rank) const { return row_word(resolved, rank); }
 };
 
 std::vector<Dependency> dependencies(const Shape& shape, int64_t stage, const Action& a) {
-  const int64_t stages = static_cast<int64_t>(shape.gradient_phase.size());
   std::vector<Dependency> deps;
+  auto on = [&](int64_t other, Phase phase) {
+    deps.push_back(
+        {{other, {phase, a.microbatch, other}}, shape.rank_of[other] != shape.rank_of[stage]});
+  };
   switch (a.phase) {
     case Phase::kForward:
-      if (stage > 0) deps.push_back({{stage - 1, {Phase::kForward, a.microbatch}}, true});
+      if (stage > 0) on(stage - 1, Phase::kForward);
       break;
     case Phase::kBackward:
     case Phase::kInputBackward:
       // The cross-stage gradient is listed first: it is what a stuck backward usually waits for.
-      if (stage + 1 < stages) {
-        deps.push_back(
-            {{stage + 1, {shape.gradient_phase[stage + 1][a.microbatch], a.microbatch}}, true});
-      }
-      deps.push_back({{stage, {Phase::kForward, a.microbatch}}, false});
+      if (stage + 1 < shape.stages()) on(stage + 1, shape.gradient_phase[stage + 1][a.microbatch]);
+      on(stage, Phase::kForward);
       break;
     case Phase::kWeightBackward:
-      deps.push_back({{stage, {Phase::kInputBackward, a.microbatch}}, false});
+      on(stage, Phase::kInputBackward);
       break;
   }
   return deps;
@@ -112,6 +136,7 @@ struct Grid {
   std::vector<std::vector<std::pair<int64_t, std::string>>> placed;  // [stage] -> (column, name)
   std::vector<std::vector<std::string>> pending;                     // [stage] -> names
   int64_t marked_stage = -1;
+  std::string row_word = "stage";  // rows are stages, or ranks of several stages each
 };
 
 std::string render(const Grid& g) {
@@ -124,7 +149,7 @@ std::string render(const Grid& g) {
     any_pending = any_pending || !g.pending[s].empty();
   }
   cell += 2;
-  const size_t label = std::string("stage ").size() + digits(stages - 1);
+  const size_t label = g.row_word.size() + 1 + digits(stages - 1);
 
   std::ostringstream out;
   std::string line(label + 1, ' ');
@@ -136,7 +161,7 @@ std::string render(const Grid& g) {
   for (int64_t s = 0; s < stages; ++s) {
     std::vector<std::string> cells(g.columns, ".");
     for (const auto& p : g.placed[s]) cells[p.first] = p.second;
-    line = pad("stage " + std::to_string(s), label) + ' ';
+    line = pad(g.row_word + " " + std::to_string(s), label) + ' ';
     for (const auto& c : cells) line += pad(c, cell);
     if (any_pending) {
       line += "| ";
@@ -155,6 +180,7 @@ std::string order_grid(const Schedule& schedule, int64_t marked_stage) {
   g.placed.resize(schedule.size());
   g.pending.resize(schedule.size());
   g.marked_stage = marked_stage;
+  g.row_word = one_stage_per_rank(schedule) ? "stage" : "rank";
   for (size_t s = 0; s < schedule.size(); ++s) {
     const int64_t n = static_cast<int64_t>(schedule[s].size());
     g.columns = std::max(g.columns, n);
@@ -178,78 +204,103 @@ Shape validate(const Schedule& schedule) {
     throw std::invalid_argument(
         "pipeline schedule has 0 stages; build one with make_schedule(name, stages >= 1, chunks)");
   }
-  const int64_t stages = static_cast<int64_t>(schedule.size());
-  int64_t chunks = 0;
+  const int64_t ranks = static_cast<int64_t>(schedule.size());
+  int64_t chunks = 0, stages = 0, total = 0;
   size_t longest = 0;
-  for (int64_t s = 0; s < stages; ++s) {
-    longest = std::max(longest, schedule[s].size());
-    for (const Action& a : schedule[s]) {
+  for (int64_t r = 0; r < ranks; ++r) {
+    longest = std::max(longest, schedule[r].size());
+    total += static_cast<int64_t>(schedule[r].size());
+    for (const Action& a : schedule[r]) {
       if (a.microbatch < 0) {
-        malformed(
-            schedule, s,
-            "stage " + std::to_string(s) + " has negative micro-batch in " + action_name(s, a));
+        malformed(schedule, r,
+                  row_word(schedule, r) + " has negative micro-batch in " + action_name(r, a));
       }
       chunks = std::max(chunks, a.microbatch + 1);
+      stages = std::max(stages, stage_of(r, a) + 1);
     }
   }
   if (chunks == 0) malformed(schedule, 0, "no stage has any action");
-  // Caught before sizing per-micro-batch tables, so a stray huge index cannot exhaust memory.
-  if (static_cast<uint64_t>(chunks) > longest) {
-    for (int64_t s = 0; s < stages; ++s) {
-      for (const Action& a : schedule[s]) {
-        if (a.microbatch + 1 == chunks) {
-          malformed(schedule, s,
-                    action_name(s, a) + " implies " + std::to_string(chunks) +
-                        " micro-batches, more than the longest stage has actions (" +
-                        std::to_string(longest) + ")");
-        }
+  // Caught before sizing per-micro-batch and per-stage tables, so a stray huge index cannot
+  // exhaust memory.
+  for (int64_t r = 0; r < ranks; ++r) {
+    for (const Action& a : schedule[r]) {
+      if (static_cast<uint64_t>(chunks) > longest && a.microbatch + 1 == chunks) {
+        malformed(schedule, r,
+                  action_name(r, a) + " implies " + std::to_string(chunks) +
+                      " micro-batches, more than the longest stage has actions (" +
+                      std::to_string(longest) + ")");
+      }
+      if (stages > total && stage_of(r, a) + 1 == stages) {
+        malformed(schedule, r,
+                  action_name(r, a) + " implies " + std::to_string(stages) +
+                      " stages, more than the schedule has actions");
       }
     }
   }
 
   Shape shape;
   shape.chunks = chunks;
+  shape.rank_of.assign(stages, -1);
   shape.gradient_phase.assign(stages, std::vector<Phase>(chunks, Phase::kBackward));
-  for (int64_t s = 0; s < stages; ++s) {
-    // seen[m][phase]: how often stage s runs that action.
-    std::vector<std::array<int, 4>> seen(chunks, std::array<int, 4>{});
-    for (const Action& a : schedule[s]) {
-      if (++seen[a.microbatch][static_cast<int>(a.phase)] > 1) {
-        malformed(schedule, s,
-                  "stage " + std::to_string(s) + " runs " + action_name(s, a) + " twice");
+  shape.resolved = schedule;
+  // seen[stage][m][phase]: how often the stage runs that action.
+  std::vector<std::vector<std::array<int, 4>>> seen(
+      stages, std::vector<std::array<int, 4>>(chunks, std::array<int, 4>{}));
+  for (int64_t r = 0; r < ranks; ++r) {
+    for (Action& a : shape.resolved[r]) {
+      a.stage = stage_of(r, a);
+      if (shape.rank_of[a.stage] >= 0 && shape.rank_of[a.stage] != r) {
+        malformed(schedule, r,
+                  "stage " + std::to_string(a.stage) + " has actions on ranks " +
+                      std::to_string(shape.rank_of[a.stage]) + " and " + std::to_string(r) +
+                      ": a stage runs on one rank");
+      }
+      shape.rank_of[a.stage] = r;
+      if (++seen[a.stage][a.microbatch][static_cast<int>(a.phase)] > 1) {
+        malformed(schedule, r, row_word(schedule, r) + " runs " + action_name(r, a) + " twice");
       }
     }
-    const std::string uses =
-        " although the schedule uses " + std::to_string(chunks) + " micro-batches";
+  }
+  for (int64_t st = 0; st < stages; ++st) {
+    if (shape.rank_of[st] < 0) {
+      malformed(schedule, 0,
+                "no rank runs stage " + std::to_string(st) + " of the " + std::to_string(stages) +
+                    " the schedule names");
+    }
+  }
+  const std::string uses =
+      " although the schedule uses " + std::to_string(chunks) + " micro-batches";
+  for (int64_t st = 0; st < stages; ++st) {
+    const int64_t r = shape.rank_of[st];
+    const std::string where = row_word(schedule, r);
     for (int64_t m = 0; m < chunks; ++m) {
-      auto count = [&](Phase ph) { return seen[m][static_cast<int>(ph)]; };
-      auto name = [&](Phase ph) { return action_name(s, {ph, m}); };
-      const std::string stage = "stage " + std::to_string(s);
+      auto count = [&](Phase ph) { return seen[st][m][static_cast<int>(ph)]; };
+      auto name = [&](Phase ph) { return action_name(st, {ph, m, st}); };
       if (count(Phase::kForward) == 0) {
-        malformed(schedule, s, stage + " has no " + name(Phase::kForward) + uses);
+        malformed(schedule, r, where + " has no " + name(Phase::kForward) + uses);
       }
       const bool whole = count(Phase::kBackward) == 1;
       const bool input = count(Phase::kInputBackward) == 1;
       const bool weight = count(Phase::kWeightBackward) == 1;
       if (whole && (input || weight)) {
-        malformed(schedule, s,
-                  stage + " runs both " + name(Phase::kBackward) + " and " +
+        malformed(schedule, r,
+                  where + " runs both " + name(Phase::kBackward) + " and " +
                       name(input ? Phase::kInputBackward : Phase::kWeightBackward) +
                       ": a backward is either whole (B) or split (I and W)");
       }
       if (!whole && !input && !weight) {
-        malformed(schedule, s,
-                  stage + " has no " + name(Phase::kBackward) + " (nor " +
+        malformed(schedule, r,
+                  where + " has no " + name(Phase::kBackward) + " (nor " +
                       name(Phase::kInputBackward) + " and " + name(Phase::kWeightBackward) + ")" +
                       uses);
       }
       if (input != weight) {
-        malformed(schedule, s,
-                  stage + " has " + name(input ? Phase::kInputBackward : Phase::kWeightBackward) +
+        malformed(schedule, r,
+                  where + " has " + name(input ? Phase::kInputBackward : Phase::kWeightBackward) +
                       " but no " + name(input ? Phase::kWeightBackward : Phase::kInputBackward) +
                       ": a split backward needs both halves");
       }
-      if (input) shape.gradient_phase[s][m] = Phase::kInputBackward;
+      if (input) shape.gradient_phase[st][m] = Phase::kInputBackward;
     }
   }
   return shape;
@@ -283,24 +334,26 @@ struct Replay {
 // Each stage starts its next action once its previous one and all dependencies have finished.
 // Start times depend only on dependencies, never on the order stages are visited in, so a simple
 // sweep until nothing advances gives the same answer as an event queue.
-Replay replay(const Schedule& schedule, const Shape& shape, const CostFn& cost, double transfer) {
-  const int64_t stages = static_cast<int64_t>(schedule.size());
+Replay replay(const Shape& shape, const CostFn& cost, double transfer) {
+  const Schedule& schedule = shape.resolved;
+  const int64_t ranks = static_cast<int64_t>(schedule.size());
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Replay r;
-  r.next.assign(stages, 0);
-  r.start.resize(stages);
-  r.end.assign(stages, std::vector<std::array<double, 4>>(shape.chunks, {nan, nan, nan, nan}));
-  std::vector<double> free_at(stages, 0.0);
+  r.next.assign(ranks, 0);
+  r.start.resize(ranks);
+  r.end.assign(shape.stages(),
+               std::vector<std::array<double, 4>>(shape.chunks, {nan, nan, nan, nan}));
+  std::vector<double> free_at(ranks, 0.0);
 
   bool progress = true;
   while (progress) {
     progress = false;
-    for (int64_t s = 0; s < stages; ++s) {
-      while (r.next[s] < schedule[s].size()) {
-        const Action& a = schedule[s][r.next[s]];
-        double ready = free_at[s];
+    for (int64_t rank = 0; rank < ranks; ++rank) {
+      while (r.next[rank] < schedule[rank].size()) {
+        const Action& a = schedule[rank][r.next[rank]];
+        double ready = free_at[rank];
         bool blocked = false;
-        for (const Dependency& d : dependencies(shape, s, a)) {
+        for (const Dependency& d : dependencies(shape, a.stage, a)) {
           if (!r.done(d.what)) {
             blocked = true;
             break;
@@ -308,12 +361,12 @@ Replay replay(const Schedule& schedule, const Shape& shape, const CostFn& cost, 
           ready = std::max(ready, r.end_of(d.what) + (d.crosses_stages ? transfer : 0.0));
         }
         if (blocked) break;
-        const double end = ready + cost(s, a.phase);
-        r.start[s].push_back(ready);
-        r.end[s][a.microbatch][static_cast<int>(a.phase)] = end;
-        free_at[s] = end;
+        const double end = ready + cost(a.stage, a.phase);
+        r.start[rank].push_back(ready);
+        r.end[a.stage][a.microbatch][static_cast<int>(a.phase)] = end;
+        free_at[rank] = end;
         r.end_time = std::max(r.end_time, end);
-        ++r.next[s];
+        ++r.next[rank];
         progress = true;
       }
     }
@@ -321,99 +374,106 @@ Replay replay(const Schedule& schedule, const Shape& shape, const CostFn& cost, 
   return r;
 }
 
-// Picks the stage to blame for a deadlock and explains what it waits for. Blame goes to a stage
-// whose next action waits on something it or its neighbour has scheduled later. Following waits
-// from head to head always reaches such a stage: forwards wait only on lower stages and backwards
-// on higher ones, so a chain of heads cannot loop; the visited check is only a safety net.
-std::string explain_deadlock(const Schedule& schedule, const Shape& shape, const Replay& r,
-                             int64_t* marked) {
-  const int64_t stages = static_cast<int64_t>(schedule.size());
-  auto head = [&](int64_t s) { return StageAction{s, schedule[s][r.next[s]]}; };
-  auto stuck = [&](int64_t s) { return r.next[s] < schedule[s].size(); };
-  auto unmet = [&](int64_t s) {
+// Picks the rank to blame for a deadlock and explains what it waits for. Blame goes to a rank
+// whose next action waits on something it or another rank has scheduled later. Following waits
+// from head to head reaches such a rank: with one stage per rank, forwards wait only on lower
+// stages and backwards on higher ones, so a chain of heads cannot loop; with several stages per
+// rank a loop is possible, and the visited check ends the walk there.
+std::string explain_deadlock(const Shape& shape, const Replay& r, int64_t* marked) {
+  const Schedule& schedule = shape.resolved;
+  const int64_t ranks = static_cast<int64_t>(schedule.size());
+  auto head = [&](int64_t rank) {
+    const Action& a = schedule[rank][r.next[rank]];
+    return StageAction{a.stage, a};
+  };
+  auto stuck = [&](int64_t rank) { return r.next[rank] < schedule[rank].size(); };
+  auto unmet = [&](int64_t rank) {
     std::vector<StageAction> out;
-    for (const Dependency& d : dependencies(shape, s, head(s).action)) {
+    for (const Dependency& d : dependencies(shape, head(rank).stage, head(rank).action)) {
       if (!r.done(d.what)) out.push_back(d.what);
     }
     return out;
   };
+  auto rank_of = [&](const StageAction& sa) { return shape.rank_of[sa.stage]; };
 
   int64_t blame = -1;
-  for (int64_t s = 0; s < stages && blame < 0; ++s) {
-    if (!stuck(s)) continue;
-    for (const StageAction& w : unmet(s)) {
-      if (w.stage == s) blame = s;
+  for (int64_t rank = 0; rank < ranks && blame < 0; ++rank) {
+    if (!stuck(rank)) continue;
+    for (const StageAction& w : unmet(rank)) {
+      if (rank_of(w) == rank) blame = rank;
     }
   }
   if (blame < 0) {
     int64_t cur = 0;
     while (!stuck(cur)) ++cur;
-    std::vector<bool> visited(stages, false);
+    std::vector<bool> visited(ranks, false);
     while (true) {
       visited[cur] = true;
       const StageAction w = unmet(cur).front();
-      if (!(head(w.stage).action == w.action) || visited[w.stage]) {
+      if (!(head(rank_of(w)).action == w.action) || visited[rank_of(w)]) {
         blame = cur;
         break;
       }
-      cur = w.stage;
+      cur = rank_of(w);
     }
   }
 
-  std::string msg = "stage " + std::to_string(blame) + " is stuck at " + name_of(head(blame)) +
-                    ", which waits for ";
+  std::string msg =
+      shape.row(blame) + " is stuck at " + name_of(head(blame)) + ", which waits for ";
   const std::vector<StageAction> waits = unmet(blame);
   for (size_t i = 0; i < waits.size(); ++i) {
     const StageAction& w = waits[i];
+    const int64_t other = rank_of(w);
     if (i > 0) msg += " and ";
     msg += name_of(w);
-    if (w.stage == blame) {
-      msg += " (later in stage " + std::to_string(blame) + "'s own list)";
-    } else if (head(w.stage).action == w.action) {
-      msg += " (stage " + std::to_string(w.stage) + "'s next action, itself stuck)";
+    if (other == blame) {
+      msg += " (later in " + shape.row(blame) + "'s own list)";
+    } else if (head(other).action == w.action) {
+      msg += " (" + shape.row(other) + "'s next action, itself stuck)";
     } else {
-      msg += " (stage " + std::to_string(w.stage) + " only gets to it after " +
-             name_of(head(w.stage)) + ", which is stuck)";
+      msg += " (" + shape.row(other) + " only gets to it after " + name_of(head(other)) +
+             ", which is stuck)";
     }
   }
   *marked = blame;
   return msg;
 }
 
-// Grid of a unit-cost replay. Unit costs make every start time an integer slot; actions that
-// never ran are listed after a "|" in list order.
-std::string time_grid(const Schedule& schedule, const Replay& r, int64_t marked_stage) {
+// Grid of a one-slot replay: every start time an integer slot; actions that never ran are listed
+// after a "|" in list order.
+std::string time_grid(const Shape& shape, const Replay& r, int64_t marked_rank) {
+  const Schedule& schedule = shape.resolved;
   Grid g;
-  const size_t stages = schedule.size();
+  const size_t ranks = schedule.size();
   g.columns = static_cast<int64_t>(std::llround(r.end_time));
-  g.placed.resize(stages);
-  g.pending.resize(stages);
-  g.marked_stage = marked_stage;
-  for (size_t s = 0; s < stages; ++s) {
-    const int64_t stage = static_cast<int64_t>(s);
-    for (size_t i = 0; i < schedule[s].size(); ++i) {
-      const std::string name = action_name(stage, schedule[s][i]);
-      if (i < r.next[s]) {
-        g.placed[s].emplace_back(std::llround(r.start[s][i]), name);
+  g.placed.resize(ranks);
+  g.pending.resize(ranks);
+  g.marked_stage = marked_rank;
+  g.row_word = one_stage_per_rank(schedule) ? "stage" : "rank";
+  for (size_t rank = 0; rank < ranks; ++rank) {
+    for (size_t i = 0; i < schedule[rank].size(); ++i) {
+      const std::string name = action_name(static_cast<int64_t>(rank), schedule[rank][i]);
+      if (i < r.next[rank]) {
+        g.placed[rank].emplace_back(std::llround(r.start[rank][i]), name);
       } else {
-        g.pending[s].push_back(name);
+        g.pending[rank].push_back(name);
       }
     }
   }
   return render(g);
 }
 
-[[noreturn]] void deadlock(const Schedule& schedule, const Shape& shape) {
+[[noreturn]] void deadlock(const Shape& shape) {
   // The one-slot replay gets stuck at the same actions as any other, because which actions can run
   // never depends on durations; it just yields a grid with integer slots.
-  const Replay unit = replay(schedule, shape, one_slot, 0.0);
+  const Replay unit = replay(shape, one_slot, 0.0);
   int64_t marked = -1;
-  const std::string why = explain_deadlock(schedule, shape, unit, &marked);
+  const std::string why = explain_deadlock(shape, unit, &marked);
   throw std::runtime_error(
       "pipeline schedule can never finish: " + why +
       ". Order each stage's actions so that F(s,m) can follow F(s-1,m), B or I (s,m) can follow "
       "F(s,m) and the B or I of (s+1,m), and W(s,m) can follow I(s,m).\n" +
-      time_grid(schedule, unit, marked));
+      time_grid(shape, unit, marked));
 }
 
 void check_costs(const ActionCosts& costs, int64_t stages) {
@@ -458,9 +518,9 @@ void one_f_one_b_order(int64_t stages, int64_t s, int64_t chunks, std::vector<Ac
                        Backward backward) {
   const int64_t warmup = std::min(stages - s - 1, chunks);
   int64_t f = 0;
-  while (f < warmup) actions.push_back({Phase::kForward, f++});
+  while (f < warmup) actions.push_back({Phase::kForward, f++, s});
   while (f < chunks) {
-    actions.push_back({Phase::kForward, f++});
+    actions.push_back({Phase::kForward, f++, s});
     backward();
   }
   for (int64_t b = warmup; b > 0; --b) backward();
@@ -469,24 +529,25 @@ void one_f_one_b_order(int64_t stages, int64_t s, int64_t chunks, std::vector<Ac
 }  // namespace
 
 bool Action::operator==(const Action& other) const {
-  return phase == other.phase && microbatch == other.microbatch;
+  return phase == other.phase && microbatch == other.microbatch && stage == other.stage;
 }
 
 std::ostream& operator<<(std::ostream& os, const Action& a) {
   return os << letter(a.phase) << a.microbatch;
 }
 
-std::string action_name(int64_t stage, const Action& a) {
-  return std::to_string(stage) + letter(a.phase) + std::to_string(a.microbatch);
+std::string action_name(int64_t rank, const Action& a) {
+  return std::to_string(stage_of(rank, a)) + letter(a.phase) + std::to_string(a.microbatch);
 }
 
 Schedule gpipe_schedule(int64_t stages, int64_t chunks) {
   check_shape(stages, chunks);
   Schedule schedule(stages);
-  for (auto& actions : schedule) {
+  for (int64_t s = 0; s < stages; ++s) {
+    auto& actions = schedule[s];
     actions.reserve(2 * chunks);
-    for (int64_t m = 0; m < chunks; ++m) actions.push_back({Phase::kForward, m});
-    for (int64_t m = chunks - 1; m >= 0; --m) actions.push_back({Phase::kBackward, m});
+    for (int64_t m = 0; m < chunks; ++m) actions.push_back({Phase::kForward, m, s});
+    for (int64_t m = chunks - 1; m >= 0; --m) actions.push_back({Phase::kBackward, m, s});
   }
   return schedule;
 }
@@ -499,7 +560,7 @@ Schedule one_f_one_b_schedule(int64_t stages, int64_t chunks) {
     actions.reserve(2 * chunks);
     int64_t b = 0;
     one_f_one_b_order(stages, s, chunks, actions, [&] {
-      actions.push_back({Phase::kBackward, b++});
+      actions.push_back({Phase::kBackward, b++, s});
     });
   }
   return schedule;
@@ -514,20 +575,74 @@ Schedule zbh1_schedule(int64_t stages, int64_t chunks) {
     int64_t i = 0, w = 0;
     // Each I, followed by the W that is `s` micro-batches behind it, if any.
     one_f_one_b_order(stages, s, chunks, actions, [&] {
-      actions.push_back({Phase::kInputBackward, i++});
-      if (i - w > s) actions.push_back({Phase::kWeightBackward, w++});
+      actions.push_back({Phase::kInputBackward, i++, s});
+      if (i - w > s) actions.push_back({Phase::kWeightBackward, w++, s});
     });
-    while (w < chunks) actions.push_back({Phase::kWeightBackward, w++});
+    while (w < chunks) actions.push_back({Phase::kWeightBackward, w++, s});
   }
   return schedule;
 }
 
-std::vector<std::string> schedule_names() { return {kGPipe, kOneFOneB, kZBH1}; }
+Schedule interleaved_1f1b_schedule(int64_t ranks, int64_t virtual_stages, int64_t chunks) {
+  check_shape(ranks, chunks);
+  if (virtual_stages < 1) {
+    throw std::invalid_argument("virtual stages (stages per rank) must be >= 1, got " +
+                                std::to_string(virtual_stages));
+  }
+  const int64_t v = virtual_stages;
+  // Micro-batches go through a rank's stages in rounds of at most `ranks` each.
+  const int64_t rounds = std::max<int64_t>(1, chunks / ranks);
+  if (chunks % rounds != 0) {
+    throw std::invalid_argument(
+        "interleaved1f1b runs the micro-batches in rounds of equal size, at most one per rank: "
+        "chunks " +
+        std::to_string(chunks) + " over " + std::to_string(ranks) + " ranks makes " +
+        std::to_string(rounds) + " rounds, which do not divide it; use a multiple of " +
+        std::to_string(ranks) + " or fewer chunks than ranks");
+  }
+  const int64_t per_round = chunks / rounds;
+  Schedule schedule(ranks);
+  for (int64_t r = 0; r < ranks; ++r) {
+    auto& actions = schedule[r];
+    const int64_t total = v * chunks;
+    const int64_t warmup = std::min((v - 1) * per_round + 2 * (ranks - 1 - r), total);
+    // The i-th forward (backward) of this rank runs on local stage forward_stage(i) (...).
+    auto forward_stage = [&](int64_t i) { return (i / per_round) % v * ranks + r; };
+    auto backward_stage = [&](int64_t i) { return (v - 1 - (i / per_round) % v) * ranks + r; };
+    std::vector<int64_t> next_forward(v * ranks, 0), next_backward(v * ranks, 0);
+    auto forward = [&](int64_t i) {
+      const int64_t st = forward_stage(i);
+      actions.push_back({Phase::kForward, next_forward[st]++, st});
+    };
+    auto backward = [&](int64_t i) {
+      const int64_t st = backward_stage(i);
+      actions.push_back({Phase::kBackward, next_backward[st]++, st});
+    };
+    int64_t f = 0, b = 0;
+    while (f < warmup) forward(f++);
+    while (f < total) {
+      forward(f++);
+      backward(b++);
+    }
+    while (b < total) backward(b++);
+  }
+  return schedule;
+}
 
-Schedule make_schedule(const std::string& name, int64_t stages, int64_t chunks) {
-  if (name == kGPipe) return gpipe_schedule(stages, chunks);
-  if (name == kOneFOneB) return one_f_one_b_schedule(stages, chunks);
-  if (name == kZBH1) return zbh1_schedule(stages, chunks);
+std::vector<std::string> schedule_names() { return {kGPipe, kOneFOneB, kZBH1, kInterleaved}; }
+
+Schedule make_schedule(const std::string& name, int64_t ranks, int64_t chunks,
+                       int64_t virtual_stages) {
+  if (name == kInterleaved) return interleaved_1f1b_schedule(ranks, virtual_stages, chunks);
+  if (virtual_stages != 1 && (name == kGPipe || name == kOneFOneB || name == kZBH1)) {
+    throw std::invalid_argument("schedule '" + name +
+                                "' runs one stage per rank, but virtual stages " +
+                                std::to_string(virtual_stages) +
+                                " were asked for; use interleaved1f1b, or 1 virtual stage");
+  }
+  if (name == kGPipe) return gpipe_schedule(ranks, chunks);
+  if (name == kOneFOneB) return one_f_one_b_schedule(ranks, chunks);
+  if (name == kZBH1) return zbh1_schedule(ranks, chunks);
   std::string known;
   for (const auto& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown pipeline schedule '" + name + "'; choose one of: " + known);
@@ -563,32 +678,33 @@ double ActionCosts::cost(int64_t stage, Phase phase) const {
 
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs) {
   const Shape shape = validate(schedule);
-  const int64_t stages = static_cast<int64_t>(schedule.size());
-  check_costs(costs, stages);
+  const int64_t ranks = static_cast<int64_t>(schedule.size());
+  check_costs(costs, shape.stages());
   const Replay r = replay(
-      schedule, shape, [&](int64_t s, Phase ph) { return costs.cost(s, ph); }, costs.transfer);
-  if (!r.complete(schedule)) deadlock(schedule, shape);
+      shape, [&](int64_t s, Phase ph) { return costs.cost(s, ph); }, costs.transfer);
+  if (!r.complete(schedule)) deadlock(shape);
 
   Simulation sim;
   sim.step_time = r.end_time;
   sim.start_time = r.start;
-  sim.busy_time.assign(stages, 0.0);
+  sim.busy_time.assign(ranks, 0.0);
   double busy = 0.0;
-  for (int64_t s = 0; s < stages; ++s) {
-    for (const Action& a : schedule[s]) sim.busy_time[s] += costs.cost(s, a.phase);
-    busy += sim.busy_time[s];
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    for (const Action& a : shape.resolved[rank])
+      sim.busy_time[rank] += costs.cost(a.stage, a.phase);
+    busy += sim.busy_time[rank];
   }
   // A zero-cost step has no idle time to speak of; avoid reporting 0/0.
   sim.bubble_fraction =
-      sim.step_time > 0.0 ? 1.0 - busy / (static_cast<double>(stages) * sim.step_time) : 0.0;
+      sim.step_time > 0.0 ? 1.0 - busy / (static_cast<double>(ranks) * sim.step_time) : 0.0;
   return sim;
 }
 
 std::string format_schedule(const Schedule& schedule) {
   const Shape shape = validate(schedule);
-  const Replay r = replay(schedule, shape, one_slot, 0.0);
-  if (!r.complete(schedule)) deadlock(schedule, shape);
-  return time_grid(schedule, r, -1);
+  const Replay r = replay(shape, one_slot, 0.0);
+  if (!r.complete(schedule)) deadlock(shape);
+  return time_grid(shape, r, -1);
 }
 
 }  // namespace pipetrain

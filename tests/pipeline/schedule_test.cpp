@@ -180,8 +180,59 @@ TEST(ScheduleTest, SplitBackwardsAreCheckedLikeWholeOnes) {
   EXPECT_THROW(ActionCosts::uniform(2, 1, 1, 2), std::invalid_argument);  // W is part of B
 }
 
+TEST(ScheduleTest, InterleavedOneFOneBLoopsEachMicroBatchThroughEveryRankTwice) {
+  const Schedule s = interleaved_1f1b_schedule(2, 2, 4);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(stage_order(s, 0), "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
+  EXPECT_EQ(stage_order(s, 1), "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3");
+  const std::string grid = format_schedule(s);
+  EXPECT_EQ(grid.rfind("rank 0 0F0", grid.find('\n') + 1), grid.find('\n') + 1) << grid;
+}
+
+// Narayanan et al. (2021), section 2.2: with v stages per rank, each 1/v of a rank's work, the
+// bubble is (p - 1) / (v m) of the ideal step time.
+TEST(ScheduleTest, InterleavedBubbleMatchesThePublishedFormula) {
+  for (int64_t p = 2; p <= 4; ++p) {
+    for (int64_t v : {1, 2, 3}) {
+      for (int64_t m : {4, 8, 12, 16}) {
+        if (m < p || m % std::max<int64_t>(1, m / p) != 0) continue;
+        SCOPED_TRACE("p=" + std::to_string(p) + " v=" + std::to_string(v) +
+                     " m=" + std::to_string(m));
+        const Simulation sim =
+            simulate(interleaved_1f1b_schedule(p, v, m), ActionCosts::uniform(p * v, 1, 2));
+        const double ideal = 3.0 * v * m;
+        EXPECT_NEAR((sim.step_time - ideal) / ideal, double(p - 1) / double(v * m), 1e-12);
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, InterleavedRefusesChunksItsRoundsDoNotDivide) {
+  const std::string msg = error_of([] { interleaved_1f1b_schedule(3, 2, 16); });
+  EXPECT_NE(msg.find("chunks 16 over 3 ranks makes 5 rounds"), std::string::npos) << msg;
+  EXPECT_THROW(interleaved_1f1b_schedule(3, 0, 6), std::invalid_argument);
+  EXPECT_NO_THROW(interleaved_1f1b_schedule(3, 2, 2));  // fewer chunks than ranks: one round
+}
+
+TEST(ScheduleTest, AStageRunsOnOneRank) {
+  Schedule s = interleaved_1f1b_schedule(2, 2, 2);
+  s[1].push_back({Phase::kForward, 5, 0});
+  std::string msg = error_of([&] { simulate(s, ActionCosts::uniform(4)); });
+  EXPECT_NE(msg.find("stage 0 has actions on ranks 0 and 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank 1 "), std::string::npos) << msg;
+  Schedule gap = interleaved_1f1b_schedule(2, 2, 2);
+  for (auto& a : gap[0]) a.stage = a.stage == 2 ? 4 : a.stage;  // stage 2 renamed 4: none runs 2
+  msg = error_of([&] { simulate(gap, ActionCosts::uniform(5)); });
+  EXPECT_NE(msg.find("no rank runs stage 2"), std::string::npos) << msg;
+}
+
 TEST(ScheduleTest, MakeScheduleDispatchesByName) {
-  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "zbh1"}));
+  EXPECT_EQ(schedule_names(),
+            (std::vector<std::string>{"gpipe", "1f1b", "zbh1", "interleaved1f1b"}));
+  EXPECT_EQ(make_schedule("interleaved1f1b", 2, 4, 2), interleaved_1f1b_schedule(2, 2, 4));
+  const std::string msg = error_of([] { make_schedule("1f1b", 2, 4, 2); });
+  EXPECT_NE(msg.find("'1f1b' runs one stage per rank, but virtual stages 2"), std::string::npos)
+      << msg;
   EXPECT_EQ(make_schedule("gpipe", 3, 5), gpipe_schedule(3, 5));
   EXPECT_EQ(make_schedule("1f1b", 3, 5), one_f_one_b_schedule(3, 5));
   EXPECT_EQ(make_schedule("zbh1", 3, 5), zbh1_schedule(3, 5));
