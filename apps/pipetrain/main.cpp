@@ -55,6 +55,7 @@ struct Args {
   int64_t chunks = 1;
   std::string checkpoint = "except_last";
   std::string schedule = "gpipe";
+  int64_t virtual_stages = 1;
   bool cuda_graphs = false;
   bool fuse_gradient_accumulation = false;
   bool deferred_batch_norm = false;
@@ -148,7 +149,9 @@ void add_flags(CLI::App& app, Args& a) {
       ->delimiter(',');
   add("--chunks", a.chunks, "micro-batches per batch");
   add("--checkpoint", a.checkpoint, "activation checkpointing: always, except_last, never");
-  add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b, zbh1");
+  add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b, zbh1, interleaved1f1b");
+  add("--virtual-stages", a.virtual_stages,
+      "stages per process (interleaved1f1b): rank r runs stages r, r + devices, ...");
   add("--cuda-graphs", a.cuda_graphs,
       "replay forward and backward as CUDA graphs (cuda, checkpoint never)");
   add("--fuse-gradient-accumulation", a.fuse_gradient_accumulation,
@@ -286,6 +289,7 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
                 .chunks(a.chunks)
                 .checkpoint(a.checkpoint)
                 .schedule(a.schedule)
+                .virtual_stages(a.virtual_stages)
                 .cuda_graphs(a.cuda_graphs)
                 .fuse_gradient_accumulation(a.fuse_gradient_accumulation)
                 .deferred_batch_norm(a.deferred_batch_norm))

@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -41,16 +42,19 @@ class PeerToPeer {
   explicit PeerToPeer(std::shared_ptr<World> world);
 
   // Starts sending `packet`'s tensors (of the world's device) to rank `dst`; they are kept alive
-  // until wait_for_sends(). Within a step, every packet of a flow must have the first one's
-  // label, dtypes and shapes but for dim 0; given `rows` (>= 0), every tensor's dim 0 must be
-  // `rows` (stage boundaries pass batch-first tensors on). Results may have any shape. Returns
-  // the last send, for callers that must not overwrite the tensors before they have gone.
-  WorkPtr send(const Packet& packet, int64_t dst, Flow flow, int64_t rows = -1);
+  // until wait_for_sends(). Within a step, every packet of a flow and channel must have the first
+  // one's label, dtypes and shapes but for dim 0; given `rows` (>= 0), every tensor's dim 0 must
+  // be `rows` (stage boundaries pass batch-first tensors on). Results may have any shape. A
+  // channel is a boundary of its own between the same two ranks (ranks holding several stages),
+  // with a header of its own; packets of all channels of a flow still arrive in the order sent.
+  // Returns the last send, for callers that must not overwrite the tensors before they have gone.
+  WorkPtr send(const Packet& packet, int64_t dst, Flow flow, int64_t rows = -1,
+               int64_t channel = 0);
   WorkPtr send(const at::Tensor& tensor, int64_t dst, Flow flow, int64_t rows = -1);
   // Receives the next packet of `flow` from rank `src`, whose tensors have `rows` rows (dim 0)
-  // unless it is the first of the step. On CUDA it returns at once, the current stream waiting
-  // for the data. Blocks (up to the world's timeout) on CPU, and for headers.
-  Packet recv(int64_t src, Flow flow, int64_t rows = -1);
+  // unless it is the first of the step on its channel. On CUDA it returns at once, the current
+  // stream waiting for the data. Blocks (up to the world's timeout) on CPU, and for headers.
+  Packet recv(int64_t src, Flow flow, int64_t rows = -1, int64_t channel = 0);
   // The one tensor of the next packet.
   at::Tensor recv_tensor(int64_t src, Flow flow, int64_t rows = -1);
   // Waits until every started send has completed, and starts a new step: the next packet of each
@@ -80,8 +84,8 @@ class PeerToPeer {
     at::Tensor tensor;  // alive until the send completes
   };
   std::vector<Send> pending_sends_;
-  // What this step's first header said, per (peer, flow).
-  std::map<std::pair<int64_t, Flow>, PacketShape> sent_, received_;
+  // What this step's first header said, per (peer, flow, channel).
+  std::map<std::tuple<int64_t, Flow, int64_t>, PacketShape> sent_, received_;
 };
 
 }  // namespace pipetrain

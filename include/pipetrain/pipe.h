@@ -20,16 +20,17 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipetrain/checkpoint.h"
 #include "pipetrain/microbatch.h"
+#include "pipetrain/p2p.h"
 #include "pipetrain/schedule.h"
 
 namespace pipetrain {
 
 class World;
-class PeerToPeer;
 class StageGraphs;
 class DeferredWeightGradients;
 class Trace;
@@ -38,13 +39,16 @@ class DeferredBatchNormImpl;
 struct StageValue;
 
 struct PipeOptions {
-  // Layers per stage; empty: split by parameter count (balance_by_size) over the world's ranks.
+  // Layers per stage; empty: split by parameter count (balance_by_size) over the stages.
   TORCH_ARG(std::vector<int64_t>, balance) = {};
+  // Stages per rank: the Sequential is cut into virtual_stages x ranks stages, rank r running
+  // stages r, r + ranks, ... (loop placement), which schedules such as interleaved1f1b interleave.
+  TORCH_ARG(int64_t, virtual_stages) = 1;
   // Micro-batches per batch; a batch with fewer rows runs as one-row micro-batches.
   TORCH_ARG(int64_t, chunks) = 1;
   // "always" | "except_last" | "never".
   TORCH_ARG(std::string, checkpoint) = "except_last";
-  // "gpipe" | "1f1b" | "zbh1" (schedule.h).
+  // "gpipe" | "1f1b" | "zbh1" | "interleaved1f1b" (schedule.h).
   TORCH_ARG(std::string, schedule) = "gpipe";
   // On CUDA with checkpoint "never" and a schedule of whole backwards: replay each micro-batch's
   // forward and backward as captured CUDA graphs, so the CPU no longer launches every kernel (see
@@ -81,7 +85,8 @@ using OutputFn = std::function<void(const at::Tensor& output, const MicroBatch& 
 
 class Pipe {
  public:
-  // `world` has one rank per stage; rank s runs stage s, on the world's device.
+  // `world` has one rank per virtual_stages stages; rank r runs stages r, r + ranks, ..., on the
+  // world's device.
   Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_ptr<World> world);
   ~Pipe();
   Pipe(const Pipe&) = delete;
@@ -111,35 +116,55 @@ class Pipe {
   void send_to(const at::Tensor& tensor, int64_t dst);
   at::Tensor recv_from(int64_t src);
 
-  // This process's layers, named by their index in the whole Sequential ("3.weight").
+  // This process's layers (of all its stages), named by their index in the whole Sequential
+  // ("3.weight").
   const torch::nn::Sequential& stage_module() const { return stage_module_; }
   // Each once, even when several layers share one (what an optimizer takes).
   std::vector<at::Tensor> parameters() const;
 
   int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
-  bool is_first_stage() const { return stage_ == 0; }
-  bool is_last_stage() const { return stage_ == stages() - 1; }
+  // The rank that runs `stage`.
+  int64_t rank_of_stage(int64_t stage) const { return stage % world_size_; }
+  // Whether this rank runs the first stage (it reads the input) / the last (it has the output).
+  bool is_first_stage() const { return rank_ == rank_of_stage(0); }
+  bool is_last_stage() const { return rank_ == rank_of_stage(stages() - 1); }
   const std::vector<int64_t>& balance() const { return balance_; }
 
  private:
-  struct InFlight;  // one micro-batch between its forward and its last backward action
+  struct InFlight;  // one micro-batch of one stage between its forward and its last backward
   struct Step;      // one forward_backward's micro-batches in flight
+  // One of this rank's stages.
+  struct LocalStage {
+    int64_t index = 0;        // in the pipeline
+    int64_t first_layer = 0;  // in the Sequential
+    torch::nn::Sequential layers;
+  };
+  const LocalStage& local_stage(int64_t stage) const;
+  bool is_first(int64_t stage) const { return stage == 0; }
+  bool is_last(int64_t stage) const { return stage == stages() - 1; }
   at::Tensor run_schedule(const at::Tensor& batch_input, int64_t batch_size, const LossFn& loss_fn);
   // The actions of a schedule: F, B or I, and W (schedule.h).
-  void run_forward(Step& step, int64_t microbatch);
+  void run_forward(Step& step, const Action& action);
   void run_backward(Step& step, const Action& action);
-  void run_weight_backward(Step& step, int64_t microbatch);
-  // What autograd starts this stage's backward of a micro-batch from (after the recompute where it
+  void run_weight_backward(Step& step, const Action& action);
+  // What autograd starts a stage's backward of a micro-batch from (after the recompute where it
   // was checkpointed), given the gradients of its outputs; no roots: nothing to go back through.
-  void backward_roots(InFlight& state, const std::vector<at::Tensor>& grad_outputs,
-                      int64_t microbatch, std::vector<at::Tensor>* roots,
-                      std::vector<at::Tensor>* grads);
-  StageValue run_stage(const StageValue& input, int64_t microbatch);
+  void backward_roots(const LocalStage& stage, InFlight& state,
+                      const std::vector<at::Tensor>& grad_outputs, int64_t microbatch,
+                      std::vector<at::Tensor>* roots, std::vector<at::Tensor>* grads);
+  // The tensors crossing a boundary: through p2p between ranks, handed over within one.
+  StageValue receive_activation(int64_t stage, const MicroBatch& mb);
+  void send_activation(Step& step, int64_t stage, const MicroBatch& mb, const StageValue& output,
+                       int64_t slot);
+  std::vector<at::Tensor> receive_gradient(int64_t stage, const MicroBatch& mb);
+  void send_gradient(Step& step, int64_t stage, const MicroBatch& mb, Packet grads, int64_t slot);
+  StageValue run_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch);
   // `layer`, or, with deferred_batch_norm, the DeferredBatchNorm standing in for it.
   torch::nn::AnyModule defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index);
   // run_stage again, leaving the layers' state (BatchNorm's running statistics) as it was: for
   // the backward of a checkpointed micro-batch (`with_grad`), or to learn what the stage returns.
-  StageValue rerun_stage(const StageValue& input, int64_t microbatch, bool with_grad);
+  StageValue rerun_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch,
+                         bool with_grad);
   // Under cuda_graphs, at the first forward: drops the graphs (saying why) if this stage takes or
   // returns several tensors, or integer ones at a boundary, which the graphs do not capture.
   void check_graphs_fit(const StageValue& input, int64_t microbatch);
@@ -150,13 +175,17 @@ class Pipe {
   std::shared_ptr<World> world_;
   std::unique_ptr<PeerToPeer> p2p_;
   std::vector<int64_t> balance_;
-  int64_t stage_ = 0;
-  int64_t first_layer_ = 0;
+  int64_t rank_ = 0;
+  int64_t world_size_ = 1;
+  std::vector<LocalStage> local_stages_;  // ascending
+  // Within a rank, what one stage hands the next (activations) or the previous (gradients), by
+  // (receiving stage, micro-batch).
+  std::map<std::pair<int64_t, int64_t>, Packet> handed_activations_, handed_gradients_;
   CheckpointMode checkpoint_mode_;
   Schedule schedule_;
   std::map<int64_t, Schedule> short_schedules_;
-  bool splits_backward_ = false;  // the schedule has I and W actions
-  torch::nn::Sequential stage_module_;
+  bool splits_backward_ = false;        // the schedule has I and W actions
+  torch::nn::Sequential stage_module_;  // every local stage's layers
   std::function<void()> last_backward_hook_;
   std::unique_ptr<TiedGradients> tied_;
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_norms_;

@@ -102,6 +102,12 @@ struct Simulation {
 // carry the schedule's grid with "<-- ERROR HERE" on the offending row.
 Simulation simulate(const Schedule& schedule, const ActionCosts& costs);
 
+// Tensors pass between two ranks in the order they are sent, per direction (activations,
+// gradients), so each rank must receive from a neighbour in the order the neighbour sends: else one
+// micro-batch's tensors would reach another's action. Throws std::runtime_error, with the grid,
+// at the first receive out of order.
+void check_transfer_order(const Schedule& schedule);
+
 // One row per stage (per rank, "rank r", where ranks hold several stages), one column per time slot
 // of a simulation where every action takes one slot,
 // "." for idle slots:

@@ -23,16 +23,20 @@ class World;
 // to. The first name, in the Sequential's order, is the one checkpoints store it under.
 struct TiedParameter {
   std::vector<std::string> names;
-  std::vector<int64_t> stages;  // the stages whose layers use it, ascending
+  // The stages whose layers use it, ascending; the ranks running them where a rank runs several
+  // (find_tied_parameters' rank_of_stage).
+  std::vector<int64_t> stages;
 };
 
 // The parameters of `sequential` reachable under more than one name (the same tensor registered
 // in several layers), merged with the `declared` groups of names; `balance` says which stage each
-// layer is on. Throws std::invalid_argument for a declared name the model does not have, or
-// declared names whose shapes or dtypes differ.
+// layer is on, and `rank_of_stage` (empty: rank s runs stage s) which rank runs each stage.
+// Throws std::invalid_argument for a declared name the model does not have, or declared names
+// whose shapes or dtypes differ.
 std::vector<TiedParameter> find_tied_parameters(
     const torch::nn::Sequential& sequential, const std::vector<int64_t>& balance,
-    const std::vector<std::vector<std::string>>& declared = {});
+    const std::vector<std::vector<std::string>>& declared = {},
+    const std::vector<int64_t>& rank_of_stage = {});
 
 // `tensors` without repeats (the same tensor registered twice counts once): what an optimizer
 // must be given, or it steps a tied parameter twice.

@@ -74,7 +74,8 @@ WorkPtr PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow, int64
   return send(Packet{{tensor}, {}, 0}, dst, flow, rows);
 }
 
-WorkPtr PeerToPeer::send(const Packet& packet, int64_t dst, Flow flow, int64_t rows) {
+WorkPtr PeerToPeer::send(const Packet& packet, int64_t dst, Flow flow, int64_t rows,
+                         int64_t channel) {
   const auto count = static_cast<int64_t>(packet.tensors.size());
   if (count < 1 || count > kMaxTensors) {
     throw std::invalid_argument("a stage passed on " + std::to_string(count) +
@@ -103,7 +104,7 @@ WorkPtr PeerToPeer::send(const Packet& packet, int64_t dst, Flow flow, int64_t r
     payloads.push_back(std::move(payload));
   }
   auto& pg = group(flow);
-  const auto key = std::make_pair(dst, flow);
+  const auto key = std::make_tuple(dst, flow, channel);
   auto first = sent_.find(key);
   if (flow == Flow::kResult || first == sent_.end()) {
     auto header = torch::zeros({kHeaderSize}, torch::kInt64);
@@ -134,9 +135,9 @@ WorkPtr PeerToPeer::send(const Packet& packet, int64_t dst, Flow flow, int64_t r
   return pending_sends_.back().work;
 }
 
-Packet PeerToPeer::recv(int64_t src, Flow flow, int64_t rows) {
+Packet PeerToPeer::recv(int64_t src, Flow flow, int64_t rows, int64_t channel) {
   auto& pg = group(flow);
-  const auto key = std::make_pair(src, flow);
+  const auto key = std::make_tuple(src, flow, channel);
   try {
     auto first = received_.find(key);
     PacketShape shape;

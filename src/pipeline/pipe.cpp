@@ -63,17 +63,28 @@ bool joins_weight_gradients(const std::vector<Action>& actions, int64_t recomput
   return true;
 }
 
-// The action of `actions` that adds the last weight gradients of a step: the last B or W (on the
-// first stage, whose I runs the whole backward, the last B or I). Null if none.
-const Action* last_weight_gradient_action(const std::vector<Action>& actions, bool first_stage) {
+// The action of `actions` that adds the last weight gradients of a step: the last B or W (of the
+// first stage, whose I runs the whole backward, the last I). Null if none.
+const Action* last_weight_gradient_action(const std::vector<Action>& actions) {
   const Action* last = nullptr;
   for (const Action& action : actions) {
     const bool adds =
         action.phase == Phase::kBackward ||
-        action.phase == (first_stage ? Phase::kInputBackward : Phase::kWeightBackward);
+        action.phase == (action.stage == 0 ? Phase::kInputBackward : Phase::kWeightBackward);
     if (adds) last = &action;
   }
   return last;
+}
+
+// The entry of `map` at `key`, taken out of it.
+Packet take(std::map<std::pair<int64_t, int64_t>, Packet>& map, std::pair<int64_t, int64_t> key) {
+  auto node = map.extract(key);
+  if (node.empty()) {
+    throw std::logic_error("stage " + std::to_string(key.first) +
+                           " found nothing handed over for micro-batch " +
+                           std::to_string(key.second));
+  }
+  return std::move(node.mapped());
 }
 
 // Which tensors crossing a boundary come back with a gradient: every floating one (zeros where
@@ -97,10 +108,13 @@ StageValue unpacked(Packet packet) {
 }
 
 // The schedule, after a unit-cost simulation has shown it runs (every action once, no
-// deadlock): a malformed one fails here, with its grid, rather than hanging the ranks.
-Schedule checked_schedule(const std::string& name, int64_t stages, int64_t chunks) {
-  Schedule schedule = make_schedule(name, stages, chunks);
-  simulate(schedule, ActionCosts::uniform(stages));
+// deadlock) and its transfers between ranks come in the order they go: a malformed one fails
+// here, with its grid, rather than hanging the ranks or mixing up micro-batches.
+Schedule checked_schedule(const std::string& name, int64_t ranks, int64_t chunks,
+                          int64_t virtual_stages) {
+  Schedule schedule = make_schedule(name, ranks, chunks, virtual_stages);
+  simulate(schedule, ActionCosts::uniform(ranks * virtual_stages));
+  check_transfer_order(schedule);
   return schedule;
 }
 
@@ -111,39 +125,50 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
       world_(std::move(world)),
       checkpoint_mode_(parse_checkpoint_mode(options_.checkpoint())) {
   const auto layers = static_cast<int64_t>(sequential->size());
-  if (layers < world_->size()) {
+  world_size_ = world_->size();
+  rank_ = world_->rank();
+  if (options_.virtual_stages() < 1) {
+    throw std::invalid_argument(
+        "virtual stages (PipeOptions::virtual_stages, --virtual-stages) "
+        "must be at least 1 (got " +
+        std::to_string(options_.virtual_stages()) + ")");
+  }
+  const int64_t wanted = world_size_ * options_.virtual_stages();
+  if (layers < wanted) {
     throw std::invalid_argument(
         "the model's Sequential has " + std::to_string(layers) + " layers but " +
-        std::to_string(world_->size()) +
+        std::to_string(wanted) +
         " stages were asked for: every stage needs at least one layer; give the Sequential more "
         "layers (a module's parts as its layers, not one module holding them) or use fewer stages");
   }
-  balance_ =
-      options_.balance().empty() ? balance_by_size(sequential, world_->size()) : options_.balance();
+  balance_ = options_.balance().empty() ? balance_by_size(sequential, wanted) : options_.balance();
   validate_balance(balance_, layers);
-  if (stages() != world_->size()) {
-    throw std::invalid_argument("balance has " + std::to_string(stages()) + " stages but " +
-                                std::to_string(world_->size()) +
-                                " processes were started: run one process per stage");
+  if (stages() != wanted) {
+    throw std::invalid_argument(
+        "balance has " + std::to_string(stages()) + " stages but " + std::to_string(world_size_) +
+        " processes were started" +
+        (options_.virtual_stages() > 1
+             ? " with " + std::to_string(options_.virtual_stages()) + " virtual stages each"
+             : std::string()) +
+        ": give one balance entry per stage (processes x virtual stages)");
   }
   if (options_.chunks() < 1) {
     throw std::invalid_argument("chunks must be at least 1 (got " +
                                 std::to_string(options_.chunks()) + ")");
   }
-  schedule_ = checked_schedule(options_.schedule(), stages(), options_.chunks());
+  schedule_ = checked_schedule(options_.schedule(), world_size_, options_.chunks(),
+                               options_.virtual_stages());
   for (const auto& actions : schedule_) {
     for (const Action& action : actions) {
       splits_backward_ = splits_backward_ || action.phase == Phase::kInputBackward;
     }
   }
-  stage_ = world_->rank();
-  for (int64_t s = 0; s < stage_; ++s) first_layer_ += balance_[s];
   // Fused Linear layers put their weight gradients off: after the last backward (see
   // joins_weight_gradients), or else until the input's gradient is sent on. The first stage sends
-  // none, so it would only keep their inputs alive longer.
+  // none, so on a rank of it alone they would only keep their inputs alive longer.
   if (options_.fuse_gradient_accumulation() &&
-      (!is_first_stage() ||
-       joins_weight_gradients(schedule_[stage_],
+      (options_.virtual_stages() > 1 || !is_first_stage() ||
+       joins_weight_gradients(schedule_[rank_],
                               checkpoint_stop(checkpoint_mode_, options_.chunks())))) {
     deferred_ = std::make_shared<DeferredWeightGradients>();
   }
@@ -152,22 +177,35 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
         "PipeOptions::deferred_batch_norm (--deferred-batch-norm) and cuda_graphs (--cuda-graphs) "
         "cannot be combined: a graph's warm-up runs would count micro-batches twice; turn one off");
   }
-  for (int64_t i = first_layer_; i < first_layer_ + balance_[stage_]; ++i) {
-    auto layer = *(sequential->begin() + i);
-    if (options_.fuse_gradient_accumulation()) layer = fuse_gradient_accumulation(layer, deferred_);
-    if (options_.deferred_batch_norm()) layer = defer_batch_norms(layer, i);
-    stage_module_->push_back(std::to_string(i), layer);
+  std::vector<int64_t> rank_of_stage;
+  for (int64_t s = 0, first_layer = 0; s < stages(); first_layer += balance_[s++]) {
+    rank_of_stage.push_back(this->rank_of_stage(s));
+    if (this->rank_of_stage(s) != rank_) continue;
+    LocalStage local{s, first_layer, torch::nn::Sequential()};
+    for (int64_t i = first_layer; i < first_layer + balance_[s]; ++i) {
+      auto layer = *(sequential->begin() + i);
+      if (options_.fuse_gradient_accumulation()) {
+        layer = fuse_gradient_accumulation(layer, deferred_);
+      }
+      if (options_.deferred_batch_norm()) layer = defer_batch_norms(layer, i);
+      local.layers->push_back(std::to_string(i), layer);
+      stage_module_->push_back(std::to_string(i), layer);
+    }
+    local_stages_.push_back(std::move(local));
   }
-  // Only this stage's layers go to the device; the rest of the Sequential stays where it was built.
+  // Only this rank's layers go to the device; the rest of the Sequential stays where it was built.
   if (world_->device() != c10::Device(c10::DeviceType::CPU)) stage_module_->to(world_->device());
   tied_ = std::make_unique<TiedGradients>(
-      find_tied_parameters(sequential, balance_, options_.tied_parameters()), sequential,
-      stage_module_, stage_, world_);
-  if (stages() > 1) p2p_ = std::make_unique<PeerToPeer>(world_);
+      find_tied_parameters(sequential, balance_, options_.tied_parameters(), rank_of_stage),
+      sequential, stage_module_, rank_, world_);
+  if (world_size_ > 1) p2p_ = std::make_unique<PeerToPeer>(world_);
   if (options_.cuda_graphs()) {
     std::string why;
     if (!world_->device().is_cuda() || !StageGraphs::supported()) {
       why = "they need a CUDA device";
+    } else if (local_stages_.size() > 1) {
+      why = "this rank runs " + std::to_string(local_stages_.size()) +
+            " stages (virtual stages), and graphs capture one stage per rank";
     } else if (checkpoint_mode_ != CheckpointMode::kNever) {
       why = "checkpoint '" + options_.checkpoint() +
             "' recomputes forwards outside any graph (use never)";
@@ -178,7 +216,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     }
     if (why.empty()) {
       graphs_ = std::make_unique<StageGraphs>(stage_module_, !is_first_stage(), deferred_.get());
-    } else if (stage_ == 0) {
+    } else if (rank_ == 0) {
       print_line("pipetrain: not using CUDA graphs: " + why + "; running eagerly");
     }
   }
@@ -218,9 +256,18 @@ void Pipe::reduce_tied_gradients() {
   }
 }
 
-StageValue Pipe::rerun_stage(const StageValue& input, int64_t microbatch, bool with_grad) {
+const Pipe::LocalStage& Pipe::local_stage(int64_t stage) const {
+  for (const LocalStage& local : local_stages_) {
+    if (local.index == stage) return local;
+  }
+  throw std::logic_error("rank " + std::to_string(rank_) + " does not run stage " +
+                         std::to_string(stage));
+}
+
+StageValue Pipe::rerun_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch,
+                             bool with_grad) {
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> buffers = stage_module_->buffers(), saved;
+  std::vector<at::Tensor> buffers = stage.layers->buffers(), saved;
   for (const auto& b : buffers) saved.push_back(b.clone());
   StageValue output;
   {
@@ -236,7 +283,7 @@ StageValue Pipe::rerun_stage(const StageValue& input, int64_t microbatch, bool w
       }
     } recomputing(deferred_norms_);
     torch::AutoGradMode grad(with_grad);
-    output = run_stage(input, microbatch);
+    output = run_stage(stage, input, microbatch);
   }
   // Through .data(), which leaves the version counter alone: the recomputed graph (and any other
   // micro-batch's) saved these buffers, which their backward only reads in eval-mode formulas,
@@ -253,41 +300,41 @@ void Pipe::check_graphs_fit(const StageValue& input, int64_t microbatch) {
   if (!input.is_tensor() || (!is_first_stage() && !input.tensors[0].is_floating_point())) {
     why = "its input is " + input.describe() + " " + c10::toString(input.tensors[0].scalar_type());
   } else {
-    const StageValue output =
-        RngState::capture().replay([&] { return rerun_stage(input, microbatch, false); });
+    const StageValue output = RngState::capture().replay(
+        [&] { return rerun_stage(local_stages_.at(0), input, microbatch, false); });
     if (!output.is_tensor() || (!is_last_stage() && !output.tensors[0].is_floating_point())) {
       why =
           "it returns " + output.describe() + " " + c10::toString(output.tensors[0].scalar_type());
     }
   }
   if (why.empty()) return;
-  print_line("pipetrain: stage " + std::to_string(stage_) + " not using CUDA graphs: " + why +
+  print_line("pipetrain: stage " + std::to_string(rank_) + " not using CUDA graphs: " + why +
              ", and graphs capture a stage of one floating tensor in and one out; running "
              "eagerly");
   graphs_.reset();
 }
 
-StageValue Pipe::run_stage(const StageValue& input, int64_t microbatch) {
-  const int64_t last_layer = first_layer_ + balance_[stage_] - 1;
+StageValue Pipe::run_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch) {
+  const int64_t s = stage.index;
+  const int64_t last_layer = stage.first_layer + balance_[s] - 1;
   StageValue output;
   try {
     torch::nn::AnyValue value = input.pack();
-    for (auto& layer : *stage_module_) value = layer.any_forward(std::move(value));
+    for (auto& layer : *stage.layers.ptr()) value = layer.any_forward(std::move(value));
     output = StageValue::unpack(std::move(value), last_layer);
   } catch (const std::exception& e) {
     std::ostringstream message;
-    message << "stage " << stage_ << " (rank " << world_->global_rank(stage_) << ", layers "
-            << first_layer_ << ".." << first_layer_ + balance_[stage_] - 1
-            << ") failed on micro-batch " << microbatch << " with an input of shape "
-            << input.describe();
-    if (stage_ > 0) message << " from stage " << stage_ - 1;
+    message << "stage " << s << " (rank " << world_->global_rank(rank_) << ", layers "
+            << stage.first_layer << ".." << last_layer << ") failed on micro-batch " << microbatch
+            << " with an input of shape " << input.describe();
+    if (s > 0) message << " from stage " << s - 1;
     message << ": " << error_message(e);
-    if (stage_ > 0)
-      message << "\nCheck the balance (PipeOptions::balance, --balance): stage " << stage_ - 1
-              << "'s output must fit stage " << stage_ << "'s first layer.";
+    if (s > 0)
+      message << "\nCheck the balance (PipeOptions::balance, --balance): stage " << s - 1
+              << "'s output must fit stage " << s << "'s first layer.";
     throw std::runtime_error(message.str());
   }
-  if (is_last_stage() && !output.is_tensor()) {
+  if (is_last(s) && !output.is_tensor()) {
     throw std::invalid_argument(
         "the Sequential's last layer (" + std::to_string(last_layer) + ") returns " +
         output.describe() +
@@ -305,6 +352,8 @@ at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
     // add to the next step.
     if (deferred_) deferred_->clear();
     for (const auto& norm : deferred_norms_) norm->discard();
+    handed_activations_.clear();
+    handed_gradients_.clear();
     // The other stages will only see this process vanish; tell them why.
     world_->publish_error(error_message(e));
     throw;
@@ -326,12 +375,12 @@ struct Pipe::InFlight {
 };
 
 struct Pipe::Step {
-  at::Tensor input;  // the batch, on this stage's device (first stage)
+  at::Tensor input;  // the batch, on this rank's device (first stage)
   int64_t batch_size = 0;
   const LossFn* loss_fn = nullptr;
   std::vector<MicroBatch> microbatches;
   int64_t recompute_below = 0;  // micro-batches below it are checkpointed
-  std::map<int64_t, InFlight> in_flight;
+  std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;  // by (stage, micro-batch)
   Slots slots;
   at::Tensor total_loss;
   // The fused Linear layers' weight gradients wait for the last backward (joins_weight_gradients)
@@ -352,14 +401,15 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   step.microbatches = split_microbatches(batch_size, chunks);
   step.recompute_below = checkpoint_stop(checkpoint_mode_, chunks);
   if (chunks != options_.chunks() && !short_schedules_.count(chunks)) {
-    short_schedules_[chunks] = checked_schedule(options_.schedule(), stages(), chunks);
+    short_schedules_[chunks] =
+        checked_schedule(options_.schedule(), world_size_, chunks, options_.virtual_stages());
   }
   const std::vector<Action>& actions =
-      (chunks == options_.chunks() ? schedule_ : short_schedules_[chunks])[stage_];
+      (chunks == options_.chunks() ? schedule_ : short_schedules_[chunks])[rank_];
   if (graphs_ && autocast_enabled(world_->device().type())) {
     // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any graph:
     // a replay would read copies the cache has since freed.
-    if (stage_ == 0) {
+    if (rank_ == 0) {
       print_line(
           "pipetrain: not using CUDA graphs: autocast (bf16-mixed) casts the weights through a "
           "cache graphs cannot capture; running eagerly (bf16-true can use them)");
@@ -368,20 +418,20 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   }
   if (graphs_) graphs_->adopt_gradients();
   step.join_weight_gradients = deferred_ && joins_weight_gradients(actions, step.recompute_below);
-  const Action* last_weight_gradients = last_weight_gradient_action(actions, is_first_stage());
+  const Action* last_weight_gradients = last_weight_gradient_action(actions);
 
   for (const Action& action : actions) {
     if (&action == last_weight_gradients && last_backward_hook_) last_backward_hook_();
     switch (action.phase) {
       case Phase::kForward:
-        run_forward(step, action.microbatch);
+        run_forward(step, action);
         break;
       case Phase::kBackward:
       case Phase::kInputBackward:
         run_backward(step, action);
         break;
       case Phase::kWeightBackward:
-        run_weight_backward(step, action.microbatch);
+        run_weight_backward(step, action);
         break;
     }
   }
@@ -394,20 +444,59 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   return step.total_loss;
 }
 
-void Pipe::run_forward(Step& step, int64_t microbatch) {
-  Trace* trace = options_.trace().get();
-  const MicroBatch& mb = step.microbatches[microbatch];
-  InFlight state;
-  state.checkpointed = microbatch < step.recompute_below;
-  if (is_first_stage()) {
-    state.input = StageValue::of(step.input.slice(0, mb.begin, mb.end));
-  } else {
-    Trace::Span span(trace, "recv activation", mb.index);
-    state.input = unpacked(p2p_->recv(stage_ - 1, Flow::kActivation, mb.size()));
+StageValue Pipe::receive_activation(int64_t stage, const MicroBatch& mb) {
+  const int64_t from = rank_of_stage(stage - 1);
+  if (from == rank_) return unpacked(take(handed_activations_, {stage, mb.index}));
+  Trace::Span span(options_.trace().get(), "recv activation", mb.index);
+  return unpacked(p2p_->recv(from, Flow::kActivation, mb.size(), stage));
+}
+
+void Pipe::send_activation(Step& step, int64_t stage, const MicroBatch& mb,
+                           const StageValue& output, int64_t slot) {
+  Packet packet = activation_packet(output);
+  const int64_t to = rank_of_stage(stage + 1);
+  if (to == rank_) {
+    // What a receive would give: leaves, those that take a gradient requiring it.
+    for (size_t i = 0; i < packet.tensors.size(); ++i) {
+      packet.tensors[i] = packet.tensors[i].detach().requires_grad_(packet.requires_grad[i]);
+    }
+    handed_activations_[{stage + 1, mb.index}] = std::move(packet);
+    return;
   }
+  Trace::Span span(options_.trace().get(), "send activation", mb.index);
+  auto sent = p2p_->send(packet, to, Flow::kActivation, mb.size(), stage + 1);
+  if (graphs_) step.slots.activation_sends[slot] = sent;
+}
+
+std::vector<at::Tensor> Pipe::receive_gradient(int64_t stage, const MicroBatch& mb) {
+  const int64_t from = rank_of_stage(stage + 1);
+  if (from == rank_) return take(handed_gradients_, {stage, mb.index}).tensors;
+  Trace::Span span(options_.trace().get(), "recv gradient", mb.index);
+  return p2p_->recv(from, Flow::kGradient, mb.size(), stage).tensors;
+}
+
+void Pipe::send_gradient(Step& step, int64_t stage, const MicroBatch& mb, Packet grads,
+                         int64_t slot) {
+  const int64_t to = rank_of_stage(stage - 1);
+  if (to == rank_) {
+    handed_gradients_[{stage - 1, mb.index}] = std::move(grads);
+    return;
+  }
+  Trace::Span span(options_.trace().get(), "send gradient", mb.index);
+  auto sent = p2p_->send(grads, to, Flow::kGradient, mb.size(), stage - 1);
+  if (graphs_) step.slots.gradient_sends[slot] = sent;
+}
+
+void Pipe::run_forward(Step& step, const Action& action) {
+  const LocalStage& stage = local_stage(action.stage);
+  const MicroBatch& mb = step.microbatches[action.microbatch];
+  InFlight state;
+  state.checkpointed = action.microbatch < step.recompute_below;
+  state.input = is_first(stage.index) ? StageValue::of(step.input.slice(0, mb.begin, mb.end))
+                                      : receive_activation(stage.index, mb);
   if (graphs_ && !graphs_checked_) check_graphs_fit(state.input, mb.index);
   {
-    Trace::Span span(trace, "forward", mb.index);
+    Trace::Span span(options_.trace().get(), "forward", mb.index);
     if (graphs_) {
       state.slot = step.slots.take();
       world_->wait(step.slots.activation_sends[state.slot]);
@@ -415,11 +504,11 @@ void Pipe::run_forward(Step& step, int64_t microbatch) {
     } else if (state.checkpointed) {
       state.rng = RngState::capture();
       torch::NoGradGuard no_grad;
-      state.output = run_stage(state.input, mb.index);
+      state.output = run_stage(stage, state.input, mb.index);
     } else {
-      state.output = run_stage(state.input, mb.index);
+      state.output = run_stage(stage, state.input, mb.index);
     }
-    if (is_last_stage()) {
+    if (is_last(stage.index)) {
       // The loss head runs with autograd even where the stage's own graph is gone (checkpointed)
       // or captured; its input is a leaf that collects the gradient the stage's backward needs.
       at::Tensor& output = state.output.tensors[0];
@@ -430,26 +519,21 @@ void Pipe::run_forward(Step& step, int64_t microbatch) {
           step.total_loss.defined() ? step.total_loss + state.loss.detach() : state.loss.detach();
     }
   }
-  if (!is_last_stage()) {
-    Trace::Span span(trace, "send activation", mb.index);
-    auto sent =
-        p2p_->send(activation_packet(state.output), stage_ + 1, Flow::kActivation, mb.size());
-    if (graphs_) step.slots.activation_sends[state.slot] = sent;
-  }
-  step.in_flight.emplace(microbatch, std::move(state));
+  if (!is_last(stage.index)) send_activation(step, stage.index, mb, state.output, state.slot);
+  step.in_flight.emplace(std::make_pair(stage.index, action.microbatch), std::move(state));
 }
 
-void Pipe::backward_roots(InFlight& state, const std::vector<at::Tensor>& grad_outputs,
-                          int64_t microbatch, std::vector<at::Tensor>* roots,
-                          std::vector<at::Tensor>* grads) {
-  if (is_last_stage() && !state.checkpointed) {
+void Pipe::backward_roots(const LocalStage& stage, InFlight& state,
+                          const std::vector<at::Tensor>& grad_outputs, int64_t microbatch,
+                          std::vector<at::Tensor>* roots, std::vector<at::Tensor>* grads) {
+  if (is_last(stage.index) && !state.checkpointed) {
     roots->push_back(state.loss);  // the loss's graph runs through the stage's
     return;
   }
   if (grad_outputs.empty()) return;
   StageValue output = state.output;
   if (state.checkpointed) {
-    output = state.rng.replay([&] { return rerun_stage(state.input, microbatch, true); });
+    output = state.rng.replay([&] { return rerun_stage(stage, state.input, microbatch, true); });
   }
   // Outputs made without this stage's parameters or inputs (a mask, the data riding along from
   // the first stage) have no graph to go back through.
@@ -466,8 +550,10 @@ void Pipe::backward_roots(InFlight& state, const std::vector<at::Tensor>& grad_o
 
 void Pipe::run_backward(Step& step, const Action& action) {
   Trace* trace = options_.trace().get();
+  const LocalStage& stage = local_stage(action.stage);
   const MicroBatch& mb = step.microbatches[action.microbatch];
-  InFlight& state = step.in_flight.at(action.microbatch);
+  const auto key = std::make_pair(stage.index, action.microbatch);
+  InFlight& state = step.in_flight.at(key);
   std::vector<at::Tensor> inputs;  // those that take a gradient
   for (const auto& t : state.input.tensors) {
     if (t.requires_grad()) inputs.push_back(t);
@@ -477,30 +563,29 @@ void Pipe::run_backward(Step& step, const Action& action) {
   const bool split = action.phase == Phase::kInputBackward && !inputs.empty();
   // The gradients of the outputs that have one (the floating ones), in their order.
   std::vector<at::Tensor> grad_outputs;
-  if (!is_last_stage() &&
+  if (!is_last(stage.index) &&
       std::any_of(state.output.tensors.begin(), state.output.tensors.end(), has_gradient)) {
-    Trace::Span span(trace, "recv gradient", mb.index);
-    grad_outputs = p2p_->recv(stage_ + 1, Flow::kGradient, mb.size()).tensors;
+    grad_outputs = receive_gradient(stage.index, mb);
   }
   Packet input_grads;
   {
     Trace::Span span(trace, action.phase == Phase::kInputBackward ? "input backward" : "backward",
                      mb.index);
     DeferredWeightGradients::Deferral deferral(deferred_.get());  // weight gradients wait
-    if (is_last_stage() && (state.checkpointed || graphs_)) {
+    if (is_last(stage.index) && (state.checkpointed || graphs_)) {
       state.loss.backward();  // the loss head alone, into the output's leaf
       grad_outputs = {state.output.tensors[0].grad()};
     }
     if (graphs_) {
       world_->wait(step.slots.gradient_sends[state.slot]);
       const at::Tensor grad_input = graphs_->backward(state.slot, grad_outputs.at(0));
-      if (!is_first_stage()) {
+      if (!is_first(stage.index)) {
         input_grads.tensors = {grad_input.defined() ? grad_input
                                                     : torch::zeros_like(state.input.tensors[0])};
       }
     } else {
       std::vector<at::Tensor> roots, grads, computed;
-      backward_roots(state, grad_outputs, mb.index, &roots, &grads);
+      backward_roots(stage, state, grad_outputs, mb.index, &roots, &grads);
       if (split && !roots.empty()) {
         state.weights = WeightBackward::input_backward(roots, grads, inputs, &computed);
         if (deferred_) state.fused = deferred_->take();
@@ -514,10 +599,8 @@ void Pipe::run_backward(Step& step, const Action& action) {
       }
     }
   }
-  if (!is_first_stage() && !input_grads.tensors.empty()) {
-    Trace::Span span(trace, "send gradient", mb.index);
-    auto sent = p2p_->send(input_grads, stage_ - 1, Flow::kGradient, mb.size());
-    if (graphs_) step.slots.gradient_sends[state.slot] = sent;
+  if (!is_first(stage.index) && !input_grads.tensors.empty()) {
+    send_gradient(step, stage.index, mb, std::move(input_grads), state.slot);
   }
   if (action.phase == Phase::kInputBackward) return;  // the rest waits for its W
   // The fused Linear layers' weight gradients: after the last backward, or now that the previous
@@ -531,13 +614,13 @@ void Pipe::run_backward(Step& step, const Action& action) {
     }
     if (graphs_) step.slots.release(state.slot);
   }
-  step.in_flight.erase(action.microbatch);
+  step.in_flight.erase(key);
 }
 
-void Pipe::run_weight_backward(Step& step, int64_t microbatch) {
-  auto node = step.in_flight.extract(microbatch);
+void Pipe::run_weight_backward(Step& step, const Action& action) {
+  auto node = step.in_flight.extract(std::make_pair(action.stage, action.microbatch));
   InFlight& state = node.mapped();
-  Trace::Span span(options_.trace().get(), "weight backward", microbatch);
+  Trace::Span span(options_.trace().get(), "weight backward", action.microbatch);
   state.weights.run();
   if (!state.fused.empty()) DeferredWeightGradients::accumulate(std::move(state.fused));
 }
@@ -558,21 +641,31 @@ void Pipe::forward(const at::Tensor& input, int64_t batch_size, const OutputFn& 
   torch::NoGradGuard no_grad;
   try {
     const at::Tensor on_device = input.defined() ? input.to(world_->device()) : input;
-    for (const MicroBatch& mb :
-         split_microbatches(batch_size, std::min(options_.chunks(), batch_size))) {
-      const StageValue x = is_first_stage()
-                               ? StageValue::of(on_device.slice(0, mb.begin, mb.end))
-                               : unpacked(p2p_->recv(stage_ - 1, Flow::kActivation, mb.size()));
-      const StageValue y = run_stage(x, mb.index);
-      if (is_last_stage()) {
-        on_output(y.tensors[0], mb);
-      } else {
-        Packet packet{y.tensors, {}, static_cast<int64_t>(y.packing)};
-        p2p_->send(packet, stage_ + 1, Flow::kActivation, mb.size());
+    const auto microbatches =
+        split_microbatches(batch_size, std::min(options_.chunks(), batch_size));
+    // Each micro-batch through this rank's stages in order; a stage's outputs go on as they come.
+    for (const LocalStage& stage : local_stages_) {
+      for (const MicroBatch& mb : microbatches) {
+        const StageValue x = is_first(stage.index)
+                                 ? StageValue::of(on_device.slice(0, mb.begin, mb.end))
+                                 : receive_activation(stage.index, mb);
+        const StageValue y = run_stage(stage, x, mb.index);
+        if (is_last(stage.index)) {
+          on_output(y.tensors[0], mb);
+        } else {
+          Packet packet{y.tensors, {}, static_cast<int64_t>(y.packing)};
+          const int64_t to = rank_of_stage(stage.index + 1);
+          if (to == rank_) {
+            handed_activations_[{stage.index + 1, mb.index}] = std::move(packet);
+          } else {
+            p2p_->send(packet, to, Flow::kActivation, mb.size(), stage.index + 1);
+          }
+        }
       }
     }
     if (p2p_) p2p_->wait_for_sends();
   } catch (const std::exception& e) {
+    handed_activations_.clear();
     world_->publish_error(error_message(e));
     throw;
   }

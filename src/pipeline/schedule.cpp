@@ -9,10 +9,12 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -698,6 +700,51 @@ Simulation simulate(const Schedule& schedule, const ActionCosts& costs) {
   sim.bubble_fraction =
       sim.step_time > 0.0 ? 1.0 - busy / (static_cast<double>(ranks) * sim.step_time) : 0.0;
   return sim;
+}
+
+void check_transfer_order(const Schedule& schedule) {
+  const Shape shape = validate(schedule);
+  // Per (from, to, direction): the actions whose tensors travel, as the sender runs them and as
+  // the receiver runs theirs (named by the sending action).
+  using Channel = std::tuple<int64_t, int64_t, bool>;  // gradients: true
+  std::map<Channel, std::vector<StageAction>> sent, received;
+  const int64_t last = shape.stages() - 1;
+  for (size_t r = 0; r < shape.resolved.size(); ++r) {
+    const int64_t rank = static_cast<int64_t>(r);
+    for (const Action& a : shape.resolved[r]) {
+      const int64_t st = a.stage;
+      auto rank_of = [&](int64_t stage) { return shape.rank_of[stage]; };
+      if (a.phase == Phase::kForward) {
+        if (st < last && rank_of(st + 1) != rank)
+          sent[{rank, rank_of(st + 1), false}].push_back({st, a});
+        if (st > 0 && rank_of(st - 1) != rank) {
+          received[{rank_of(st - 1), rank, false}].push_back(
+              {st - 1, {Phase::kForward, a.microbatch, st - 1}});
+        }
+      } else if (a.phase != Phase::kWeightBackward) {
+        if (st > 0 && rank_of(st - 1) != rank)
+          sent[{rank, rank_of(st - 1), true}].push_back({st, a});
+        if (st < last && rank_of(st + 1) != rank) {
+          const Phase ph = shape.gradient_phase[st + 1][a.microbatch];
+          received[{rank_of(st + 1), rank, true}].push_back({st + 1, {ph, a.microbatch, st + 1}});
+        }
+      }
+    }
+  }
+  for (const auto& [channel, sends] : sent) {
+    const auto& [from, to, gradients] = channel;
+    const std::vector<StageAction>& receives = received[channel];
+    for (size_t k = 0; k < sends.size() && k < receives.size(); ++k) {
+      if (sends[k].stage == receives[k].stage && sends[k].action == receives[k].action) continue;
+      malformed(schedule, to,
+                shape.row(to) + " receives the " + (gradients ? "gradients" : "activations") +
+                    " of " + shape.row(from) + " in another order than they are sent: its " +
+                    "receive number " + std::to_string(k) + " expects those of " +
+                    name_of(receives[k]) + ", but " + name_of(sends[k]) +
+                    " sends that one; tensors pass between two ranks in order, so order the "
+                    "actions alike on both");
+    }
+  }
 }
 
 std::string format_schedule(const Schedule& schedule) {

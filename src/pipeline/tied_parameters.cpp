@@ -40,10 +40,13 @@ class Groups {
 
 std::vector<TiedParameter> find_tied_parameters(
     const torch::nn::Sequential& sequential, const std::vector<int64_t>& balance,
-    const std::vector<std::vector<std::string>>& declared) {
+    const std::vector<std::vector<std::string>>& declared,
+    const std::vector<int64_t>& rank_of_stage) {
+  // Where each layer runs: its stage, or the rank running that stage.
   std::vector<int64_t> stage_of_layer;
   for (size_t s = 0; s < balance.size(); ++s) {
-    stage_of_layer.insert(stage_of_layer.end(), balance[s], static_cast<int64_t>(s));
+    const int64_t where = rank_of_stage.empty() ? static_cast<int64_t>(s) : rank_of_stage.at(s);
+    stage_of_layer.insert(stage_of_layer.end(), balance[s], where);
   }
   const auto named = sequential->named_parameters();
   std::vector<std::string> names;

@@ -72,6 +72,14 @@ PipeOptions whole_batches(const std::string& strategy, const TrainerOptions& opt
         "(--accumulate-grad-batches) for smaller steps, or strategy pipe / ddp_pipe to split "
         "batches into micro-batches");
   }
+  if (pipe.virtual_stages() != 1) {
+    throw std::invalid_argument("strategy '" + strategy +
+                                "' runs the whole model as one stage, so PipeOptions::"
+                                "virtual_stages (--virtual-stages) " +
+                                std::to_string(pipe.virtual_stages()) +
+                                " would mean nothing: leave it at 1, or use strategy pipe / "
+                                "ddp_pipe");
+  }
   pipe.balance({}).chunks(1).checkpoint("never").schedule("gpipe");
   return pipe;
 }
@@ -243,15 +251,16 @@ class PipelineStrategy : public Strategy {
     for (int64_t stage = 0; stage < pipe_->stages() && replica_ == 0; ++stage) {
       const int64_t first = first_layer_of(stage);
       const int64_t end = first + pipe_->balance()[stage];
+      const int64_t owner = pipe_->rank_of_stage(stage);
       for (const auto& item : everything) {
         const int64_t layer = layer_of(item.key());
         if (layer < first || layer >= end || copies.count(item.key())) continue;
-        if (stage == 0 && world_->is_global_zero()) {
+        if (owner == 0 && world_->is_global_zero()) {
           weights[item.key()] = item.value().detach().clone();
-        } else if (world_->rank() == stage) {
+        } else if (world_->rank() == owner) {
           pipe_->send_to(item.value(), 0);
         } else if (world_->is_global_zero()) {
-          weights[item.key()] = pipe_->recv_from(stage);
+          weights[item.key()] = pipe_->recv_from(owner);
         }
       }
     }
@@ -279,6 +288,7 @@ class PipelineStrategy : public Strategy {
             {"replicas", std::to_string(replicas_)},
             {"chunks", std::to_string(options_.chunks())},
             {"schedule", options_.schedule()},
+            {"virtual_stages", std::to_string(options_.virtual_stages())},
             {"checkpoint", options_.checkpoint()}};
   }
 
@@ -293,7 +303,11 @@ class PipelineStrategy : public Strategy {
     }
     return text + std::to_string(pipe_->stages()) + " stages, balance " +
            format_balance(pipe_->balance()) + ", chunks " + std::to_string(options_.chunks()) +
-           ", schedule " + options_.schedule() + ", checkpoint " + options_.checkpoint();
+           ", schedule " + options_.schedule() +
+           (options_.virtual_stages() > 1
+                ? " over " + std::to_string(options_.virtual_stages()) + " virtual stages per rank"
+                : std::string()) +
+           ", checkpoint " + options_.checkpoint();
   }
 
  private:
@@ -502,10 +516,19 @@ int64_t total_devices(const TrainerOptions& options) {
 }
 
 // `stages_from` names where the number of stages came from, e.g. "devices (2)".
-void check_pipe_options(const PipeOptions& pipe, int64_t stages, const std::string& stages_from) {
+void check_pipe_options(const PipeOptions& pipe, int64_t ranks, const std::string& ranks_from) {
+  if (pipe.virtual_stages() < 1) {
+    throw std::invalid_argument("virtual stages (--virtual-stages) must be at least 1 (got " +
+                                std::to_string(pipe.virtual_stages()) + ")");
+  }
+  const int64_t stages = ranks * pipe.virtual_stages();
   if (!pipe.balance().empty() && static_cast<int64_t>(pipe.balance().size()) != stages) {
     throw std::invalid_argument(
-        stages_from + " disagrees with balance " + format_balance(pipe.balance()) + " (" +
+        ranks_from +
+        (pipe.virtual_stages() > 1
+             ? " with " + std::to_string(pipe.virtual_stages()) + " virtual stages each"
+             : std::string()) +
+        " disagrees with balance " + format_balance(pipe.balance()) + " (" +
         std::to_string(pipe.balance().size()) + " stages): give one balance entry per stage");
   }
   if (pipe.chunks() < 1) {
@@ -513,7 +536,7 @@ void check_pipe_options(const PipeOptions& pipe, int64_t stages, const std::stri
                                 ")");
   }
   parse_checkpoint_mode(pipe.checkpoint());
-  make_schedule(pipe.schedule(), 1, 1);
+  make_schedule(pipe.schedule(), 1, 1, pipe.virtual_stages());
 }
 
 }  // namespace
@@ -532,7 +555,10 @@ std::unique_ptr<Strategy> make_ddp_strategy(const TrainerOptions& options) {
 std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) {
   const int64_t devices = total_devices(options);
   int64_t stages = options.stages();
-  if (stages == 0) stages = static_cast<int64_t>(options.pipe().balance().size());
+  if (stages == 0) {
+    stages = static_cast<int64_t>(options.pipe().balance().size()) /
+             std::max<int64_t>(1, options.pipe().virtual_stages());
+  }
   if (stages < 1) {
     throw std::invalid_argument(
         "strategy 'ddp_pipe' needs the number of stages per pipeline: pass --stages (or "

@@ -101,7 +101,7 @@ TensorDataset token_windows() {
 
 struct Gpt2Run {
   std::string root, strategy = "single", schedule = "gpipe", checkpoint = "except_last", resume;
-  int64_t devices = 1, chunks = 1, max_steps = -1;
+  int64_t devices = 1, chunks = 1, max_steps = -1, virtual_stages = 1;
   std::map<std::string, std::string> env() const {
     return {{"ROOT", root},
             {"STRATEGY", strategy},
@@ -110,7 +110,8 @@ struct Gpt2Run {
             {"RESUME", resume},
             {"DEVICES", std::to_string(devices)},
             {"CHUNKS", std::to_string(chunks)},
-            {"MAX_STEPS", std::to_string(max_steps)}};
+            {"MAX_STEPS", std::to_string(max_steps)},
+            {"VIRTUAL_STAGES", std::to_string(virtual_stages)}};
   }
   static Gpt2Run from_env() {
     Gpt2Run run;
@@ -122,6 +123,7 @@ struct Gpt2Run {
     run.devices = std::stoll(env_or("DEVICES", "1"));
     run.chunks = std::stoll(env_or("CHUNKS", "1"));
     run.max_steps = std::stoll(env_or("MAX_STEPS", "-1"));
+    run.virtual_stages = std::stoll(env_or("VIRTUAL_STAGES", "1"));
     return run;
   }
   std::string weights() const { return root + "/checkpoints/last.ckpt/model.safetensors"; }
@@ -129,15 +131,17 @@ struct Gpt2Run {
 
 // Two epochs of 6 batches of 8 windows, shuffled, gradients clipped at 1 (the recipe's).
 void train(const Gpt2Run& run) {
-  Trainer trainer(
-      logged_run_options(run.root)
-          .strategy(run.strategy)
-          .devices(run.devices)
-          .max_epochs(2)
-          .max_steps(run.max_steps)
-          .gradient_clip_val(1.0)
-          .pipe(
-              PipeOptions().chunks(run.chunks).schedule(run.schedule).checkpoint(run.checkpoint)));
+  Trainer trainer(logged_run_options(run.root)
+                      .strategy(run.strategy)
+                      .devices(run.devices)
+                      .max_epochs(2)
+                      .max_steps(run.max_steps)
+                      .gradient_clip_val(1.0)
+                      .pipe(PipeOptions()
+                                .chunks(run.chunks)
+                                .schedule(run.schedule)
+                                .virtual_stages(run.virtual_stages)
+                                .checkpoint(run.checkpoint)));
   torch::manual_seed(5);
   cli::Gpt2Model model(small_config(), 3e-3);
   const DataLoader loader(token_windows(), DataLoaderOptions().batch_size(8).shuffle(true).seed(2));
@@ -180,6 +184,7 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
   struct Layout {
     int64_t stages;
     std::string schedule, checkpoint;
+    int64_t virtual_stages = 1;
   };
   for (const auto& layout : std::vector<Layout>{{2, "gpipe", "always"},
                                                 {2, "1f1b", "except_last"},
@@ -187,7 +192,8 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
                                                 {2, "zbh1", "never"},
                                                 {3, "gpipe", "never"},
                                                 {3, "1f1b", "always"},
-                                                {3, "zbh1", "except_last"}}) {
+                                                {3, "zbh1", "except_last"},
+                                                {2, "interleaved1f1b", "always", 2}}) {
     Gpt2Run pipe;
     pipe.root =
         dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" + layout.checkpoint;
@@ -197,6 +203,7 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
     pipe.chunks = 4;
     pipe.schedule = layout.schedule;
     pipe.checkpoint = layout.checkpoint;
+    pipe.virtual_stages = layout.virtual_stages;
     train_in_ranks(pipe);
     expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"));
     expect_same_weights(single.weights(), pipe.weights(), 1e-5);

@@ -22,7 +22,11 @@
 namespace pipetrain::testing {
 namespace {
 
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1", "interleaved1f1b"};
+// interleaved1f1b with 2 stages per rank: 4 stages of the reference model's 7 layers.
+int64_t virtual_stages(const std::string& schedule) {
+  return schedule == "interleaved1f1b" ? 2 : 1;
+}
 const std::vector<std::string> kModes = {"never", "always"};
 
 // kSteps of SGD through a Pipe, then one on a batch of 2 rows (fewer than its 3 chunks, as an
@@ -201,9 +205,11 @@ PIPETRAIN_WORKER(fused_pipe_worker) {
   for (const auto& schedule : kSchedules) {
     for (const auto& mode : kModes) {
       for (const bool fused : {false, true}) {
-        auto result = train(
-            world,
-            PipeOptions().schedule(schedule).checkpoint(mode).fuse_gradient_accumulation(fused));
+        auto result = train(world, PipeOptions()
+                                       .schedule(schedule)
+                                       .virtual_stages(virtual_stages(schedule))
+                                       .checkpoint(mode)
+                                       .fuse_gradient_accumulation(fused));
         torch::save(result,
                     result_path(dir, schedule + mode + (fused ? "_fused" : ""), world->rank()));
       }
@@ -216,6 +222,7 @@ PIPETRAIN_WORKER(fused_pipe_worker) {
               PipeOptions()
                   .chunks(3)
                   .schedule(schedule)
+                  .virtual_stages(virtual_stages(schedule))
                   .checkpoint("never")
                   .fuse_gradient_accumulation(true)
                   .trace(trace),
