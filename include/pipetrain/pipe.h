@@ -42,13 +42,14 @@ struct PipeOptions {
   // Layers per stage; empty: split by parameter count (balance_by_size) over the stages.
   TORCH_ARG(std::vector<int64_t>, balance) = {};
   // Stages per rank: the Sequential is cut into virtual_stages x ranks stages, rank r running
-  // stages r, r + ranks, ... (loop placement), which schedules such as interleaved1f1b interleave.
+  // stages r, r + ranks, ... (loop placement: interleaved1f1b) or, with zbv's 2, stages r and
+  // 2 ranks - 1 - r (V placement).
   TORCH_ARG(int64_t, virtual_stages) = 1;
   // Micro-batches per batch; a batch with fewer rows runs as one-row micro-batches.
   TORCH_ARG(int64_t, chunks) = 1;
   // "always" | "except_last" | "never".
   TORCH_ARG(std::string, checkpoint) = "except_last";
-  // "gpipe" | "1f1b" | "zbh1" | "interleaved1f1b" (schedule.h).
+  // "gpipe" | "1f1b" | "zbh1" | "interleaved1f1b" | "zbv" (schedule.h).
   TORCH_ARG(std::string, schedule) = "gpipe";
   // On CUDA with checkpoint "never" and a schedule of whole backwards: replay each micro-batch's
   // forward and backward as captured CUDA graphs, so the CPU no longer launches every kernel (see
@@ -85,8 +86,8 @@ using OutputFn = std::function<void(const at::Tensor& output, const MicroBatch& 
 
 class Pipe {
  public:
-  // `world` has one rank per virtual_stages stages; rank r runs stages r, r + ranks, ..., on the
-  // world's device.
+  // `world` has one rank per virtual_stages stages, placed by the schedule, each on the world's
+  // device.
   Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_ptr<World> world);
   ~Pipe();
   Pipe(const Pipe&) = delete;
@@ -123,8 +124,8 @@ class Pipe {
   std::vector<at::Tensor> parameters() const;
 
   int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
-  // The rank that runs `stage`.
-  int64_t rank_of_stage(int64_t stage) const { return stage % world_size_; }
+  // The rank that runs `stage`, as the schedule places it.
+  int64_t rank_of_stage(int64_t stage) const { return rank_of_stage_.at(stage); }
   // Whether this rank runs the first stage (it reads the input) / the last (it has the output).
   bool is_first_stage() const { return rank_ == rank_of_stage(0); }
   bool is_last_stage() const { return rank_ == rank_of_stage(stages() - 1); }
@@ -177,6 +178,7 @@ class Pipe {
   std::vector<int64_t> balance_;
   int64_t rank_ = 0;
   int64_t world_size_ = 1;
+  std::vector<int64_t> rank_of_stage_;
   std::vector<LocalStage> local_stages_;  // ascending
   // Within a rank, what one stage hands the next (activations) or the previous (gradients), by
   // (receiving stage, micro-batch).

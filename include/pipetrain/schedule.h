@@ -67,8 +67,24 @@ Schedule zbh1_schedule(int64_t stages, int64_t chunks);
 // multiple of its number of rounds, max(1, chunks / ranks).
 Schedule interleaved_1f1b_schedule(int64_t ranks, int64_t virtual_stages, int64_t chunks);
 
+// ZB-V (Qi et al., 2024, section 6; torch.distributed.pipelining's ScheduleZBVZeroBubble): two
+// stages per rank in V placement, rank r running stages r and 2 ranks - 1 - r, so the first and
+// the last stage are on rank 0; 1F1B-like with split backwards whose W's fill the bubble. With
+// F, I and W alike and chunks >= 2 ranks - 1 the only idle time left is the first forward's
+// journey to the last rank, (ranks - 1) F.
+Schedule zbv_schedule(int64_t ranks, int64_t chunks);
+
+// GPipe over any placement of stages on ranks (rank_of_stage[stage] = rank): each rank runs its
+// stages' forwards in stage order, then their backwards in reverse. What a batch with fewer rows
+// than a schedule's chunks runs where that schedule cannot be built for so few.
+Schedule gpipe_schedule_placed(const std::vector<int64_t>& rank_of_stage, int64_t chunks);
+
+// Which rank runs each stage (result[stage] = rank), as `schedule` places them. Throws like
+// simulate() for a malformed schedule.
+std::vector<int64_t> stage_placement(const Schedule& schedule);
+
 // name is one of schedule_names(); anything else throws std::invalid_argument listing them.
-// Only interleaved1f1b takes virtual_stages other than 1.
+// interleaved1f1b takes any virtual_stages, zbv exactly 2, the others 1.
 Schedule make_schedule(const std::string& name, int64_t ranks, int64_t chunks,
                        int64_t virtual_stages = 1);
 std::vector<std::string> schedule_names();

@@ -158,6 +158,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   }
   schedule_ = checked_schedule(options_.schedule(), world_size_, options_.chunks(),
                                options_.virtual_stages());
+  rank_of_stage_ = stage_placement(schedule_);
   for (const auto& actions : schedule_) {
     for (const Action& action : actions) {
       splits_backward_ = splits_backward_ || action.phase == Phase::kInputBackward;
@@ -177,10 +178,8 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
         "PipeOptions::deferred_batch_norm (--deferred-batch-norm) and cuda_graphs (--cuda-graphs) "
         "cannot be combined: a graph's warm-up runs would count micro-batches twice; turn one off");
   }
-  std::vector<int64_t> rank_of_stage;
   for (int64_t s = 0, first_layer = 0; s < stages(); first_layer += balance_[s++]) {
-    rank_of_stage.push_back(this->rank_of_stage(s));
-    if (this->rank_of_stage(s) != rank_) continue;
+    if (rank_of_stage(s) != rank_) continue;
     LocalStage local{s, first_layer, torch::nn::Sequential()};
     for (int64_t i = first_layer; i < first_layer + balance_[s]; ++i) {
       auto layer = *(sequential->begin() + i);
@@ -196,7 +195,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   // Only this rank's layers go to the device; the rest of the Sequential stays where it was built.
   if (world_->device() != c10::Device(c10::DeviceType::CPU)) stage_module_->to(world_->device());
   tied_ = std::make_unique<TiedGradients>(
-      find_tied_parameters(sequential, balance_, options_.tied_parameters(), rank_of_stage),
+      find_tied_parameters(sequential, balance_, options_.tied_parameters(), rank_of_stage_),
       sequential, stage_module_, rank_, world_);
   if (world_size_ > 1) p2p_ = std::make_unique<PeerToPeer>(world_);
   if (options_.cuda_graphs()) {
@@ -401,8 +400,14 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   step.microbatches = split_microbatches(batch_size, chunks);
   step.recompute_below = checkpoint_stop(checkpoint_mode_, chunks);
   if (chunks != options_.chunks() && !short_schedules_.count(chunks)) {
-    short_schedules_[chunks] =
-        checked_schedule(options_.schedule(), world_size_, chunks, options_.virtual_stages());
+    try {
+      short_schedules_[chunks] =
+          checked_schedule(options_.schedule(), world_size_, chunks, options_.virtual_stages());
+    } catch (const std::invalid_argument&) {
+      // The schedule cannot take so few micro-batches (interleaved1f1b's rounds): GPipe over
+      // the same stages on the same ranks trains alike.
+      short_schedules_[chunks] = gpipe_schedule_placed(rank_of_stage_, chunks);
+    }
   }
   const std::vector<Action>& actions =
       (chunks == options_.chunks() ? schedule_ : short_schedules_[chunks])[rank_];
@@ -602,9 +607,9 @@ void Pipe::run_backward(Step& step, const Action& action) {
   if (!is_first(stage.index) && !input_grads.tensors.empty()) {
     send_gradient(step, stage.index, mb, std::move(input_grads), state.slot);
   }
-  if (action.phase == Phase::kInputBackward) return;  // the rest waits for its W
+  if (split) return;  // the rest waits for its W
   // The fused Linear layers' weight gradients: after the last backward, or now that the previous
-  // stage has what it waits for.
+  // stage has what it waits for (an I that ran the whole backward too: its W has nothing left).
   if (step.join_weight_gradients) {
     if (graphs_) step.weight_gradient_slots.push_back(state.slot);
   } else {
@@ -614,7 +619,7 @@ void Pipe::run_backward(Step& step, const Action& action) {
     }
     if (graphs_) step.slots.release(state.slot);
   }
-  step.in_flight.erase(key);
+  if (action.phase == Phase::kBackward) step.in_flight.erase(key);  // else its W lets it go
 }
 
 void Pipe::run_weight_backward(Step& step, const Action& action) {

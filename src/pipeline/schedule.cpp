@@ -25,6 +25,7 @@ constexpr char kGPipe[] = "gpipe";
 constexpr char kOneFOneB[] = "1f1b";
 constexpr char kZBH1[] = "zbh1";
 constexpr char kInterleaved[] = "interleaved1f1b";
+constexpr char kZBV[] = "zbv";
 constexpr char kErrorMarker[] = "  <-- ERROR HERE";
 
 void check_shape(int64_t stages, int64_t chunks) {
@@ -631,11 +632,96 @@ Schedule interleaved_1f1b_schedule(int64_t ranks, int64_t virtual_stages, int64_
   return schedule;
 }
 
-std::vector<std::string> schedule_names() { return {kGPipe, kOneFOneB, kZBH1, kInterleaved}; }
+Schedule zbv_schedule(int64_t ranks, int64_t chunks) {
+  check_shape(ranks, chunks);
+  // The phases below fill the pipeline for at least 2 ranks - 1 micro-batches; with fewer, the
+  // actions of micro-batches that do not exist are dropped.
+  const int64_t n = std::max(2 * ranks - 1, chunks);
+  Schedule schedule(ranks);
+  for (int64_t r = 0; r < ranks; ++r) {
+    std::vector<Action> actions;
+    const int64_t down = r, up = 2 * ranks - 1 - r;  // the rank's stages on the V's two arms
+    int64_t f0 = 0, f1 = 0, i0 = 0, i1 = 0, w0 = 0, w1 = 0;
+    auto act = [&](Phase phase, int64_t stage, int64_t& counter) {
+      actions.push_back({phase, counter++, stage});
+    };
+    // Warm-up: forwards down the V, then alternating with forwards up it, then up-arm
+    // micro-batches taken through at once.
+    for (int64_t k = 0; k < 2 * (ranks - r) - 1; ++k) act(Phase::kForward, down, f0);
+    for (int64_t k = 0; k < r; ++k) {
+      act(Phase::kForward, up, f1);
+      act(Phase::kForward, down, f0);
+    }
+    for (int64_t k = 0; k < ranks - r; ++k) {
+      act(Phase::kForward, up, f1);
+      act(Phase::kInputBackward, up, i1);
+      act(Phase::kWeightBackward, up, w1);
+    }
+    // Steady state: one micro-batch of each arm through F, I and W.
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) act(Phase::kForward, down, f0);
+      act(Phase::kInputBackward, down, i0);
+      act(Phase::kWeightBackward, down, w0);
+      act(Phase::kForward, up, f1);
+      act(Phase::kInputBackward, up, i1);
+      act(Phase::kWeightBackward, up, w1);
+    }
+    // Drain: input gradients first, the weight gradients after them.
+    for (int64_t k = 0; k < r; ++k) {
+      act(Phase::kInputBackward, down, i0);
+      act(Phase::kInputBackward, up, i1);
+    }
+    for (int64_t k = 0; k < ranks - r; ++k) {
+      act(Phase::kInputBackward, down, i0);
+      act(Phase::kWeightBackward, down, w0);
+    }
+    while (w1 < i1) act(Phase::kWeightBackward, up, w1);
+    while (w0 < i0) act(Phase::kWeightBackward, down, w0);
+    for (const Action& a : actions) {
+      if (a.microbatch < chunks) schedule[r].push_back(a);
+    }
+  }
+  return schedule;
+}
+
+Schedule gpipe_schedule_placed(const std::vector<int64_t>& rank_of_stage, int64_t chunks) {
+  int64_t ranks = 0;
+  for (int64_t rank : rank_of_stage) ranks = std::max(ranks, rank + 1);
+  check_shape(ranks, chunks);
+  Schedule schedule(ranks);
+  const int64_t stages = static_cast<int64_t>(rank_of_stage.size());
+  for (int64_t s = 0; s < stages; ++s) {
+    for (int64_t m = 0; m < chunks; ++m) {
+      schedule[rank_of_stage[s]].push_back({Phase::kForward, m, s});
+    }
+  }
+  for (int64_t s = stages - 1; s >= 0; --s) {
+    for (int64_t m = chunks - 1; m >= 0; --m) {
+      schedule[rank_of_stage[s]].push_back({Phase::kBackward, m, s});
+    }
+  }
+  return schedule;
+}
+
+std::vector<int64_t> stage_placement(const Schedule& schedule) {
+  return validate(schedule).rank_of;
+}
+
+std::vector<std::string> schedule_names() { return {kGPipe, kOneFOneB, kZBH1, kInterleaved, kZBV}; }
 
 Schedule make_schedule(const std::string& name, int64_t ranks, int64_t chunks,
                        int64_t virtual_stages) {
   if (name == kInterleaved) return interleaved_1f1b_schedule(ranks, virtual_stages, chunks);
+  if (name == kZBV) {
+    if (virtual_stages != 2) {
+      throw std::invalid_argument(
+          "schedule 'zbv' runs exactly 2 stages per rank (V placement), "
+          "but virtual stages " +
+          std::to_string(virtual_stages) +
+          " were asked for; set virtual stages to 2 (--virtual-stages 2)");
+    }
+    return zbv_schedule(ranks, chunks);
+  }
   if (virtual_stages != 1 && (name == kGPipe || name == kOneFOneB || name == kZBH1)) {
     throw std::invalid_argument("schedule '" + name +
                                 "' runs one stage per rank, but virtual stages " +

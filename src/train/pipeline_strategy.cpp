@@ -200,7 +200,7 @@ class PipelineStrategy : public Strategy {
     if (!world_->is_global_zero()) return {};
     std::vector<at::Tensor> gathered;
     for (int64_t replica = 0; replica < replicas_; ++replica) {
-      const int64_t last = replica * stages_ + stages_ - 1;
+      const int64_t last = replica * stages_ + pipe_->rank_of_stage(pipe_->stages() - 1);
       gathered.push_back(last == 0 ? mine : results_->recv_tensor(last, Flow::kResult));
     }
     return torch::cat(gathered).cpu();
@@ -210,7 +210,7 @@ class PipelineStrategy : public Strategy {
     std::string text;
     if (pipe_->is_last_stage()) text = encode(reduce_over_replicas(metrics));
     if (stages_ == 1) return decode(text);
-    return decode(pipeline_->broadcast(text, stages_ - 1));
+    return decode(pipeline_->broadcast(text, pipe_->rank_of_stage(pipe_->stages() - 1)));
   }
 
   at::Tensor gradient_norm(Module& module) override {

@@ -193,7 +193,8 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
                                                 {3, "gpipe", "never"},
                                                 {3, "1f1b", "always"},
                                                 {3, "zbh1", "except_last"},
-                                                {2, "interleaved1f1b", "always", 2}}) {
+                                                {2, "interleaved1f1b", "always", 2},
+                                                {2, "zbv", "never", 2}}) {
     Gpt2Run pipe;
     pipe.root =
         dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" + layout.checkpoint;

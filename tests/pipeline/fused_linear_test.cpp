@@ -22,10 +22,10 @@
 namespace pipetrain::testing {
 namespace {
 
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1", "interleaved1f1b"};
-// interleaved1f1b with 2 stages per rank: 4 stages of the reference model's 7 layers.
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1", "interleaved1f1b", "zbv"};
+// interleaved1f1b and zbv with 2 stages per rank: 4 stages of the reference model's 7 layers.
 int64_t virtual_stages(const std::string& schedule) {
-  return schedule == "interleaved1f1b" ? 2 : 1;
+  return schedule == "interleaved1f1b" || schedule == "zbv" ? 2 : 1;
 }
 const std::vector<std::string> kModes = {"never", "always"};
 

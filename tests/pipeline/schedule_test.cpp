@@ -226,9 +226,67 @@ TEST(ScheduleTest, AStageRunsOnOneRank) {
   EXPECT_NE(msg.find("no rank runs stage 2"), std::string::npos) << msg;
 }
 
+TEST(ScheduleTest, ZBVPlacesTwoStagesPerRankInAV) {
+  EXPECT_EQ(stage_placement(zbv_schedule(3, 6)), (std::vector<int64_t>{0, 1, 2, 2, 1, 0}));
+  EXPECT_EQ(stage_placement(interleaved_1f1b_schedule(3, 2, 6)),
+            (std::vector<int64_t>{0, 1, 2, 0, 1, 2}));
+  const Schedule s = zbv_schedule(2, 3);
+  EXPECT_EQ(stage_order(s, 0),
+            "0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0W0 3F2 3I2 3W2 0I1 0W1 0I2 0W2");
+}
+
+// Qi et al. (2024), section 6: with F, I and W alike ZB-V leaves no bubble but the first
+// forward's way to the last rank, once the micro-batches fill the V (chunks >= 2 ranks - 1).
+TEST(ScheduleTest, ZBVIdlesOnlyWhileTheFirstForwardTravels) {
+  for (int64_t p = 1; p <= 4; ++p) {
+    for (int64_t m = 1; m <= 16; ++m) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Schedule s = zbv_schedule(p, m);
+      const Simulation sim = simulate(s, ActionCosts::uniform(2 * p, 1, 2, 1));
+      EXPECT_NO_THROW(check_transfer_order(s));
+      if (m >= 2 * p - 1) EXPECT_DOUBLE_EQ(sim.step_time, 6.0 * m + (p - 1));
+    }
+  }
+}
+
+TEST(ScheduleTest, EveryBuiltScheduleSendsInTheOrderItsNeighboursReceive) {
+  for (int64_t p = 1; p <= 4; ++p) {
+    for (int64_t m : {1, 2, 3, 4, 8}) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      for (const std::string name : {"gpipe", "1f1b", "zbh1"}) {
+        EXPECT_NO_THROW(check_transfer_order(make_schedule(name, p, m))) << name;
+      }
+      if (m % std::max<int64_t>(1, m / p) == 0) {
+        EXPECT_NO_THROW(check_transfer_order(interleaved_1f1b_schedule(p, 2, m)));
+      }
+      for (const Schedule& placed : {gpipe_schedule_placed(stage_placement(zbv_schedule(p, 2)), m),
+                                     gpipe_schedule_placed({0, 0, 0}, m)}) {
+        EXPECT_NO_THROW(simulate(placed, ActionCosts::uniform(stage_placement(placed).size())));
+        EXPECT_NO_THROW(check_transfer_order(placed));
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, TransfersOutOfOrderAreRefusedWithTheGrid) {
+  // Stage 1 takes micro-batch 1 first: it would get micro-batch 0's activations for it.
+  Schedule s = gpipe_schedule(2, 2);
+  s[1] = parse("F1 F0 B1 B0");
+  EXPECT_NO_THROW(simulate(s, ActionCosts::uniform(2)));  // no deadlock: only the order is wrong
+  const std::string msg = error_of([&] { check_transfer_order(s); });
+  EXPECT_NE(msg.find("stage 1 receives the activations of stage 0 in another order than they are "
+                     "sent: its receive number 0 expects those of 0F1, but 0F0 sends that one"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("<-- ERROR HERE"), std::string::npos) << msg;
+}
+
 TEST(ScheduleTest, MakeScheduleDispatchesByName) {
   EXPECT_EQ(schedule_names(),
-            (std::vector<std::string>{"gpipe", "1f1b", "zbh1", "interleaved1f1b"}));
+            (std::vector<std::string>{"gpipe", "1f1b", "zbh1", "interleaved1f1b", "zbv"}));
+  EXPECT_EQ(make_schedule("zbv", 2, 4, 2), zbv_schedule(2, 4));
+  EXPECT_NE(error_of([] { make_schedule("zbv", 2, 4); }).find("exactly 2 stages per rank"),
+            std::string::npos);
   EXPECT_EQ(make_schedule("interleaved1f1b", 2, 4, 2), interleaved_1f1b_schedule(2, 2, 4));
   const std::string msg = error_of([] { make_schedule("1f1b", 2, 4, 2); });
   EXPECT_NE(msg.find("'1f1b' runs one stage per rank, but virtual stages 2"), std::string::npos)
