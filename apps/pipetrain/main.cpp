@@ -56,6 +56,7 @@ struct Args {
   std::string checkpoint = "except_last";
   std::string schedule = "gpipe";
   int64_t virtual_stages = 1;
+  std::string schedule_file;
   bool cuda_graphs = false;
   bool fuse_gradient_accumulation = false;
   bool deferred_batch_norm = false;
@@ -149,9 +150,12 @@ void add_flags(CLI::App& app, Args& a) {
       ->delimiter(',');
   add("--chunks", a.chunks, "micro-batches per batch");
   add("--checkpoint", a.checkpoint, "activation checkpointing: always, except_last, never");
-  add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b, zbh1, interleaved1f1b");
+  add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b, zbh1, interleaved1f1b, zbv");
   add("--virtual-stages", a.virtual_stages,
-      "stages per process (interleaved1f1b): rank r runs stages r, r + devices, ...");
+      "stages per process (interleaved1f1b: rank r runs stages r, r + devices, ...; zbv: 2)");
+  add("--schedule-file", a.schedule_file,
+      "a schedule of one's own: torch.distributed.pipelining's compute-only CSV, one line per "
+      "process");
   add("--cuda-graphs", a.cuda_graphs,
       "replay forward and backward as CUDA graphs (cuda, checkpoint never)");
   add("--fuse-gradient-accumulation", a.fuse_gradient_accumulation,
@@ -290,6 +294,7 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
                 .checkpoint(a.checkpoint)
                 .schedule(a.schedule)
                 .virtual_stages(a.virtual_stages)
+                .schedule_file(a.schedule_file)
                 .cuda_graphs(a.cuda_graphs)
                 .fuse_gradient_accumulation(a.fuse_gradient_accumulation)
                 .deferred_batch_norm(a.deferred_batch_norm))

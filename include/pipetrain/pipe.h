@@ -51,6 +51,10 @@ struct PipeOptions {
   TORCH_ARG(std::string, checkpoint) = "except_last";
   // "gpipe" | "1f1b" | "zbh1" | "interleaved1f1b" | "zbv" (schedule.h).
   TORCH_ARG(std::string, schedule) = "gpipe";
+  // A schedule of one's own, in torch.distributed.pipelining's compute-only CSV format
+  // (parse_schedule_csv), run instead of `schedule` for batches of `chunks` micro-batches (a
+  // shorter batch runs GPipe over the same stages). Its stages must number virtual_stages x ranks.
+  TORCH_ARG(std::string, schedule_file) = "";
   // On CUDA with checkpoint "never" and a schedule of whole backwards: replay each micro-batch's
   // forward and backward as captured CUDA graphs, so the CPU no longer launches every kernel (see
   // stage_graphs.h).

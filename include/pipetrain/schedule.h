@@ -79,6 +79,15 @@ Schedule zbv_schedule(int64_t ranks, int64_t chunks);
 // than a schedule's chunks runs where that schedule cannot be built for so few.
 Schedule gpipe_schedule_placed(const std::vector<int64_t>& rank_of_stage, int64_t chunks);
 
+// A schedule in torch.distributed.pipelining's compute-only CSV format (what its
+// PipelineScheduleMulti._dump_csv writes and _load_csv reads): one line per rank, each cell an
+// action "<stage><F|B|I|W><micro-batch>" such as "0F3" or "1W2", empty cells (idle slots)
+// skipped. Throws std::invalid_argument naming the line and cell it cannot read; whether the
+// schedule can run is for simulate() and check_transfer_order() to say.
+Schedule parse_schedule_csv(const std::string& text);
+// `schedule` in that format, each line the rank's actions in order (no idle slots).
+std::string schedule_csv(const Schedule& schedule);
+
 // Which rank runs each stage (result[stage] = rank), as `schedule` places them. Throws like
 // simulate() for a malformed schedule.
 std::vector<int64_t> stage_placement(const Schedule& schedule);

@@ -5,6 +5,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -107,14 +110,59 @@ StageValue unpacked(Packet packet) {
   return StageValue::from_label(packet.label, std::move(packet.tensors));
 }
 
-// The schedule, after a unit-cost simulation has shown it runs (every action once, no
-// deadlock) and its transfers between ranks come in the order they go: a malformed one fails
-// here, with its grid, rather than hanging the ranks or mixing up micro-batches.
+// `schedule`, after a unit-cost simulation has shown it runs (every action once, no deadlock) and
+// its transfers between ranks come in the order they go: a malformed one fails here, with its
+// grid, rather than hanging the ranks or mixing up micro-batches.
+Schedule checked(Schedule schedule) {
+  simulate(schedule, ActionCosts::uniform(static_cast<int64_t>(stage_placement(schedule).size())));
+  check_transfer_order(schedule);
+  return schedule;
+}
+
 Schedule checked_schedule(const std::string& name, int64_t ranks, int64_t chunks,
                           int64_t virtual_stages) {
-  Schedule schedule = make_schedule(name, ranks, chunks, virtual_stages);
-  simulate(schedule, ActionCosts::uniform(ranks * virtual_stages));
-  check_transfer_order(schedule);
+  return checked(make_schedule(name, ranks, chunks, virtual_stages));
+}
+
+// The schedule of PipeOptions::schedule_file, checked against the pipe it is to run.
+Schedule read_schedule_file(const std::string& path, int64_t ranks, int64_t stages,
+                            int64_t chunks) {
+  std::ifstream in(path);
+  if (!in) {
+    throw std::invalid_argument(
+        "cannot read the schedule file '" + path +
+        "' (PipeOptions::schedule_file, --schedule-file): " + std::strerror(errno));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  Schedule schedule;
+  try {
+    schedule = checked(parse_schedule_csv(text.str()));
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("the schedule file '" + path + "': " + error_message(e));
+  }
+  const auto placement = stage_placement(schedule);
+  int64_t microbatches = 0;
+  for (const auto& actions : schedule) {
+    for (const Action& a : actions) microbatches = std::max(microbatches, a.microbatch + 1);
+  }
+  const auto says = "the schedule file '" + path + "' ";
+  if (static_cast<int64_t>(schedule.size()) != ranks) {
+    throw std::invalid_argument(says + "has " + std::to_string(schedule.size()) +
+                                " lines (ranks) but " + std::to_string(ranks) +
+                                " processes run the pipeline: one line per process");
+  }
+  if (static_cast<int64_t>(placement.size()) != stages) {
+    throw std::invalid_argument(
+        says + "runs " + std::to_string(placement.size()) + " stages on " + std::to_string(ranks) +
+        " ranks but the pipe has " + std::to_string(stages) +
+        ": set the virtual stages (--virtual-stages) to stages / ranks, and the balance to match");
+  }
+  if (microbatches != chunks) {
+    throw std::invalid_argument(says + "runs " + std::to_string(microbatches) +
+                                " micro-batches but chunks is " + std::to_string(chunks) +
+                                ": set chunks (--chunks) to " + std::to_string(microbatches));
+  }
   return schedule;
 }
 
@@ -156,8 +204,11 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     throw std::invalid_argument("chunks must be at least 1 (got " +
                                 std::to_string(options_.chunks()) + ")");
   }
-  schedule_ = checked_schedule(options_.schedule(), world_size_, options_.chunks(),
-                               options_.virtual_stages());
+  schedule_ =
+      options_.schedule_file().empty()
+          ? checked_schedule(options_.schedule(), world_size_, options_.chunks(),
+                             options_.virtual_stages())
+          : read_schedule_file(options_.schedule_file(), world_size_, stages(), options_.chunks());
   rank_of_stage_ = stage_placement(schedule_);
   for (const auto& actions : schedule_) {
     for (const Action& action : actions) {
@@ -400,14 +451,17 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   step.microbatches = split_microbatches(batch_size, chunks);
   step.recompute_below = checkpoint_stop(checkpoint_mode_, chunks);
   if (chunks != options_.chunks() && !short_schedules_.count(chunks)) {
-    try {
-      short_schedules_[chunks] =
-          checked_schedule(options_.schedule(), world_size_, chunks, options_.virtual_stages());
-    } catch (const std::invalid_argument&) {
-      // The schedule cannot take so few micro-batches (interleaved1f1b's rounds): GPipe over
-      // the same stages on the same ranks trains alike.
-      short_schedules_[chunks] = gpipe_schedule_placed(rank_of_stage_, chunks);
+    // A file's schedule is for `chunks` micro-batches alone, and a built one may not take so few
+    // (interleaved1f1b's rounds): GPipe over the same stages on the same ranks trains alike.
+    Schedule shorter = gpipe_schedule_placed(rank_of_stage_, chunks);
+    if (options_.schedule_file().empty()) {
+      try {
+        shorter =
+            checked_schedule(options_.schedule(), world_size_, chunks, options_.virtual_stages());
+      } catch (const std::invalid_argument&) {
+      }
     }
+    short_schedules_[chunks] = std::move(shorter);
   }
   const std::vector<Action>& actions =
       (chunks == options_.chunks() ? schedule_ : short_schedules_[chunks])[rank_];

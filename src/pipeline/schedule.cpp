@@ -703,6 +703,55 @@ Schedule gpipe_schedule_placed(const std::vector<int64_t>& rank_of_stage, int64_
   return schedule;
 }
 
+Schedule parse_schedule_csv(const std::string& text) {
+  Schedule schedule;
+  std::istringstream lines(text);
+  std::string line;
+  for (int64_t row = 1; std::getline(lines, line); ++row) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::vector<Action> actions;
+    std::istringstream cells(line);
+    std::string cell;
+    while (std::getline(cells, cell, ',')) {
+      const size_t begin = cell.find_first_not_of(" \t"), end = cell.find_last_not_of(" \t");
+      if (begin == std::string::npos) continue;  // an idle slot
+      const std::string action = cell.substr(begin, end - begin + 1);
+      const size_t letter_at = action.find_first_not_of("0123456789");
+      const std::string phases = "FBIW";
+      const bool readable =
+          letter_at > 0 && letter_at != std::string::npos && letter_at + 1 < action.size() &&
+          phases.find(action[letter_at]) != std::string::npos &&
+          action.find_first_not_of("0123456789", letter_at + 1) == std::string::npos &&
+          letter_at <= 9 && action.size() - letter_at - 1 <= 9;
+      if (!readable) {
+        throw std::invalid_argument(
+            "schedule line " + std::to_string(row) + " (rank " + std::to_string(row - 1) +
+            "): cannot read the action '" + action +
+            "'; write <stage><F|B|I|W><micro-batch>, e.g. 0F3 (compute-only format)");
+      }
+      const Phase phase =
+          std::array<Phase, 4>{Phase::kForward, Phase::kBackward, Phase::kInputBackward,
+                               Phase::kWeightBackward}[phases.find(action[letter_at])];
+      actions.push_back({phase, std::stoll(action.substr(letter_at + 1)),
+                         std::stoll(action.substr(0, letter_at))});
+    }
+    schedule.push_back(std::move(actions));
+  }
+  while (!schedule.empty() && schedule.back().empty()) schedule.pop_back();  // trailing newlines
+  return schedule;
+}
+
+std::string schedule_csv(const Schedule& schedule) {
+  std::string text;
+  for (size_t r = 0; r < schedule.size(); ++r) {
+    for (size_t i = 0; i < schedule[r].size(); ++i) {
+      text += (i > 0 ? "," : "") + action_name(static_cast<int64_t>(r), schedule[r][i]);
+    }
+    text += '\n';
+  }
+  return text;
+}
+
 std::vector<int64_t> stage_placement(const Schedule& schedule) {
   return validate(schedule).rank_of;
 }
@@ -822,13 +871,14 @@ void check_transfer_order(const Schedule& schedule) {
     const std::vector<StageAction>& receives = received[channel];
     for (size_t k = 0; k < sends.size() && k < receives.size(); ++k) {
       if (sends[k].stage == receives[k].stage && sends[k].action == receives[k].action) continue;
-      malformed(schedule, to,
-                shape.row(to) + " receives the " + (gradients ? "gradients" : "activations") +
-                    " of " + shape.row(from) + " in another order than they are sent: its " +
-                    "receive number " + std::to_string(k) + " expects those of " +
-                    name_of(receives[k]) + ", but " + name_of(sends[k]) +
-                    " sends that one; tensors pass between two ranks in order, so order the "
-                    "actions alike on both");
+      throw std::runtime_error(
+          "pipeline schedule cannot run: " + shape.row(to) + " receives the " +
+          (gradients ? "gradients" : "activations") + " of " + shape.row(from) +
+          " in another order than they are sent: its receive number " + std::to_string(k) +
+          " expects those of " + name_of(receives[k]) + ", but " + name_of(sends[k]) +
+          " sends that one; tensors pass between two ranks in order, so order the actions "
+          "alike on both. Actions in list order:\n" +
+          order_grid(schedule, to));
     }
   }
 }

@@ -287,7 +287,8 @@ class PipelineStrategy : public Strategy {
     return {{"stages", std::to_string(stages_)},
             {"replicas", std::to_string(replicas_)},
             {"chunks", std::to_string(options_.chunks())},
-            {"schedule", options_.schedule()},
+            {"schedule",
+             options_.schedule_file().empty() ? options_.schedule() : options_.schedule_file()},
             {"virtual_stages", std::to_string(options_.virtual_stages())},
             {"checkpoint", options_.checkpoint()}};
   }
@@ -303,7 +304,9 @@ class PipelineStrategy : public Strategy {
     }
     return text + std::to_string(pipe_->stages()) + " stages, balance " +
            format_balance(pipe_->balance()) + ", chunks " + std::to_string(options_.chunks()) +
-           ", schedule " + options_.schedule() +
+           ", schedule " +
+           (options_.schedule_file().empty() ? options_.schedule()
+                                             : "from " + options_.schedule_file()) +
            (options_.virtual_stages() > 1
                 ? " over " + std::to_string(options_.virtual_stages()) + " virtual stages per rank"
                 : std::string()) +
@@ -536,7 +539,7 @@ void check_pipe_options(const PipeOptions& pipe, int64_t ranks, const std::strin
                                 ")");
   }
   parse_checkpoint_mode(pipe.checkpoint());
-  make_schedule(pipe.schedule(), 1, 1, pipe.virtual_stages());
+  if (pipe.schedule_file().empty()) make_schedule(pipe.schedule(), 1, 1, pipe.virtual_stages());
 }
 
 }  // namespace

@@ -53,19 +53,7 @@ void train_pipe(const std::shared_ptr<World>& world, const std::string& dir, int
                 virtual_stages(schedule)),
             world);
   torch::manual_seed(99 + world->rank());  // dropout masks: the same for every mode
-  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
-  std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
-  for (int64_t step = 0; step < kSteps; ++step) {
-    const auto [inputs, targets] = reference_batch(step);
-    optimizer.zero_grad();
-    auto loss =
-        pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
-          return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
-        });
-    optimizer.step();
-    if (loss.defined()) saved[0][step] = loss.item<double>();
-  }
-  if (!pipe.is_last_stage()) saved[0] = torch::empty({0}, torch::kFloat64);
+  std::vector<at::Tensor> saved{train_reference_pipe(pipe)};
   const auto named = pipe.stage_module()->named_parameters();
   saved.push_back(torch::empty({static_cast<int64_t>(named.size())}, torch::kInt64));
   for (size_t i = 0; i < named.size(); ++i) {

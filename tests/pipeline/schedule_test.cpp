@@ -3,6 +3,8 @@
 // silently change memory use or deadlock a real run; these tests make such a change loud.
 #include "pipetrain/schedule.h"
 
+#include "support/errors.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +14,8 @@
 
 namespace pipetrain {
 namespace {
+
+using testing::error_of;
 
 // "0F0 0F1 0B0 ..." so expected orders read like the papers' diagrams.
 std::string stage_order(const Schedule& schedule, int64_t stage) {
@@ -54,16 +58,6 @@ int64_t max_in_flight(const std::vector<Action>& actions) {
     peak = std::max(peak, live);
   }
   return peak;
-}
-
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no exception>";
 }
 
 TEST(ScheduleTest, ActionNameAndEquality) {
@@ -279,6 +273,23 @@ TEST(ScheduleTest, TransfersOutOfOrderAreRefusedWithTheGrid) {
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("<-- ERROR HERE"), std::string::npos) << msg;
+}
+
+TEST(ScheduleTest, CsvFilesRoundTripInTorchsComputeOnlyFormat) {
+  for (const std::string name : {"gpipe", "1f1b", "zbh1"}) {
+    const Schedule s = make_schedule(name, 3, 4);
+    EXPECT_EQ(parse_schedule_csv(schedule_csv(s)), s) << name;
+  }
+  EXPECT_EQ(parse_schedule_csv(schedule_csv(zbv_schedule(2, 3))), zbv_schedule(2, 3));
+  EXPECT_EQ(schedule_csv(gpipe_schedule(2, 1)), "0F0,0B0\n1F0,1B0\n");
+  // Idle slots (empty cells), spaces, CRLF and a trailing blank line, as _dump_csv may write.
+  const Schedule s = parse_schedule_csv("0F0,,0B0\r\n, 1F0 ,1B0\n\n");
+  EXPECT_EQ(s, gpipe_schedule(2, 1));
+  for (const std::string bad : {"0F0,0X0", "F0", "0F", "0F1x", "12345678901F0"}) {
+    const std::string msg = error_of([&] { parse_schedule_csv("1F0\n" + bad); });
+    EXPECT_NE(msg.find("schedule line 2 (rank 1): cannot read the action"), std::string::npos)
+        << bad << ": " << msg;
+  }
 }
 
 TEST(ScheduleTest, MakeScheduleDispatchesByName) {

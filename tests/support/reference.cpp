@@ -2,7 +2,25 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "pipetrain/pipe.h"
+
 namespace pipetrain::testing {
+
+at::Tensor train_reference_pipe(Pipe& pipe) {
+  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
+  at::Tensor losses = torch::zeros({kSteps}, torch::kFloat64);
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const auto [inputs, targets] = reference_batch(step);
+    optimizer.zero_grad();
+    auto loss =
+        pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
+          return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
+        });
+    optimizer.step();
+    if (loss.defined()) losses[step] = loss.item<double>();
+  }
+  return pipe.is_last_stage() ? losses : torch::empty({0}, torch::kFloat64);
+}
 
 torch::nn::Sequential make_reference_model(uint64_t seed, double dropout) {
   torch::manual_seed(seed);

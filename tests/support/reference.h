@@ -6,6 +6,10 @@
 
 #include <vector>
 
+namespace pipetrain {
+class Pipe;
+}
+
 namespace pipetrain::testing {
 
 constexpr int64_t kBatchSize = 13;  // odd, so chunks 2, 3 and 8 give uneven micro-batches
@@ -17,6 +21,10 @@ torch::nn::Sequential make_reference_model(uint64_t seed, double dropout = 0.0);
 
 // Inputs and targets of step `step`.
 std::pair<at::Tensor, at::Tensor> reference_batch(int64_t step);
+
+// kSteps of SGD through `pipe` on the reference batches, MSE loss: the losses, float64 [kSteps],
+// where `pipe` runs the last stage, else an empty tensor.
+at::Tensor train_reference_pipe(Pipe& pipe);
 
 struct TrainingResult {
   std::vector<double> losses;          // one per step
