@@ -122,6 +122,31 @@ TEST_P(SplitBackward, BothHalvesTogetherEqualOneWholeBackward) {
 INSTANTIATE_TEST_SUITE_P(Graphs, SplitBackward, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
+// On a GPU (the engine runs CUDA nodes on its device threads): a Linear chain in fp32.
+TEST(SplitBackwardCuda, BothHalvesTogetherEqualOneWholeBackward) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto device = torch::Device(torch::kCUDA);
+  torch::manual_seed(3);
+  std::vector<at::Tensor> whole, split;
+  for (int i = 0; i < 3; ++i) whole.push_back(torch::randn({64, 64}, device).requires_grad_(true));
+  for (const auto& w : whole) split.push_back(w.detach().clone().requires_grad_(true));
+  const at::Tensor data = torch::randn({32, 64}, device), grad = torch::randn({32, 64}, device);
+  auto forward = [](const at::Tensor& x, const std::vector<at::Tensor>& p) {
+    return at::linear(torch::gelu(at::linear(torch::tanh(at::linear(x, p[0])), p[1])), p[2]);
+  };
+  const at::Tensor x_whole = data.clone().requires_grad_(true);
+  torch::autograd::backward({forward(x_whole, whole)}, {grad});
+  const at::Tensor x = data.clone().requires_grad_(true);
+  std::vector<at::Tensor> input_grads;
+  WeightBackward rest =
+      WeightBackward::input_backward({forward(x, split)}, {grad}, {x}, &input_grads);
+  EXPECT_TRUE(torch::allclose(input_grads[0], x_whole.grad(), 1e-5, 1e-5));
+  rest.run();
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(split[i].grad(), whole[i].grad(), 1e-5, 1e-5)) << "parameter " << i;
+  }
+}
+
 TEST(SplitBackwardLoss, AScalarRootNeedsNoGradientAndOthersAreRefused) {
   const at::Tensor w = torch::randn({4, 4}).requires_grad_(true);
   const at::Tensor x = torch::randn({2, 4}).requires_grad_(true);
