@@ -1,7 +1,8 @@
 // How close does a 2-stage CPU pipeline come to the ideal? The same MLP and the same m
 // micro-batches are trained (a) by ONE process with one thread doing gradient accumulation over
 // the micro-batches and (b) by a 2-stage Pipe, one process and one BLAS/OpenMP thread per stage,
-// for m in {1, 2, 4, 8, 16}, schedules "gpipe", "1f1b" and "zbh1", checkpoint "never". Speedup is
+// for m in {1, 2, 4, 8, 16}, schedules "gpipe", "1f1b", "zbh1", and "interleaved1f1b" and "zbv"
+// with 2 stages per rank, checkpoint "never". Speedup is
 // T_single / T_pipe, efficiency T_single / (p * T_pipe); the bubble allows at most m / (m + p - 1),
 // so the table also shows efficiency / bound (goal: >= 0.85 at m = 8). A "simulated" column feeds
 // the schedule simulator (schedule.h) the measured single-process cost per micro-batch and the
@@ -49,7 +50,12 @@ constexpr int kRounds = 3;          // every configuration is timed once per rou
 constexpr int kStepsPerTiming = 2;  // training steps between the two barriers of one timing
 constexpr double kLearningRate = 1e-4;
 const std::vector<int64_t> kChunks = {1, 2, 4, 8, 16};
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1", "interleaved1f1b", "zbv"};
+
+// Stages per rank: interleaved1f1b and zbv cut each rank's 8 blocks into 2 stages of 4.
+int64_t virtual_stages(const std::string& schedule) {
+  return schedule == "interleaved1f1b" || schedule == "zbv" ? 2 : 1;
+}
 constexpr const char* kWorkerVariable = "PIPETRAIN_BENCH_WORKER";
 
 struct Batch {
@@ -86,10 +92,14 @@ class Pipelined {
   Pipelined(int64_t chunks, const std::string& schedule, std::shared_ptr<pipetrain::World> world)
       : pipe_(make_mlp(kBlocks, kWidth),
               pipetrain::PipeOptions()
-                  .balance({kBlocks, kBlocks})
+                  .balance(virtual_stages(schedule) == 1
+                               ? std::vector<int64_t>{kBlocks, kBlocks}
+                               : std::vector<int64_t>{kBlocks / 2, kBlocks / 2, kBlocks / 2,
+                                                      kBlocks / 2})
                   .chunks(chunks)
                   .checkpoint("never")
-                  .schedule(schedule),
+                  .schedule(schedule)
+                  .virtual_stages(virtual_stages(schedule)),
               std::move(world)),
         optimizer_(pipe_.parameters(), kLearningRate) {}
   void step(const Batch& batch) {
@@ -151,11 +161,13 @@ double transfer_seconds(const std::shared_ptr<pipetrain::World>& world, int64_t 
 // three GEMMs are alike) and the measured transfer time.
 double simulated_seconds(const std::string& schedule, int64_t chunks, double single_seconds,
                          double transfer) {
-  const double per_stage = single_seconds / chunks / kStages;
+  const int64_t v = virtual_stages(schedule);
+  const double per_stage = single_seconds / chunks / kStages / v;
   auto costs =
-      pipetrain::ActionCosts::uniform(kStages, per_stage / 3, 2 * per_stage / 3, per_stage / 3);
+      pipetrain::ActionCosts::uniform(kStages * v, per_stage / 3, 2 * per_stage / 3, per_stage / 3);
   costs.transfer = transfer;
-  return pipetrain::simulate(pipetrain::make_schedule(schedule, kStages, chunks), costs).step_time;
+  return pipetrain::simulate(pipetrain::make_schedule(schedule, kStages, chunks, v), costs)
+      .step_time;
 }
 
 void run_stage() {

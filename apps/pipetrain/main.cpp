@@ -150,7 +150,9 @@ void add_flags(CLI::App& app, Args& a) {
       ->delimiter(',');
   add("--chunks", a.chunks, "micro-batches per batch");
   add("--checkpoint", a.checkpoint, "activation checkpointing: always, except_last, never");
-  add("--schedule", a.schedule, "pipeline schedule: gpipe, 1f1b, zbh1, interleaved1f1b, zbv");
+  add("--schedule", a.schedule,
+      "pipeline schedule: gpipe, 1f1b, zbh1, interleaved1f1b, zbv, or auto (the fastest of the "
+      "first three, timed)");
   add("--virtual-stages", a.virtual_stages,
       "stages per process (interleaved1f1b: rank r runs stages r, r + devices, ...; zbv: 2)");
   add("--schedule-file", a.schedule_file,

@@ -49,7 +49,10 @@ struct PipeOptions {
   TORCH_ARG(int64_t, chunks) = 1;
   // "always" | "except_last" | "never".
   TORCH_ARG(std::string, checkpoint) = "except_last";
-  // "gpipe" | "1f1b" | "zbh1" | "interleaved1f1b" | "zbv" (schedule.h).
+  // "gpipe" | "1f1b" | "zbh1" | "interleaved1f1b" | "zbv" (schedule.h), or "auto": the first
+  // two steps run zbh1 and time each stage's F, I and W (the first to warm up), then every rank
+  // simulates gpipe, 1f1b and zbh1 with those times and runs the fastest from then on, rank 0
+  // printing the candidates (one stage per rank, no CUDA graphs).
   TORCH_ARG(std::string, schedule) = "gpipe";
   // A schedule of one's own, in torch.distributed.pipelining's compute-only CSV format
   // (parse_schedule_csv), run instead of `schedule` for batches of `chunks` micro-batches (a
@@ -175,6 +178,9 @@ class Pipe {
   void check_graphs_fit(const StageValue& input, int64_t microbatch);
   // The deferred weight gradients (of the micro-batches in `slots`, under CUDA graphs).
   void run_weight_gradients(const std::vector<int64_t>& slots);
+  // Schedule "auto": a profiled step's seconds in F, in B or I, and in W, over `chunks`
+  // micro-batches; after the second, picks the schedule.
+  void record_profile(const std::vector<double>& seconds, int64_t chunks);
 
   PipeOptions options_;
   std::shared_ptr<World> world_;
@@ -188,6 +194,8 @@ class Pipe {
   // (receiving stage, micro-batch).
   std::map<std::pair<int64_t, int64_t>, Packet> handed_activations_, handed_gradients_;
   CheckpointMode checkpoint_mode_;
+  std::string schedule_name_;    // what runs: the option's, or auto's pick (until then, zbh1)
+  int64_t profiled_steps_ = -1;  // schedule "auto": steps timed so far; -1: picked, or not auto
   Schedule schedule_;
   std::map<int64_t, Schedule> short_schedules_;
   bool splits_backward_ = false;        // the schedule has I and W actions

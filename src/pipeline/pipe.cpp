@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -204,9 +206,19 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     throw std::invalid_argument("chunks must be at least 1 (got " +
                                 std::to_string(options_.chunks()) + ")");
   }
+  schedule_name_ = options_.schedule();
+  if (schedule_name_ == "auto") {
+    if (options_.virtual_stages() != 1 || !options_.schedule_file().empty()) {
+      throw std::invalid_argument(
+          "schedule 'auto' chooses among gpipe, 1f1b and zbh1, which run one stage per rank: leave "
+          "virtual stages at 1 and the schedule file unset");
+    }
+    schedule_name_ = "zbh1";  // its split backwards time F, I and W apart
+    profiled_steps_ = 0;
+  }
   schedule_ =
       options_.schedule_file().empty()
-          ? checked_schedule(options_.schedule(), world_size_, options_.chunks(),
+          ? checked_schedule(schedule_name_, world_size_, options_.chunks(),
                              options_.virtual_stages())
           : read_schedule_file(options_.schedule_file(), world_size_, stages(), options_.chunks());
   rank_of_stage_ = stage_placement(schedule_);
@@ -259,8 +271,10 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     } else if (checkpoint_mode_ != CheckpointMode::kNever) {
       why = "checkpoint '" + options_.checkpoint() +
             "' recomputes forwards outside any graph (use never)";
+    } else if (profiled_steps_ >= 0) {
+      why = "schedule 'auto' times its first steps' actions eagerly";
     } else if (splits_backward_) {
-      why = "schedule '" + options_.schedule() +
+      why = "schedule '" + schedule_name_ +
             "' splits each backward into I and W, and graphs capture whole backwards (use 1f1b or "
             "gpipe)";
     }
@@ -437,7 +451,35 @@ struct Pipe::Step {
   // and, under CUDA graphs, the slots whose work waits with them.
   bool join_weight_gradients = false;
   std::vector<int64_t> weight_gradient_slots;
+  bool profiling = false;                // schedule "auto": time the compute of each action kind
+  std::vector<double> seconds{0, 0, 0};  // F, B or I, W
 };
+
+namespace {
+
+// Adds the compute time of its scope to a profiled step's `seconds[kind]`, the device synchronised
+// at both ends (so a receive the scope waits for is not counted).
+class ComputeTimer {
+ public:
+  ComputeTimer(bool on, const c10::Device& device, double& seconds)
+      : on_(on), device_(device), seconds_(seconds), start_(on ? synced_now() : Clock::now()) {}
+  ~ComputeTimer() {
+    if (on_) seconds_ += std::chrono::duration<double>(synced_now() - start_).count();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point synced_now() const {
+    if (device_.is_cuda()) torch::cuda::synchronize();
+    return Clock::now();
+  }
+  bool on_;
+  c10::Device device_;
+  double& seconds_;
+  Clock::time_point start_;
+};
+
+}  // namespace
 
 at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
                               const LossFn& loss_fn) {
@@ -456,8 +498,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
     Schedule shorter = gpipe_schedule_placed(rank_of_stage_, chunks);
     if (options_.schedule_file().empty()) {
       try {
-        shorter =
-            checked_schedule(options_.schedule(), world_size_, chunks, options_.virtual_stages());
+        shorter = checked_schedule(schedule_name_, world_size_, chunks, options_.virtual_stages());
       } catch (const std::invalid_argument&) {
       }
     }
@@ -479,6 +520,8 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   step.join_weight_gradients = deferred_ && joins_weight_gradients(actions, step.recompute_below);
   const Action* last_weight_gradients = last_weight_gradient_action(actions);
 
+  // Schedule "auto" times its first full steps' compute: seconds in F, in B or I, and in W.
+  step.profiling = profiled_steps_ >= 0 && chunks == options_.chunks();
   for (const Action& action : actions) {
     if (&action == last_weight_gradients && last_backward_hook_) last_backward_hook_();
     switch (action.phase) {
@@ -500,7 +543,60 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   }
   for (const auto& norm : deferred_norms_) norm->commit();
   if (p2p_) p2p_->wait_for_sends();
+  if (step.profiling) record_profile(step.seconds, chunks);
   return step.total_loss;
+}
+
+void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
+  if (++profiled_steps_ < 2) return;  // the first step warms up
+  // Every rank's per-micro-batch F, I (or B) and W, summed into one table that all ranks hold.
+  at::Tensor table = torch::zeros({3, stages()}, torch::kFloat64);
+  for (int kind = 0; kind < 3; ++kind) table[kind][rank_] = seconds[kind] / chunks;
+  table = world_->all_reduce_sum_on_device(table.to(world_->device())).cpu();
+  ActionCosts costs;
+  for (int64_t s = 0; s < stages(); ++s) {
+    const double f = table[0][s].item<double>(), i = table[1][s].item<double>(),
+                 w = table[2][s].item<double>();
+    costs.forward.push_back(f);
+    costs.backward.push_back(i + w);  // the first stage's I is its whole backward, its W empty
+    costs.weight.push_back(w);
+  }
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(2)
+       << "pipetrain: schedule auto: per micro-batch F/I/W ms by stage:";
+  for (int64_t s = 0; s < stages(); ++s) {
+    line << (s > 0 ? "," : "") << " " << s << ": " << 1e3 * costs.forward[s] << "/"
+         << 1e3 * (costs.backward[s] - costs.weight[s]) << "/" << 1e3 * costs.weight[s];
+  }
+  line << "; predicted step:";
+  std::string best;
+  double best_time = 0.0;
+  // 1F1B unless another is at least 1% faster: GPipe holds every micro-batch's activations, and
+  // ZB-H1's split costs a little the simulation does not see.
+  for (const std::string name : {"1f1b", "zbh1", "gpipe"}) {
+    const Schedule candidate = make_schedule(name, world_size_, chunks);
+    const double time = simulate(candidate, costs).step_time;
+    // Micro-batches whose activations a stage holds at once, at most: what memory it takes.
+    int64_t held = 0;
+    for (const auto& actions : candidate) {
+      int64_t live = 0;
+      for (const Action& a : actions) {
+        if (a.phase == Phase::kForward) held = std::max(held, ++live);
+        if (a.phase == Phase::kBackward || a.phase == Phase::kWeightBackward) --live;
+      }
+    }
+    line << " " << name << " " << 1e3 * time << " ms (holds " << held << ")";
+    if (best.empty() || time < 0.99 * best_time) {
+      best = name;
+      best_time = time;
+    }
+  }
+  if (rank_ == 0) print_line(line.str() + "; running " + best);
+  schedule_name_ = best;
+  schedule_ = checked_schedule(schedule_name_, world_size_, options_.chunks(), 1);
+  splits_backward_ = best == "zbh1";
+  short_schedules_.clear();
+  profiled_steps_ = -1;
 }
 
 StageValue Pipe::receive_activation(int64_t stage, const MicroBatch& mb) {
@@ -556,6 +652,7 @@ void Pipe::run_forward(Step& step, const Action& action) {
   if (graphs_ && !graphs_checked_) check_graphs_fit(state.input, mb.index);
   {
     Trace::Span span(options_.trace().get(), "forward", mb.index);
+    ComputeTimer timer(step.profiling, world_->device(), step.seconds[0]);
     if (graphs_) {
       state.slot = step.slots.take();
       world_->wait(step.slots.activation_sends[state.slot]);
@@ -630,6 +727,7 @@ void Pipe::run_backward(Step& step, const Action& action) {
   {
     Trace::Span span(trace, action.phase == Phase::kInputBackward ? "input backward" : "backward",
                      mb.index);
+    ComputeTimer timer(step.profiling, world_->device(), step.seconds[1]);
     DeferredWeightGradients::Deferral deferral(deferred_.get());  // weight gradients wait
     if (is_last(stage.index) && (state.checkpointed || graphs_)) {
       state.loss.backward();  // the loss head alone, into the output's leaf
@@ -680,6 +778,7 @@ void Pipe::run_weight_backward(Step& step, const Action& action) {
   auto node = step.in_flight.extract(std::make_pair(action.stage, action.microbatch));
   InFlight& state = node.mapped();
   Trace::Span span(options_.trace().get(), "weight backward", action.microbatch);
+  ComputeTimer timer(step.profiling, world_->device(), step.seconds[2]);
   state.weights.run();
   if (!state.fused.empty()) DeferredWeightGradients::accumulate(std::move(state.fused));
 }

@@ -539,7 +539,9 @@ void check_pipe_options(const PipeOptions& pipe, int64_t ranks, const std::strin
                                 ")");
   }
   parse_checkpoint_mode(pipe.checkpoint());
-  if (pipe.schedule_file().empty()) make_schedule(pipe.schedule(), 1, 1, pipe.virtual_stages());
+  if (pipe.schedule_file().empty() && pipe.schedule() != "auto") {
+    make_schedule(pipe.schedule(), 1, 1, pipe.virtual_stages());
+  }
 }
 
 }  // namespace

@@ -37,6 +37,38 @@ TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
   std::filesystem::remove_all(root);
 }
 
+// Schedule auto times two steps of zbh1, says what it predicts for each candidate, and trains on
+// with its pick as one process does.
+TEST(FitCommand, ScheduleAutoPrintsItsCandidatesAndTrainsAsSingle) {
+#ifndef PIPETRAIN_HAS_GLOO
+  GTEST_SKIP() << "this libtorch has no Gloo for CPU ranks";
+#endif
+  const auto root = make_temp_dir("fit-cli");
+  const auto single = run_command(mlp_fit_command(root + "/single", {"--strategy", "single"}));
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  const auto pipe =
+      run_command(mlp_fit_command(root + "/pipe", {"--strategy", "pipe", "--devices", "2",
+                                                   "--chunks", "4", "--schedule", "auto"}));
+  ASSERT_EQ(pipe.exit_code, 0) << pipe.output;
+  EXPECT_NE(pipe.output.find("pipetrain: schedule auto: per micro-batch F/I/W ms by stage: 0: "),
+            std::string::npos)
+      << pipe.output;
+  for (const std::string candidate : {" 1f1b ", " zbh1 ", " gpipe "}) {
+    EXPECT_NE(pipe.output.find("predicted step:"), std::string::npos) << pipe.output;
+    EXPECT_NE(pipe.output.find(candidate), std::string::npos) << candidate << pipe.output;
+  }
+  EXPECT_NE(pipe.output.find("; running "), std::string::npos) << pipe.output;
+  expect_same_train_losses(root + "/single", root + "/pipe");
+  const auto refused = run_command(
+      mlp_fit_command(root + "/v2", {"--strategy", "pipe", "--devices", "2", "--chunks", "4",
+                                     "--schedule", "auto", "--virtual-stages", "2"}));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("schedule 'auto' chooses among gpipe, 1f1b and zbh1"),
+            std::string::npos)
+      << refused.output;
+  std::filesystem::remove_all(root);
+}
+
 // `single` runs the whole batch at once, but the pipe flags that still mean something reach it:
 // fused accumulation trains the same, and CUDA graphs say why they do not run on a CPU.
 TEST(FitCommand, SingleHonoursCudaGraphsAndFusedAccumulation) {
