@@ -1,8 +1,9 @@
 // How close does a 2-stage CPU pipeline come to the ideal? The same MLP and the same m
 // micro-batches are trained (a) by ONE process with one thread doing gradient accumulation over
 // the micro-batches and (b) by a 2-stage Pipe, one process and one BLAS/OpenMP thread per stage,
-// for m in {1, 2, 4, 8, 16}, schedules "gpipe", "1f1b", "zbh1", and "interleaved1f1b" and "zbv"
-// with 2 stages per rank, checkpoint "never". Speedup is
+// for m in {1, 2, 4, 8, 16}, schedules "gpipe", "1f1b", "zbh1", "interleaved1f1b" and "zbv" (2
+// stages per rank), and "auto" (its picks printed by rank 0 as it makes them, m ascending),
+// checkpoint "never". Speedup is
 // T_single / T_pipe, efficiency T_single / (p * T_pipe); the bubble allows at most m / (m + p - 1),
 // so the table also shows efficiency / bound (goal: >= 0.85 at m = 8). A "simulated" column feeds
 // the schedule simulator (schedule.h) the measured single-process cost per micro-batch and the
@@ -15,6 +16,7 @@
 //   build-bench/bench/efficiency_bench
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -50,7 +52,8 @@ constexpr int kRounds = 3;          // every configuration is timed once per rou
 constexpr int kStepsPerTiming = 2;  // training steps between the two barriers of one timing
 constexpr double kLearningRate = 1e-4;
 const std::vector<int64_t> kChunks = {1, 2, 4, 8, 16};
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1", "interleaved1f1b", "zbv"};
+const std::vector<std::string> kSchedules = {"gpipe",           "1f1b", "zbh1",
+                                             "interleaved1f1b", "zbv",  "auto"};
 
 // Stages per rank: interleaved1f1b and zbv cut each rank's 8 blocks into 2 stages of 4.
 int64_t virtual_stages(const std::string& schedule) {
@@ -161,6 +164,13 @@ double transfer_seconds(const std::shared_ptr<pipetrain::World>& world, int64_t 
 // three GEMMs are alike) and the measured transfer time.
 double simulated_seconds(const std::string& schedule, int64_t chunks, double single_seconds,
                          double transfer) {
+  if (schedule == "auto") {  // what it would pick, were the costs these
+    double best = simulated_seconds("1f1b", chunks, single_seconds, transfer);
+    for (const char* other : {"zbh1", "gpipe"}) {
+      best = std::min(best, simulated_seconds(other, chunks, single_seconds, transfer));
+    }
+    return best;
+  }
   const int64_t v = virtual_stages(schedule);
   const double per_stage = single_seconds / chunks / kStages / v;
   auto costs =
