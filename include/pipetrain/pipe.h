@@ -1,6 +1,7 @@
-// Pipe: a torch::nn::Sequential split into consecutive stages, one process per stage, each batch
-// cut into micro-batches that flow through the stages in the order of a schedule. Every rank
-// builds the same Sequential and keeps only its own stage's layers (SPMD, as torchrun runs it).
+// Pipe: a torch::nn::Sequential split into consecutive stages, each process running one stage or
+// several (virtual stages), each batch cut into micro-batches that flow through the stages in the
+// order of a schedule. Every rank builds the same Sequential and keeps only its own stages'
+// layers (SPMD, as torchrun runs it).
 // Layers may pass several tensors on (a std::tuple of up to 4, or a std::vector<at::Tensor>),
 // across stage boundaries too; the first layer takes the input tensor and the last returns one.
 //
@@ -198,7 +199,6 @@ class Pipe {
   int64_t profiled_steps_ = -1;  // schedule "auto": steps timed so far; -1: picked, or not auto
   Schedule schedule_;
   std::map<int64_t, Schedule> short_schedules_;
-  bool splits_backward_ = false;        // the schedule has I and W actions
   torch::nn::Sequential stage_module_;  // every local stage's layers
   std::function<void()> last_backward_hook_;
   std::unique_ptr<TiedGradients> tied_;

@@ -1,8 +1,8 @@
-// Pipeline schedules as plain data: for each stage, the ordered forwards and backwards it runs in
-// one training step. A backward is either whole (B) or split in two, as zero-bubble pipelines
-// split it: the input gradient (I), which the previous stage waits for, then the weight gradients
-// (W), which nobody waits for and which fill the bubbles. Keeping them free of torch lets the
-// runtime, the CLI and the tests share one definition of GPipe and 1F1B, and lets a cost-model
+// Pipeline schedules as plain data: for each rank, the ordered forwards and backwards of its
+// stages in one training step. A backward is either whole (B) or split in two, as zero-bubble
+// pipelines split it: the input gradient (I), which the previous stage waits for, then the weight
+// gradients (W), which nobody waits for and which fill the bubbles. Keeping them free of torch lets
+// the runtime, the CLI and the tests share one definition of GPipe and 1F1B, and lets a cost-model
 // simulation check a schedule (bubble, step time, deadlocks) without running it: the Pipe simulates
 // every schedule it builds once, with unit costs, so a malformed one fails with its grid instead of
 // hanging the ranks.

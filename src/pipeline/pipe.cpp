@@ -222,9 +222,10 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
                              options_.virtual_stages())
           : read_schedule_file(options_.schedule_file(), world_size_, stages(), options_.chunks());
   rank_of_stage_ = stage_placement(schedule_);
+  bool splits_backward = false;  // the schedule has I and W actions
   for (const auto& actions : schedule_) {
     for (const Action& action : actions) {
-      splits_backward_ = splits_backward_ || action.phase == Phase::kInputBackward;
+      splits_backward = splits_backward || action.phase == Phase::kInputBackward;
     }
   }
   // Fused Linear layers put their weight gradients off: after the last backward (see
@@ -273,7 +274,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
             "' recomputes forwards outside any graph (use never)";
     } else if (profiled_steps_ >= 0) {
       why = "schedule 'auto' times its first steps' actions eagerly";
-    } else if (splits_backward_) {
+    } else if (splits_backward) {
       why = "schedule '" + schedule_name_ +
             "' splits each backward into I and W, and graphs capture whole backwards (use 1f1b or "
             "gpipe)";
@@ -594,7 +595,6 @@ void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
   if (rank_ == 0) print_line(line.str() + "; running " + best);
   schedule_name_ = best;
   schedule_ = checked_schedule(schedule_name_, world_size_, options_.chunks(), 1);
-  splits_backward_ = best == "zbh1";
   short_schedules_.clear();
   profiled_steps_ = -1;
 }
