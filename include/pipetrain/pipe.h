@@ -163,10 +163,10 @@ class Pipe {
                       std::vector<at::Tensor>* roots, std::vector<at::Tensor>* grads);
   // The tensors crossing a boundary: through p2p between ranks, handed over within one.
   StageValue receive_activation(int64_t stage, const MicroBatch& mb);
-  void send_activation(Step& step, int64_t stage, const MicroBatch& mb, const StageValue& output,
-                       int64_t slot);
+  // The returned sends (null for a hand-over) are what CUDA graphs' slots wait on.
+  WorkPtr send_activation(int64_t stage, const MicroBatch& mb, Packet packet);
   std::vector<at::Tensor> receive_gradient(int64_t stage, const MicroBatch& mb);
-  void send_gradient(Step& step, int64_t stage, const MicroBatch& mb, Packet grads, int64_t slot);
+  WorkPtr send_gradient(int64_t stage, const MicroBatch& mb, Packet grads);
   StageValue run_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch);
   // `layer`, or, with deferred_batch_norm, the DeferredBatchNorm standing in for it.
   torch::nn::AnyModule defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index);

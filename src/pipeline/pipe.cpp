@@ -463,7 +463,10 @@ namespace {
 class ComputeTimer {
  public:
   ComputeTimer(bool on, const c10::Device& device, double& seconds)
-      : on_(on), device_(device), seconds_(seconds), start_(on ? synced_now() : Clock::now()) {}
+      : on_(on),
+        device_(device),
+        seconds_(seconds),
+        start_(on ? synced_now() : Clock::time_point()) {}
   ~ComputeTimer() {
     if (on_) seconds_ += std::chrono::duration<double>(synced_now() - start_).count();
   }
@@ -606,21 +609,19 @@ StageValue Pipe::receive_activation(int64_t stage, const MicroBatch& mb) {
   return unpacked(p2p_->recv(from, Flow::kActivation, mb.size(), stage));
 }
 
-void Pipe::send_activation(Step& step, int64_t stage, const MicroBatch& mb,
-                           const StageValue& output, int64_t slot) {
-  Packet packet = activation_packet(output);
+WorkPtr Pipe::send_activation(int64_t stage, const MicroBatch& mb, Packet packet) {
   const int64_t to = rank_of_stage(stage + 1);
   if (to == rank_) {
     // What a receive would give: leaves, those that take a gradient requiring it.
     for (size_t i = 0; i < packet.tensors.size(); ++i) {
-      packet.tensors[i] = packet.tensors[i].detach().requires_grad_(packet.requires_grad[i]);
+      const bool grad = i < packet.requires_grad.size() && packet.requires_grad[i];
+      packet.tensors[i] = packet.tensors[i].detach().requires_grad_(grad);
     }
     handed_activations_[{stage + 1, mb.index}] = std::move(packet);
-    return;
+    return WorkPtr();
   }
   Trace::Span span(options_.trace().get(), "send activation", mb.index);
-  auto sent = p2p_->send(packet, to, Flow::kActivation, mb.size(), stage + 1);
-  if (graphs_) step.slots.activation_sends[slot] = sent;
+  return p2p_->send(packet, to, Flow::kActivation, mb.size(), stage + 1);
 }
 
 std::vector<at::Tensor> Pipe::receive_gradient(int64_t stage, const MicroBatch& mb) {
@@ -630,16 +631,14 @@ std::vector<at::Tensor> Pipe::receive_gradient(int64_t stage, const MicroBatch& 
   return p2p_->recv(from, Flow::kGradient, mb.size(), stage).tensors;
 }
 
-void Pipe::send_gradient(Step& step, int64_t stage, const MicroBatch& mb, Packet grads,
-                         int64_t slot) {
+WorkPtr Pipe::send_gradient(int64_t stage, const MicroBatch& mb, Packet grads) {
   const int64_t to = rank_of_stage(stage - 1);
   if (to == rank_) {
     handed_gradients_[{stage - 1, mb.index}] = std::move(grads);
-    return;
+    return WorkPtr();
   }
   Trace::Span span(options_.trace().get(), "send gradient", mb.index);
-  auto sent = p2p_->send(grads, to, Flow::kGradient, mb.size(), stage - 1);
-  if (graphs_) step.slots.gradient_sends[slot] = sent;
+  return p2p_->send(grads, to, Flow::kGradient, mb.size(), stage - 1);
 }
 
 void Pipe::run_forward(Step& step, const Action& action) {
@@ -675,7 +674,10 @@ void Pipe::run_forward(Step& step, const Action& action) {
           step.total_loss.defined() ? step.total_loss + state.loss.detach() : state.loss.detach();
     }
   }
-  if (!is_last(stage.index)) send_activation(step, stage.index, mb, state.output, state.slot);
+  if (!is_last(stage.index)) {
+    auto sent = send_activation(stage.index, mb, activation_packet(state.output));
+    if (graphs_) step.slots.activation_sends[state.slot] = sent;
+  }
   step.in_flight.emplace(std::make_pair(stage.index, action.microbatch), std::move(state));
 }
 
@@ -757,7 +759,8 @@ void Pipe::run_backward(Step& step, const Action& action) {
     }
   }
   if (!is_first(stage.index) && !input_grads.tensors.empty()) {
-    send_gradient(step, stage.index, mb, std::move(input_grads), state.slot);
+    auto sent = send_gradient(stage.index, mb, std::move(input_grads));
+    if (graphs_) step.slots.gradient_sends[state.slot] = sent;
   }
   if (split) return;  // the rest waits for its W
   // The fused Linear layers' weight gradients: after the last backward, or now that the previous
@@ -811,13 +814,7 @@ void Pipe::forward(const at::Tensor& input, int64_t batch_size, const OutputFn& 
         if (is_last(stage.index)) {
           on_output(y.tensors[0], mb);
         } else {
-          Packet packet{y.tensors, {}, static_cast<int64_t>(y.packing)};
-          const int64_t to = rank_of_stage(stage.index + 1);
-          if (to == rank_) {
-            handed_activations_[{stage.index + 1, mb.index}] = std::move(packet);
-          } else {
-            p2p_->send(packet, to, Flow::kActivation, mb.size(), stage.index + 1);
-          }
+          send_activation(stage.index, mb, Packet{y.tensors, {}, static_cast<int64_t>(y.packing)});
         }
       }
     }

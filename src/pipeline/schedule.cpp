@@ -545,14 +545,9 @@ std::string action_name(int64_t rank, const Action& a) {
 
 Schedule gpipe_schedule(int64_t stages, int64_t chunks) {
   check_shape(stages, chunks);
-  Schedule schedule(stages);
-  for (int64_t s = 0; s < stages; ++s) {
-    auto& actions = schedule[s];
-    actions.reserve(2 * chunks);
-    for (int64_t m = 0; m < chunks; ++m) actions.push_back({Phase::kForward, m, s});
-    for (int64_t m = chunks - 1; m >= 0; --m) actions.push_back({Phase::kBackward, m, s});
-  }
-  return schedule;
+  std::vector<int64_t> one_per_rank(stages);
+  for (int64_t s = 0; s < stages; ++s) one_per_rank[s] = s;
+  return gpipe_schedule_placed(one_per_rank, chunks);
 }
 
 Schedule one_f_one_b_schedule(int64_t stages, int64_t chunks) {
