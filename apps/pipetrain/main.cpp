@@ -56,6 +56,7 @@ struct Args {
   std::string checkpoint = "except_last";
   std::string schedule = "gpipe";
   int64_t virtual_stages = 1;
+  int64_t max_memory = 0;
   std::string schedule_file;
   bool cuda_graphs = false;
   bool fuse_gradient_accumulation = false;
@@ -151,10 +152,13 @@ void add_flags(CLI::App& app, Args& a) {
   add("--chunks", a.chunks, "micro-batches per batch");
   add("--checkpoint", a.checkpoint, "activation checkpointing: always, except_last, never");
   add("--schedule", a.schedule,
-      "pipeline schedule: gpipe, 1f1b, zbh1, interleaved1f1b, zbv, or auto (the fastest of the "
-      "first three, timed)");
+      "pipeline schedule: gpipe, 1f1b, zbh1, zbh2, interleaved1f1b, zbv, or auto (the fastest of "
+      "the first four, timed)");
   add("--virtual-stages", a.virtual_stages,
       "stages per process (interleaved1f1b: rank r runs stages r, r + devices, ...; zbv: 2)");
+  add("--max-memory", a.max_memory,
+      "the most micro-batches' activations a stage may hold (auto picks among the schedules "
+      "that fit; 0: no limit)");
   add("--schedule-file", a.schedule_file,
       "a schedule of one's own: torch.distributed.pipelining's compute-only CSV, one line per "
       "process");
@@ -296,6 +300,7 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
                 .checkpoint(a.checkpoint)
                 .schedule(a.schedule)
                 .virtual_stages(a.virtual_stages)
+                .max_memory(a.max_memory)
                 .schedule_file(a.schedule_file)
                 .cuda_graphs(a.cuda_graphs)
                 .fuse_gradient_accumulation(a.fuse_gradient_accumulation)

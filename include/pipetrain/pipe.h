@@ -50,11 +50,17 @@ struct PipeOptions {
   TORCH_ARG(int64_t, chunks) = 1;
   // "always" | "except_last" | "never".
   TORCH_ARG(std::string, checkpoint) = "except_last";
-  // "gpipe" | "1f1b" | "zbh1" | "interleaved1f1b" | "zbv" (schedule.h), or "auto": the first
-  // two steps run zbh1 and time each stage's F, I and W (the first to warm up), then every rank
-  // simulates gpipe, 1f1b and zbh1 with those times and runs the fastest from then on, rank 0
-  // printing the candidates (one stage per rank, no CUDA graphs).
+  // "gpipe" | "1f1b" | "zbh1" | "zbh2" | "interleaved1f1b" | "zbv" (schedule.h), or "auto":
+  // the first two steps run zbh1 and time each stage's F, I and W (the first to warm up), then
+  // every rank simulates 1f1b, zbh1, zbh2 and gpipe with those times and runs the fastest that
+  // fits max_memory from then on, rank 0 printing the candidates (one stage per rank, no CUDA
+  // graphs).
   TORCH_ARG(std::string, schedule) = "gpipe";
+  // The most micro-batches' activations one stage may hold at once (activations_held in
+  // schedule.h: 1f1b's and zbh1's first stage hold min(ranks, chunks), zbh2's up to 2 ranks - 1,
+  // gpipe's chunks): a schedule that holds more is refused, and "auto" picks among those that
+  // fit. 0: no limit.
+  TORCH_ARG(int64_t, max_memory) = 0;
   // A schedule of one's own, in torch.distributed.pipelining's compute-only CSV format
   // (parse_schedule_csv), run instead of `schedule` for batches of `chunks` micro-batches (a
   // shorter batch runs GPipe over the same stages). Its stages must number virtual_stages x ranks.

@@ -60,6 +60,15 @@ Schedule one_f_one_b_schedule(int64_t stages, int64_t chunks);
 // (where W takes no longer than F).
 Schedule zbh1_schedule(int64_t stages, int64_t chunks);
 
+// ZB-H2 (Qi et al., 2024): zero-bubble with twice ZB-H1's memory. Every stage may hold up to
+// 2 stages - 1 micro-batches' activations, so it runs enough warm-up forwards to stay busy until
+// its first input gradient comes back, and keeps enough W's in hand to fill the drain: built as the
+// paper's greedy scheduler builds it (input gradients first, then forwards within the memory limit,
+// then weight gradients) with unit costs. Its step is then the least any schedule can take,
+// (stages - 1) F + chunks (F + B), where W takes as long as I and no longer than F, for chunks
+// >= stages, and close to it where I and W differ (where ZB-H1 loses (stages - 1)|I - W| more).
+Schedule zbh2_schedule(int64_t stages, int64_t chunks);
+
 // Interleaved 1F1B (Narayanan et al., 2021, Megatron-LM; torch.distributed.pipelining's
 // ScheduleInterleaved1F1B): each rank holds `virtual_stages` stages and runs 1F1B over them,
 // micro-batches passing its stages in rounds of at most `ranks`; the bubble shrinks to
@@ -91,6 +100,10 @@ std::string schedule_csv(const Schedule& schedule);
 // Which rank runs each stage (result[stage] = rank), as `schedule` places them. Throws like
 // simulate() for a malformed schedule.
 std::vector<int64_t> stage_placement(const Schedule& schedule);
+
+// The most micro-batches whose activations each stage holds at once (result[stage]): from its
+// forward of one to the backward (B or W) that lets it go. What a schedule costs in memory.
+std::vector<int64_t> activations_held(const Schedule& schedule);
 
 // name is one of schedule_names(); anything else throws std::invalid_argument listing them.
 // interleaved1f1b takes any virtual_stages, zbv exactly 2, the others 1.

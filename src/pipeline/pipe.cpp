@@ -121,6 +121,15 @@ Schedule checked(Schedule schedule) {
   return schedule;
 }
 
+// What schedule "auto" chooses among: those of one stage per rank, 1F1B first.
+const std::vector<std::string> kAutoCandidates = {"1f1b", "zbh1", "zbh2", "gpipe"};
+
+// The most micro-batches' activations one stage of `schedule` holds at once.
+int64_t max_activations_held(const Schedule& schedule) {
+  const std::vector<int64_t> held = activations_held(schedule);
+  return *std::max_element(held.begin(), held.end());
+}
+
 Schedule checked_schedule(const std::string& name, int64_t ranks, int64_t chunks,
                           int64_t virtual_stages) {
   return checked(make_schedule(name, ranks, chunks, virtual_stages));
@@ -206,12 +215,18 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     throw std::invalid_argument("chunks must be at least 1 (got " +
                                 std::to_string(options_.chunks()) + ")");
   }
+  if (options_.max_memory() < 0) {
+    throw std::invalid_argument(
+        "max_memory (--max-memory) must be 0 (no limit) or a number of "
+        "micro-batches' activations, got " +
+        std::to_string(options_.max_memory()));
+  }
   schedule_name_ = options_.schedule();
   if (schedule_name_ == "auto") {
     if (options_.virtual_stages() != 1 || !options_.schedule_file().empty()) {
       throw std::invalid_argument(
-          "schedule 'auto' chooses among gpipe, 1f1b and zbh1, which run one stage per rank: leave "
-          "virtual stages at 1 and the schedule file unset");
+          "schedule 'auto' chooses among 1f1b, zbh1, zbh2 and gpipe, which run one stage per rank: "
+          "leave virtual stages at 1 and the schedule file unset");
     }
     schedule_name_ = "zbh1";  // its split backwards time F, I and W apart
     profiled_steps_ = 0;
@@ -222,6 +237,17 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
                              options_.virtual_stages())
           : read_schedule_file(options_.schedule_file(), world_size_, stages(), options_.chunks());
   rank_of_stage_ = stage_placement(schedule_);
+  const int64_t held = max_activations_held(schedule_);
+  if (options_.max_memory() != 0 && held > options_.max_memory()) {
+    // (Under "auto" this is zbh1, which holds as few as any candidate.)
+    throw std::invalid_argument(
+        (options_.schedule_file().empty() ? "schedule '" + options_.schedule() + "'"
+                                          : "the schedule of '" + options_.schedule_file() + "'") +
+        " holds up to " + std::to_string(held) +
+        " micro-batches' activations on a stage, more than max_memory (--max-memory) " +
+        std::to_string(options_.max_memory()) +
+        ": raise it, lower chunks, or choose 1f1b or zbh1 (they hold min(ranks, chunks))");
+  }
   bool splits_backward = false;  // the schedule has I and W actions
   for (const auto& actions : schedule_) {
     for (const Action& action : actions) {
@@ -576,21 +602,15 @@ void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
   std::string best;
   double best_time = 0.0;
   // 1F1B unless another is at least 1% faster: GPipe holds every micro-batch's activations, and
-  // ZB-H1's split costs a little the simulation does not see.
-  for (const std::string name : {"1f1b", "zbh1", "gpipe"}) {
+  // the zero-bubble schedules' split costs a little the simulation does not see.
+  for (const std::string& name : kAutoCandidates) {
     const Schedule candidate = make_schedule(name, world_size_, chunks);
     const double time = simulate(candidate, costs).step_time;
-    // Micro-batches whose activations a stage holds at once, at most: what memory it takes.
-    int64_t held = 0;
-    for (const auto& actions : candidate) {
-      int64_t live = 0;
-      for (const Action& a : actions) {
-        if (a.phase == Phase::kForward) held = std::max(held, ++live);
-        if (a.phase == Phase::kBackward || a.phase == Phase::kWeightBackward) --live;
-      }
-    }
-    line << " " << name << " " << 1e3 * time << " ms (holds " << held << ")";
-    if (best.empty() || time < 0.99 * best_time) {
+    const int64_t held = max_activations_held(candidate);
+    const bool fits = options_.max_memory() == 0 || held <= options_.max_memory();
+    line << " " << name << " " << 1e3 * time << " ms (holds " << held << (fits ? "" : ", too many")
+         << ")";
+    if (fits && (best.empty() || time < 0.99 * best_time)) {
       best = name;
       best_time = time;
     }

@@ -1,7 +1,7 @@
-// Builds the GPipe, 1F1B and ZB-H1 schedules and replays any schedule against a cost model. The
-// replay is the single place that knows the cross-stage dependencies, so it doubles as the checker
-// that turns a hand-made or buggy schedule into a readable error instead of a hung multi-process
-// run.
+// Builds the schedules (GPipe, 1F1B, the zero-bubble and interleaved ones) and replays any schedule
+// against a cost model. The replay is the single place that knows the cross-stage dependencies, so
+// it doubles as the checker that turns a hand-made or buggy schedule into a readable error instead
+// of a hung multi-process run.
 #include "pipetrain/schedule.h"
 
 #include <algorithm>
@@ -24,6 +24,7 @@ namespace {
 constexpr char kGPipe[] = "gpipe";
 constexpr char kOneFOneB[] = "1f1b";
 constexpr char kZBH1[] = "zbh1";
+constexpr char kZBH2[] = "zbh2";
 constexpr char kInterleaved[] = "interleaved1f1b";
 constexpr char kZBV[] = "zbv";
 constexpr char kErrorMarker[] = "  <-- ERROR HERE";
@@ -581,6 +582,64 @@ Schedule zbh1_schedule(int64_t stages, int64_t chunks) {
   return schedule;
 }
 
+Schedule zbh2_schedule(int64_t stages, int64_t chunks) {
+  check_shape(stages, chunks);
+  // List scheduling with unit costs: whenever a stage is free, the action it takes is the first of
+  // its next I, its next F (while it holds fewer than 2 stages - 1 micro-batches' activations) and
+  // its oldest W left that can start then; if none can, the one that can start soonest. Stages
+  // are served in the order of when their next action starts, so every dependency is placed first.
+  const int64_t limit = 2 * stages - 1;
+  Schedule schedule(stages);
+  std::vector<double> free_at(stages, 0.0);
+  std::vector<int64_t> f(stages, 0), i(stages, 0), w(stages, 0);
+  // When each stage's F and I of each micro-batch finish; -1: not placed yet.
+  std::vector<std::vector<double>> f_done(stages, std::vector<double>(chunks, -1.0));
+  std::vector<std::vector<double>> i_done = f_done;
+  struct Choice {
+    double start;
+    int priority;  // 0 I, 1 F, 2 W
+    Phase phase;
+  };
+  for (int64_t placed = 0; placed < 3 * stages * chunks; ++placed) {
+    int64_t chosen_stage = -1;
+    Choice chosen{0.0, 0, Phase::kForward};
+    for (int64_t s = 0; s < stages; ++s) {
+      std::vector<Choice> candidates;
+      if (i[s] < chunks && f_done[s][i[s]] >= 0 && (s == stages - 1 || i_done[s + 1][i[s]] >= 0)) {
+        const double ready = std::max(f_done[s][i[s]], s == stages - 1 ? 0.0 : i_done[s + 1][i[s]]);
+        candidates.push_back({std::max(ready, free_at[s]), 0, Phase::kInputBackward});
+      }
+      if (f[s] < chunks && f[s] - w[s] < limit && (s == 0 || f_done[s - 1][f[s]] >= 0)) {
+        const double ready = s == 0 ? 0.0 : f_done[s - 1][f[s]];
+        candidates.push_back({std::max(ready, free_at[s]), 1, Phase::kForward});
+      }
+      if (w[s] < i[s]) candidates.push_back({free_at[s], 2, Phase::kWeightBackward});
+      if (candidates.empty()) continue;
+      // What can start as soon as the stage is free, by priority; else what can start soonest.
+      const Choice best = *std::min_element(
+          candidates.begin(), candidates.end(), [&](const Choice& a, const Choice& b) {
+            const bool a_now = a.start <= free_at[s], b_now = b.start <= free_at[s];
+            if (a_now != b_now) return a_now;
+            return a_now ? a.priority < b.priority
+                         : std::tie(a.start, a.priority) < std::tie(b.start, b.priority);
+          });
+      if (chosen_stage < 0 || best.start < chosen.start) {
+        chosen_stage = s;
+        chosen = best;
+      }
+    }
+    const int64_t s = chosen_stage;
+    free_at[s] = chosen.start + 1.0;
+    int64_t& counter = chosen.phase == Phase::kForward         ? f[s]
+                       : chosen.phase == Phase::kInputBackward ? i[s]
+                                                               : w[s];
+    if (chosen.phase == Phase::kForward) f_done[s][counter] = free_at[s];
+    if (chosen.phase == Phase::kInputBackward) i_done[s][counter] = free_at[s];
+    schedule[s].push_back({chosen.phase, counter++, s});
+  }
+  return schedule;
+}
+
 Schedule interleaved_1f1b_schedule(int64_t ranks, int64_t virtual_stages, int64_t chunks) {
   check_shape(ranks, chunks);
   if (virtual_stages < 1) {
@@ -751,7 +810,21 @@ std::vector<int64_t> stage_placement(const Schedule& schedule) {
   return validate(schedule).rank_of;
 }
 
-std::vector<std::string> schedule_names() { return {kGPipe, kOneFOneB, kZBH1, kInterleaved, kZBV}; }
+std::vector<int64_t> activations_held(const Schedule& schedule) {
+  std::vector<int64_t> held(stage_placement(schedule).size(), 0), live(held.size(), 0);
+  for (size_t r = 0; r < schedule.size(); ++r) {
+    for (const Action& a : schedule[r]) {
+      const int64_t s = stage_of(static_cast<int64_t>(r), a);
+      if (a.phase == Phase::kForward) held[s] = std::max(held[s], ++live[s]);
+      if (a.phase == Phase::kBackward || a.phase == Phase::kWeightBackward) --live[s];
+    }
+  }
+  return held;
+}
+
+std::vector<std::string> schedule_names() {
+  return {kGPipe, kOneFOneB, kZBH1, kZBH2, kInterleaved, kZBV};
+}
 
 Schedule make_schedule(const std::string& name, int64_t ranks, int64_t chunks,
                        int64_t virtual_stages) {
@@ -766,7 +839,8 @@ Schedule make_schedule(const std::string& name, int64_t ranks, int64_t chunks,
     }
     return zbv_schedule(ranks, chunks);
   }
-  if (virtual_stages != 1 && (name == kGPipe || name == kOneFOneB || name == kZBH1)) {
+  if (virtual_stages != 1 &&
+      (name == kGPipe || name == kOneFOneB || name == kZBH1 || name == kZBH2)) {
     throw std::invalid_argument("schedule '" + name +
                                 "' runs one stage per rank, but virtual stages " +
                                 std::to_string(virtual_stages) +
@@ -775,6 +849,7 @@ Schedule make_schedule(const std::string& name, int64_t ranks, int64_t chunks,
   if (name == kGPipe) return gpipe_schedule(ranks, chunks);
   if (name == kOneFOneB) return one_f_one_b_schedule(ranks, chunks);
   if (name == kZBH1) return zbh1_schedule(ranks, chunks);
+  if (name == kZBH2) return zbh2_schedule(ranks, chunks);
   std::string known;
   for (const auto& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown pipeline schedule '" + name + "'; choose one of: " + known);

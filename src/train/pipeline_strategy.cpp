@@ -290,6 +290,7 @@ class PipelineStrategy : public Strategy {
             {"schedule",
              options_.schedule_file().empty() ? options_.schedule() : options_.schedule_file()},
             {"virtual_stages", std::to_string(options_.virtual_stages())},
+            {"max_memory", std::to_string(options_.max_memory())},
             {"checkpoint", options_.checkpoint()}};
   }
 

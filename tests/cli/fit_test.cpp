@@ -38,7 +38,7 @@ TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
 }
 
 // Schedule auto times two steps of zbh1, says what it predicts for each candidate, and trains on
-// with its pick as one process does.
+// with its pick, among those that fit --max-memory, as one process does.
 TEST(FitCommand, ScheduleAutoPrintsItsCandidatesAndTrainsAsSingle) {
 #ifndef PIPETRAIN_HAS_GLOO
   GTEST_SKIP() << "this libtorch has no Gloo for CPU ranks";
@@ -46,26 +46,41 @@ TEST(FitCommand, ScheduleAutoPrintsItsCandidatesAndTrainsAsSingle) {
   const auto root = make_temp_dir("fit-cli");
   const auto single = run_command(mlp_fit_command(root + "/single", {"--strategy", "single"}));
   ASSERT_EQ(single.exit_code, 0) << single.output;
-  const auto pipe =
-      run_command(mlp_fit_command(root + "/pipe", {"--strategy", "pipe", "--devices", "2",
-                                                   "--chunks", "4", "--schedule", "auto"}));
+  const auto pipe = run_command(
+      mlp_fit_command(root + "/pipe", {"--strategy", "pipe", "--devices", "2", "--chunks", "4",
+                                       "--schedule", "auto", "--max-memory", "2"}));
   ASSERT_EQ(pipe.exit_code, 0) << pipe.output;
   EXPECT_NE(pipe.output.find("pipetrain: schedule auto: per micro-batch F/I/W ms by stage: 0: "),
             std::string::npos)
       << pipe.output;
-  for (const std::string candidate : {" 1f1b ", " zbh1 ", " gpipe "}) {
-    EXPECT_NE(pipe.output.find("predicted step:"), std::string::npos) << pipe.output;
+  EXPECT_NE(pipe.output.find("predicted step:"), std::string::npos) << pipe.output;
+  for (const std::string candidate : {" 1f1b ", " zbh1 ", " zbh2 ", " gpipe "}) {
     EXPECT_NE(pipe.output.find(candidate), std::string::npos) << candidate << pipe.output;
   }
-  EXPECT_NE(pipe.output.find("; running "), std::string::npos) << pipe.output;
+  // Two stages, four micro-batches: zbh2 holds three micro-batches' activations, gpipe four.
+  EXPECT_NE(pipe.output.find("(holds 2)"), std::string::npos) << pipe.output;
+  EXPECT_NE(pipe.output.find("(holds 3, too many)"), std::string::npos) << pipe.output;
+  EXPECT_NE(pipe.output.find("(holds 4, too many)"), std::string::npos) << pipe.output;
+  const size_t running = pipe.output.find("; running ");
+  ASSERT_NE(running, std::string::npos) << pipe.output;
+  const std::string pick = pipe.output.substr(running + 10, 4);
+  EXPECT_TRUE(pick == "1f1b" || pick == "zbh1") << pipe.output;
   expect_same_train_losses(root + "/single", root + "/pipe");
   const auto refused = run_command(
       mlp_fit_command(root + "/v2", {"--strategy", "pipe", "--devices", "2", "--chunks", "4",
                                      "--schedule", "auto", "--virtual-stages", "2"}));
   EXPECT_NE(refused.exit_code, 0);
-  EXPECT_NE(refused.output.find("schedule 'auto' chooses among gpipe, 1f1b and zbh1"),
+  EXPECT_NE(refused.output.find("schedule 'auto' chooses among 1f1b, zbh1, zbh2 and gpipe"),
             std::string::npos)
       << refused.output;
+  const auto too_little =
+      run_command(mlp_fit_command(root + "/m1", {"--strategy", "pipe", "--devices", "2", "--chunks",
+                                                 "4", "--schedule", "auto", "--max-memory", "1"}));
+  EXPECT_NE(too_little.exit_code, 0);
+  EXPECT_NE(too_little.output.find("schedule 'auto' holds up to 2 micro-batches' activations on "
+                                   "a stage, more than max_memory (--max-memory) 1"),
+            std::string::npos)
+      << too_little.output;
   std::filesystem::remove_all(root);
 }
 

@@ -22,7 +22,8 @@
 namespace pipetrain::testing {
 namespace {
 
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1", "interleaved1f1b", "zbv"};
+const std::vector<std::string> kSchedules = {"gpipe",           "1f1b", "zbh1", "zbh2",
+                                             "interleaved1f1b", "zbv"};
 // interleaved1f1b and zbv with 2 stages per rank: 4 stages of the reference model's 7 layers.
 int64_t virtual_stages(const std::string& schedule) {
   return schedule == "interleaved1f1b" || schedule == "zbv" ? 2 : 1;

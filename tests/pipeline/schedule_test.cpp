@@ -144,6 +144,48 @@ TEST(ScheduleTest, ZBH1HoldsNoMoreActivationsThanOneFOneBsFirstStage) {
   }
 }
 
+// ZB-H2 keeps each stage busy from its first forward to its last action: with W as long as I (and
+// no longer than F) its step is the least any schedule can take, the first forward's way to the
+// last stage plus every stage's own work; where I and W differ it still never loses to ZB-H1.
+TEST(ScheduleTest, ZBH2TakesTheLeastStepWhereWIsAsLongAsI) {
+  struct Costs {
+    double f, b, w;
+  };
+  for (int64_t p = 1; p <= 4; ++p) {
+    for (int64_t m : {1, 2, 3, 4, 5, 8, 16}) {
+      const Schedule zb2 = zbh2_schedule(p, m);
+      EXPECT_NO_THROW(check_transfer_order(zb2));
+      for (const Costs c : {Costs{1, 2, 1}, Costs{2, 2, 1}, Costs{3, 2, 1}, Costs{1, 1, 0.5},
+                            Costs{1, 2, 0.5}, Costs{1, 1, 0.4}, Costs{1, 1, 0.6}, Costs{2, 3, 1}}) {
+        SCOPED_TRACE("F=" + std::to_string(c.f) + " B=" + std::to_string(c.b) + " W=" +
+                     std::to_string(c.w) + " p=" + std::to_string(p) + " m=" + std::to_string(m));
+        const ActionCosts costs = ActionCosts::uniform(p, c.f, c.b, c.w);
+        const double step = simulate(zb2, costs).step_time;
+        EXPECT_LE(step, simulate(zbh1_schedule(p, m), costs).step_time + 1e-9);
+        if (2 * c.w == c.b && c.w <= c.f && m >= p) {
+          EXPECT_DOUBLE_EQ(step, double(p - 1) * c.f + double(m) * (c.f + c.b));
+        }
+      }
+      for (int64_t s = 0; s < p; ++s) {
+        EXPECT_EQ(max_in_flight(zb2[s]), std::min(2 * p - 1, m)) << "p=" << p << " m=" << m;
+      }
+    }
+  }
+  EXPECT_EQ(stage_order(zbh2_schedule(2, 4), 0), "0F0 0F1 0F2 0I0 0W0 0I1 0F3 0I2 0W1 0W2 0I3 0W3");
+}
+
+TEST(ScheduleTest, ActivationsHeldCountsEachStageFromItsForwardToItsLastBackward) {
+  for (const std::string name : {"gpipe", "1f1b", "zbh1", "zbh2"}) {
+    const Schedule s = make_schedule(name, 3, 5);
+    const std::vector<int64_t> held = activations_held(s);
+    ASSERT_EQ(held.size(), 3u) << name;
+    for (int64_t st = 0; st < 3; ++st) EXPECT_EQ(held[st], max_in_flight(s[st])) << name;
+  }
+  // Two stages on one rank: counted apart.
+  EXPECT_EQ(activations_held(gpipe_schedule_placed({0, 0, 1}, 4)), (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_EQ(activations_held(one_f_one_b_schedule(3, 5)), (std::vector<int64_t>{3, 2, 1}));
+}
+
 TEST(ScheduleTest, SplitBackwardsAreCheckedLikeWholeOnes) {
   Schedule s(2);
   s[0] = parse("F0 F1 I0 W0 I1 W1");
@@ -247,7 +289,7 @@ TEST(ScheduleTest, EveryBuiltScheduleSendsInTheOrderItsNeighboursReceive) {
   for (int64_t p = 1; p <= 4; ++p) {
     for (int64_t m : {1, 2, 3, 4, 8}) {
       SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
-      for (const std::string name : {"gpipe", "1f1b", "zbh1"}) {
+      for (const std::string name : {"gpipe", "1f1b", "zbh1", "zbh2"}) {
         EXPECT_NO_THROW(check_transfer_order(make_schedule(name, p, m))) << name;
       }
       if (m % std::max<int64_t>(1, m / p) == 0) {
@@ -276,7 +318,7 @@ TEST(ScheduleTest, TransfersOutOfOrderAreRefusedWithTheGrid) {
 }
 
 TEST(ScheduleTest, CsvFilesRoundTripInTorchsComputeOnlyFormat) {
-  for (const std::string name : {"gpipe", "1f1b", "zbh1"}) {
+  for (const std::string name : {"gpipe", "1f1b", "zbh1", "zbh2"}) {
     const Schedule s = make_schedule(name, 3, 4);
     EXPECT_EQ(parse_schedule_csv(schedule_csv(s)), s) << name;
   }
@@ -294,7 +336,7 @@ TEST(ScheduleTest, CsvFilesRoundTripInTorchsComputeOnlyFormat) {
 
 TEST(ScheduleTest, MakeScheduleDispatchesByName) {
   EXPECT_EQ(schedule_names(),
-            (std::vector<std::string>{"gpipe", "1f1b", "zbh1", "interleaved1f1b", "zbv"}));
+            (std::vector<std::string>{"gpipe", "1f1b", "zbh1", "zbh2", "interleaved1f1b", "zbv"}));
   EXPECT_EQ(make_schedule("zbv", 2, 4, 2), zbv_schedule(2, 4));
   EXPECT_NE(error_of([] { make_schedule("zbv", 2, 4); }).find("exactly 2 stages per rank"),
             std::string::npos);
@@ -305,6 +347,7 @@ TEST(ScheduleTest, MakeScheduleDispatchesByName) {
   EXPECT_EQ(make_schedule("gpipe", 3, 5), gpipe_schedule(3, 5));
   EXPECT_EQ(make_schedule("1f1b", 3, 5), one_f_one_b_schedule(3, 5));
   EXPECT_EQ(make_schedule("zbh1", 3, 5), zbh1_schedule(3, 5));
+  EXPECT_EQ(make_schedule("zbh2", 3, 5), zbh2_schedule(3, 5));
 }
 
 TEST(ScheduleTest, UnknownNameListsKnownNames) {
