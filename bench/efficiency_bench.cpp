@@ -1,8 +1,8 @@
 // How close does a 2-stage CPU pipeline come to the ideal? The same MLP and the same m
 // micro-batches are trained (a) by ONE process with one thread doing gradient accumulation over
 // the micro-batches and (b) by a 2-stage Pipe, one process and one BLAS/OpenMP thread per stage,
-// for m in {1, 2, 4, 8, 16}, schedules "gpipe", "1f1b", "zbh1", "interleaved1f1b" and "zbv" (2
-// stages per rank), and "auto" (its picks printed by rank 0 as it makes them, m ascending),
+// for m in {1, 2, 4, 8, 16}, schedules "gpipe", "1f1b", "zbh1", "zbh2", "interleaved1f1b" and "zbv"
+// (2 stages per rank), and "auto" (its picks printed by rank 0 as it makes them, m ascending),
 // checkpoint "never". Speedup is
 // T_single / T_pipe, efficiency T_single / (p * T_pipe); the bubble allows at most m / (m + p - 1),
 // so the table also shows efficiency / bound (goal: >= 0.85 at m = 8). A "simulated" column feeds
@@ -52,7 +52,7 @@ constexpr int kRounds = 3;          // every configuration is timed once per rou
 constexpr int kStepsPerTiming = 2;  // training steps between the two barriers of one timing
 constexpr double kLearningRate = 1e-4;
 const std::vector<int64_t> kChunks = {1, 2, 4, 8, 16};
-const std::vector<std::string> kSchedules = {"gpipe",           "1f1b", "zbh1",
+const std::vector<std::string> kSchedules = {"gpipe",           "1f1b", "zbh1", "zbh2",
                                              "interleaved1f1b", "zbv",  "auto"};
 
 // Stages per rank: interleaved1f1b and zbv cut each rank's 8 blocks into 2 stages of 4.

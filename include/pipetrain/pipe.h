@@ -27,6 +27,7 @@
 #include "pipetrain/checkpoint.h"
 #include "pipetrain/microbatch.h"
 #include "pipetrain/p2p.h"
+#include "pipetrain/plan.h"
 #include "pipetrain/schedule.h"
 
 namespace pipetrain {
@@ -162,17 +163,26 @@ class Pipe {
   void run_forward(Step& step, const Action& action);
   void run_backward(Step& step, const Action& action);
   void run_weight_backward(Step& step, const Action& action);
+  // The fused Linear layers' weight gradients that `backward` (a B) put off until after its send.
+  void run_deferred_weight_gradients(Step& step, const Action& backward);
   // What autograd starts a stage's backward of a micro-batch from (after the recompute where it
   // was checkpointed), given the gradients of its outputs; no roots: nothing to go back through.
   void backward_roots(const LocalStage& stage, InFlight& state,
                       const std::vector<at::Tensor>& grad_outputs, int64_t microbatch,
                       std::vector<at::Tensor>* roots, std::vector<at::Tensor>* grads);
-  // The tensors crossing a boundary: through p2p between ranks, handed over within one.
-  StageValue receive_activation(int64_t stage, const MicroBatch& mb);
-  // The returned sends (null for a hand-over) are what CUDA graphs' slots wait on.
-  WorkPtr send_activation(int64_t stage, const MicroBatch& mb, Packet packet);
-  std::vector<at::Tensor> receive_gradient(int64_t stage, const MicroBatch& mb);
-  WorkPtr send_gradient(int64_t stage, const MicroBatch& mb, Packet grads);
+  // The plan's transfers (plan.h): a receive leaves the tensors in arrived_*_, a send takes them
+  // from the step's outgoing packets (and, under CUDA graphs, tells the slot whose buffers they
+  // are that they are on their way).
+  void run_receive(Step& step, const PlannedAction& planned);
+  void run_send(Step& step, const PlannedAction& planned);
+  void receive_activation(int64_t peer, int64_t stage, const MicroBatch& mb);
+  // What `stage` made for its neighbour (the next stage's activations, or the previous stage's
+  // gradients): handed over when that stage runs on this rank, else left for the plan's send (no
+  // step: a forward-only pass, sent at once).
+  void pass_on(Step* step, bool gradients, int64_t stage, const MicroBatch& mb, Packet packet,
+               int64_t slot);
+  // This rank's plan for a batch of `chunks` micro-batches, lowered once per chunk count.
+  const std::vector<PlannedAction>& plan_for(int64_t chunks);
   StageValue run_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch);
   // `layer`, or, with deferred_batch_norm, the DeferredBatchNorm standing in for it.
   torch::nn::AnyModule defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index);
@@ -197,15 +207,16 @@ class Pipe {
   int64_t world_size_ = 1;
   std::vector<int64_t> rank_of_stage_;
   std::vector<LocalStage> local_stages_;  // ascending
-  // Within a rank, what one stage hands the next (activations) or the previous (gradients), by
-  // (receiving stage, micro-batch).
-  std::map<std::pair<int64_t, int64_t>, Packet> handed_activations_, handed_gradients_;
+  // What has arrived for a stage, received from another rank or handed over by a stage of this
+  // one: activations from the previous stage, gradients from the next, by (receiving stage,
+  // micro-batch).
+  std::map<std::pair<int64_t, int64_t>, Packet> arrived_activations_, arrived_gradients_;
   CheckpointMode checkpoint_mode_;
   std::string schedule_name_;    // what runs: the option's, or auto's pick (until then, zbh1)
   int64_t profiled_steps_ = -1;  // schedule "auto": steps timed so far; -1: picked, or not auto
   Schedule schedule_;
-  std::map<int64_t, Schedule> short_schedules_;
-  torch::nn::Sequential stage_module_;  // every local stage's layers
+  std::map<int64_t, std::vector<PlannedAction>> plans_;  // by chunks
+  torch::nn::Sequential stage_module_;                   // every local stage's layers
   std::function<void()> last_backward_hook_;
   std::unique_ptr<TiedGradients> tied_;
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_norms_;

@@ -20,6 +20,7 @@
 #include "pipetrain/compat.h"
 #include "pipetrain/error.h"
 #include "pipetrain/p2p.h"
+#include "pipetrain/plan.h"
 #include "pipetrain/tied_parameters.h"
 #include "pipetrain/trace.h"
 #include "pipetrain/world.h"
@@ -49,34 +50,17 @@ struct Slots {
   void release(int64_t slot) { taken[slot] = false; }
 };
 
-// Whether a stage computes its fused Linear layers' weight gradients after its last backward,
-// each layer's micro-batches joined into one GEMM: when it holds every micro-batch's activations
-// until then anyway (all its forwards come first and none is recomputed). The dY it keeps for
-// that is as large as the Linear layers' outputs.
-// A schedule that splits the backward says itself where weight gradients go: in its W's.
-bool joins_weight_gradients(const std::vector<Action>& actions, int64_t recompute_below) {
-  if (recompute_below > 0) return false;
-  bool backward_seen = false;
-  for (const Action& action : actions) {
-    if (action.phase == Phase::kWeightBackward) return false;
-    if (action.phase != Phase::kForward) {
-      backward_seen = true;
-    } else if (backward_seen) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// The action of `actions` that adds the last weight gradients of a step: the last B or W (of the
-// first stage, whose I runs the whole backward, the last I). Null if none.
-const Action* last_weight_gradient_action(const std::vector<Action>& actions) {
-  const Action* last = nullptr;
-  for (const Action& action : actions) {
+// The compute action of `plan` that adds the last weight gradients of a step: the last B or W (of
+// the first stage, whose I runs the whole backward, the last I). Null if none.
+const PlannedAction* last_weight_gradient_action(const std::vector<PlannedAction>& plan) {
+  const PlannedAction* last = nullptr;
+  for (const PlannedAction& planned : plan) {
+    const Action& action = planned.action;
     const bool adds =
-        action.phase == Phase::kBackward ||
-        action.phase == (action.stage == 0 ? Phase::kInputBackward : Phase::kWeightBackward);
-    if (adds) last = &action;
+        planned.kind == PlannedAction::Kind::kCompute &&
+        (action.phase == Phase::kBackward ||
+         action.phase == (action.stage == 0 ? Phase::kInputBackward : Phase::kWeightBackward));
+    if (adds) last = &planned;
   }
   return last;
 }
@@ -255,12 +239,12 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     }
   }
   // Fused Linear layers put their weight gradients off: after the last backward (see
-  // joins_weight_gradients), or else until the input's gradient is sent on. The first stage sends
-  // none, so on a rank of it alone they would only keep their inputs alive longer.
+  // can_join_weight_gradients), or else until the input's gradient is sent on. The first stage
+  // sends none, so on a rank of it alone they would only keep their inputs alive longer.
   if (options_.fuse_gradient_accumulation() &&
       (options_.virtual_stages() > 1 || !is_first_stage() ||
-       joins_weight_gradients(schedule_[rank_],
-                              checkpoint_stop(checkpoint_mode_, options_.chunks())))) {
+       can_join_weight_gradients(lower(schedule_)[rank_],
+                                 checkpoint_stop(checkpoint_mode_, options_.chunks())))) {
     deferred_ = std::make_shared<DeferredWeightGradients>();
   }
   if (options_.deferred_batch_norm() && options_.cuda_graphs()) {
@@ -443,8 +427,8 @@ at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
     // add to the next step.
     if (deferred_) deferred_->clear();
     for (const auto& norm : deferred_norms_) norm->discard();
-    handed_activations_.clear();
-    handed_gradients_.clear();
+    arrived_activations_.clear();
+    arrived_gradients_.clear();
     // The other stages will only see this process vanish; tell them why.
     world_->publish_error(error_message(e));
     throw;
@@ -473,9 +457,12 @@ struct Pipe::Step {
   int64_t recompute_below = 0;  // micro-batches below it are checkpointed
   std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;  // by (stage, micro-batch)
   Slots slots;
+  // What this rank's stages made for another rank, until the plan's send: by (gradients?,
+  // stage that made it, micro-batch), with the CUDA-graph slot whose buffers it is.
+  std::map<std::tuple<bool, int64_t, int64_t>, std::pair<Packet, int64_t>> outgoing;
   at::Tensor total_loss;
-  // The fused Linear layers' weight gradients wait for the last backward (joins_weight_gradients)
-  // and, under CUDA graphs, the slots whose work waits with them.
+  // The fused Linear layers' weight gradients wait for the plan's joined action and, under CUDA
+  // graphs, the slots whose work waits with them.
   bool join_weight_gradients = false;
   std::vector<int64_t> weight_gradient_slots;
   bool profiling = false;                // schedule "auto": time the compute of each action kind
@@ -522,20 +509,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   const int64_t chunks = std::min(options_.chunks(), batch_size);
   step.microbatches = split_microbatches(batch_size, chunks);
   step.recompute_below = checkpoint_stop(checkpoint_mode_, chunks);
-  if (chunks != options_.chunks() && !short_schedules_.count(chunks)) {
-    // A file's schedule is for `chunks` micro-batches alone, and a built one may not take so few
-    // (interleaved1f1b's rounds): GPipe over the same stages on the same ranks trains alike.
-    Schedule shorter = gpipe_schedule_placed(rank_of_stage_, chunks);
-    if (options_.schedule_file().empty()) {
-      try {
-        shorter = checked_schedule(schedule_name_, world_size_, chunks, options_.virtual_stages());
-      } catch (const std::invalid_argument&) {
-      }
-    }
-    short_schedules_[chunks] = std::move(shorter);
-  }
-  const std::vector<Action>& actions =
-      (chunks == options_.chunks() ? schedule_ : short_schedules_[chunks])[rank_];
+  const std::vector<PlannedAction>& plan = plan_for(chunks);
   if (graphs_ && autocast_enabled(world_->device().type())) {
     // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any graph:
     // a replay would read copies the cache has since freed.
@@ -547,34 +521,75 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
     graphs_.reset();
   }
   if (graphs_) graphs_->adopt_gradients();
-  step.join_weight_gradients = deferred_ && joins_weight_gradients(actions, step.recompute_below);
-  const Action* last_weight_gradients = last_weight_gradient_action(actions);
+  step.join_weight_gradients =
+      std::any_of(plan.begin(), plan.end(), [](const PlannedAction& planned) {
+        return planned.kind == PlannedAction::Kind::kJoinedWeightGradients;
+      });
+  const PlannedAction* last_weight_gradients = last_weight_gradient_action(plan);
 
   // Schedule "auto" times its first full steps' compute: seconds in F, in B or I, and in W.
   step.profiling = profiled_steps_ >= 0 && chunks == options_.chunks();
-  for (const Action& action : actions) {
-    if (&action == last_weight_gradients && last_backward_hook_) last_backward_hook_();
-    switch (action.phase) {
-      case Phase::kForward:
-        run_forward(step, action);
+  for (const PlannedAction& planned : plan) {
+    if (&planned == last_weight_gradients && last_backward_hook_) last_backward_hook_();
+    switch (planned.kind) {
+      case PlannedAction::Kind::kReceive:
+        run_receive(step, planned);
         break;
-      case Phase::kBackward:
-      case Phase::kInputBackward:
-        run_backward(step, action);
+      case PlannedAction::Kind::kSend:
+        run_send(step, planned);
         break;
-      case Phase::kWeightBackward:
-        run_weight_backward(step, action);
+      case PlannedAction::Kind::kWeightGradients:
+        run_deferred_weight_gradients(step, planned.action);
+        break;
+      case PlannedAction::Kind::kJoinedWeightGradients: {
+        Trace::Span span(options_.trace().get(), "weight gradients");
+        run_weight_gradients(step.weight_gradient_slots);
+        break;
+      }
+      case PlannedAction::Kind::kCompute:
+        switch (planned.action.phase) {
+          case Phase::kForward:
+            run_forward(step, planned.action);
+            break;
+          case Phase::kBackward:
+          case Phase::kInputBackward:
+            run_backward(step, planned.action);
+            break;
+          case Phase::kWeightBackward:
+            run_weight_backward(step, planned.action);
+            break;
+        }
         break;
     }
-  }
-  if (step.join_weight_gradients) {
-    Trace::Span span(options_.trace().get(), "weight gradients");
-    run_weight_gradients(step.weight_gradient_slots);
   }
   for (const auto& norm : deferred_norms_) norm->commit();
   if (p2p_) p2p_->wait_for_sends();
   if (step.profiling) record_profile(step.seconds, chunks);
   return step.total_loss;
+}
+
+const std::vector<PlannedAction>& Pipe::plan_for(int64_t chunks) {
+  auto found = plans_.find(chunks);
+  if (found != plans_.end()) return found->second;
+  Schedule schedule = schedule_;
+  if (chunks != options_.chunks()) {
+    // A file's schedule is for `chunks` micro-batches alone, and a built one may not take so few
+    // (interleaved1f1b's rounds): GPipe over the same stages on the same ranks trains alike.
+    schedule = gpipe_schedule_placed(rank_of_stage_, chunks);
+    if (options_.schedule_file().empty()) {
+      try {
+        schedule = checked_schedule(schedule_name_, world_size_, chunks, options_.virtual_stages());
+      } catch (const std::invalid_argument&) {
+      }
+    }
+  }
+  std::vector<PlannedAction> plan = lower(schedule)[rank_];
+  if (deferred_ && can_join_weight_gradients(plan, checkpoint_stop(checkpoint_mode_, chunks))) {
+    join_weight_gradients(plan);
+  } else if (deferred_) {
+    defer_weight_gradients(plan);
+  }
+  return plans_[chunks] = std::move(plan);
 }
 
 void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
@@ -618,47 +633,69 @@ void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
   if (rank_ == 0) print_line(line.str() + "; running " + best);
   schedule_name_ = best;
   schedule_ = checked_schedule(schedule_name_, world_size_, options_.chunks(), 1);
-  short_schedules_.clear();
+  plans_.clear();
   profiled_steps_ = -1;
 }
 
-StageValue Pipe::receive_activation(int64_t stage, const MicroBatch& mb) {
-  const int64_t from = rank_of_stage(stage - 1);
-  if (from == rank_) return unpacked(take(handed_activations_, {stage, mb.index}));
-  Trace::Span span(options_.trace().get(), "recv activation", mb.index);
-  return unpacked(p2p_->recv(from, Flow::kActivation, mb.size(), stage));
-}
-
-WorkPtr Pipe::send_activation(int64_t stage, const MicroBatch& mb, Packet packet) {
-  const int64_t to = rank_of_stage(stage + 1);
-  if (to == rank_) {
-    // What a receive would give: leaves, those that take a gradient requiring it.
-    for (size_t i = 0; i < packet.tensors.size(); ++i) {
-      const bool grad = i < packet.requires_grad.size() && packet.requires_grad[i];
-      packet.tensors[i] = packet.tensors[i].detach().requires_grad_(grad);
-    }
-    handed_activations_[{stage + 1, mb.index}] = std::move(packet);
-    return WorkPtr();
+void Pipe::run_receive(Step& step, const PlannedAction& planned) {
+  const Action& action = planned.action;
+  const MicroBatch& mb = step.microbatches[action.microbatch];
+  if (!planned.gradients()) {
+    receive_activation(planned.peer, action.stage, mb);
+    return;
   }
-  Trace::Span span(options_.trace().get(), "send activation", mb.index);
-  return p2p_->send(packet, to, Flow::kActivation, mb.size(), stage + 1);
-}
-
-std::vector<at::Tensor> Pipe::receive_gradient(int64_t stage, const MicroBatch& mb) {
-  const int64_t from = rank_of_stage(stage + 1);
-  if (from == rank_) return take(handed_gradients_, {stage, mb.index}).tensors;
+  // Only outputs that take a gradient (floating ones) get one back, and outputs without any
+  // none at all.
+  const InFlight& state = step.in_flight.at({action.stage, action.microbatch});
+  if (std::none_of(state.output.tensors.begin(), state.output.tensors.end(), has_gradient)) return;
   Trace::Span span(options_.trace().get(), "recv gradient", mb.index);
-  return p2p_->recv(from, Flow::kGradient, mb.size(), stage).tensors;
+  arrived_gradients_[{action.stage, mb.index}] =
+      p2p_->recv(planned.peer, Flow::kGradient, mb.size(), action.stage);
 }
 
-WorkPtr Pipe::send_gradient(int64_t stage, const MicroBatch& mb, Packet grads) {
-  const int64_t to = rank_of_stage(stage - 1);
-  if (to == rank_) {
-    handed_gradients_[{stage - 1, mb.index}] = std::move(grads);
-    return WorkPtr();
+void Pipe::receive_activation(int64_t peer, int64_t stage, const MicroBatch& mb) {
+  Trace::Span span(options_.trace().get(), "recv activation", mb.index);
+  arrived_activations_[{stage, mb.index}] = p2p_->recv(peer, Flow::kActivation, mb.size(), stage);
+}
+
+void Pipe::run_send(Step& step, const PlannedAction& planned) {
+  const Action& action = planned.action;
+  auto node = step.outgoing.extract({planned.gradients(), action.stage, action.microbatch});
+  if (node.empty()) return;  // no input took a gradient
+  auto& [packet, slot] = node.mapped();
+  const MicroBatch& mb = step.microbatches[action.microbatch];
+  // The stage the tensors are for, whose channel they take.
+  const int64_t to_stage = planned.gradients() ? action.stage - 1 : action.stage + 1;
+  const Flow flow = planned.gradients() ? Flow::kGradient : Flow::kActivation;
+  Trace::Span span(options_.trace().get(),
+                   planned.gradients() ? "send gradient" : "send activation", mb.index);
+  WorkPtr sent = p2p_->send(packet, planned.peer, flow, mb.size(), to_stage);
+  if (graphs_)
+    (planned.gradients() ? step.slots.gradient_sends : step.slots.activation_sends)[slot] = sent;
+}
+
+void Pipe::pass_on(Step* step, bool gradients, int64_t stage, const MicroBatch& mb, Packet packet,
+                   int64_t slot) {
+  const int64_t to_stage = gradients ? stage - 1 : stage + 1;
+  if (rank_of_stage(to_stage) != rank_) {
+    if (step) {
+      step->outgoing[{gradients, stage, mb.index}] = {std::move(packet), slot};
+    } else {  // a forward-only pass sends at once
+      Trace::Span span(options_.trace().get(), "send activation", mb.index);
+      p2p_->send(packet, rank_of_stage(to_stage), Flow::kActivation, mb.size(), to_stage);
+    }
+    return;
   }
-  Trace::Span span(options_.trace().get(), "send gradient", mb.index);
-  return p2p_->send(grads, to, Flow::kGradient, mb.size(), stage - 1);
+  if (gradients) {
+    arrived_gradients_[{to_stage, mb.index}] = std::move(packet);
+    return;
+  }
+  // What a receive would give: leaves, those that take a gradient requiring it.
+  for (size_t i = 0; i < packet.tensors.size(); ++i) {
+    const bool grad = i < packet.requires_grad.size() && packet.requires_grad[i];
+    packet.tensors[i] = packet.tensors[i].detach().requires_grad_(grad);
+  }
+  arrived_activations_[{to_stage, mb.index}] = std::move(packet);
 }
 
 void Pipe::run_forward(Step& step, const Action& action) {
@@ -666,8 +703,9 @@ void Pipe::run_forward(Step& step, const Action& action) {
   const MicroBatch& mb = step.microbatches[action.microbatch];
   InFlight state;
   state.checkpointed = action.microbatch < step.recompute_below;
-  state.input = is_first(stage.index) ? StageValue::of(step.input.slice(0, mb.begin, mb.end))
-                                      : receive_activation(stage.index, mb);
+  state.input = is_first(stage.index)
+                    ? StageValue::of(step.input.slice(0, mb.begin, mb.end))
+                    : unpacked(take(arrived_activations_, {stage.index, mb.index}));
   if (graphs_ && !graphs_checked_) check_graphs_fit(state.input, mb.index);
   {
     Trace::Span span(options_.trace().get(), "forward", mb.index);
@@ -695,8 +733,7 @@ void Pipe::run_forward(Step& step, const Action& action) {
     }
   }
   if (!is_last(stage.index)) {
-    auto sent = send_activation(stage.index, mb, activation_packet(state.output));
-    if (graphs_) step.slots.activation_sends[state.slot] = sent;
+    pass_on(&step, false, stage.index, mb, activation_packet(state.output), state.slot);
   }
   step.in_flight.emplace(std::make_pair(stage.index, action.microbatch), std::move(state));
 }
@@ -743,7 +780,7 @@ void Pipe::run_backward(Step& step, const Action& action) {
   std::vector<at::Tensor> grad_outputs;
   if (!is_last(stage.index) &&
       std::any_of(state.output.tensors.begin(), state.output.tensors.end(), has_gradient)) {
-    grad_outputs = receive_gradient(stage.index, mb);
+    grad_outputs = take(arrived_gradients_, {stage.index, mb.index}).tensors;
   }
   Packet input_grads;
   {
@@ -779,14 +816,16 @@ void Pipe::run_backward(Step& step, const Action& action) {
     }
   }
   if (!is_first(stage.index) && !input_grads.tensors.empty()) {
-    auto sent = send_gradient(stage.index, mb, std::move(input_grads));
-    if (graphs_) step.slots.gradient_sends[state.slot] = sent;
+    pass_on(&step, true, stage.index, mb, std::move(input_grads), state.slot);
   }
   if (split) return;  // the rest waits for its W
-  // The fused Linear layers' weight gradients: after the last backward, or now that the previous
-  // stage has what it waits for (an I that ran the whole backward too: its W has nothing left).
+  // The fused Linear layers' weight gradients: after the last backward (the plan's joined
+  // action), or, of a B, in the plan's action after its send; an I that ran the whole backward
+  // (nothing to send) computes them now, leaving its W nothing.
   if (step.join_weight_gradients) {
     if (graphs_) step.weight_gradient_slots.push_back(state.slot);
+  } else if (deferred_ && action.phase == Phase::kBackward) {
+    return;  // its weight-gradient action lets it go
   } else {
     if (deferred_) {
       Trace::Span span(trace, "weight gradients", mb.index);
@@ -795,6 +834,14 @@ void Pipe::run_backward(Step& step, const Action& action) {
     if (graphs_) step.slots.release(state.slot);
   }
   if (action.phase == Phase::kBackward) step.in_flight.erase(key);  // else its W lets it go
+}
+
+void Pipe::run_deferred_weight_gradients(Step& step, const Action& backward) {
+  auto node = step.in_flight.extract(std::make_pair(backward.stage, backward.microbatch));
+  const int64_t slot = node.mapped().slot;
+  Trace::Span span(options_.trace().get(), "weight gradients", backward.microbatch);
+  run_weight_gradients({slot});
+  if (graphs_) step.slots.release(slot);
 }
 
 void Pipe::run_weight_backward(Step& step, const Action& action) {
@@ -827,20 +874,24 @@ void Pipe::forward(const at::Tensor& input, int64_t batch_size, const OutputFn& 
     // Each micro-batch through this rank's stages in order; a stage's outputs go on as they come.
     for (const LocalStage& stage : local_stages_) {
       for (const MicroBatch& mb : microbatches) {
+        if (!is_first(stage.index) && rank_of_stage(stage.index - 1) != rank_) {
+          receive_activation(rank_of_stage(stage.index - 1), stage.index, mb);
+        }
         const StageValue x = is_first(stage.index)
                                  ? StageValue::of(on_device.slice(0, mb.begin, mb.end))
-                                 : receive_activation(stage.index, mb);
+                                 : unpacked(take(arrived_activations_, {stage.index, mb.index}));
         const StageValue y = run_stage(stage, x, mb.index);
         if (is_last(stage.index)) {
           on_output(y.tensors[0], mb);
         } else {
-          send_activation(stage.index, mb, Packet{y.tensors, {}, static_cast<int64_t>(y.packing)});
+          pass_on(nullptr, false, stage.index, mb,
+                  Packet{y.tensors, {}, static_cast<int64_t>(y.packing)}, -1);
         }
       }
     }
     if (p2p_) p2p_->wait_for_sends();
   } catch (const std::exception& e) {
-    handed_activations_.clear();
+    arrived_activations_.clear();
     world_->publish_error(error_message(e));
     throw;
   }

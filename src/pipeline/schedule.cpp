@@ -4,6 +4,8 @@
 // of a hung multi-process run.
 #include "pipetrain/schedule.h"
 
+#include "pipetrain/plan.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -909,43 +911,40 @@ Simulation simulate(const Schedule& schedule, const ActionCosts& costs) {
 
 void check_transfer_order(const Schedule& schedule) {
   const Shape shape = validate(schedule);
-  // Per (from, to, direction): the actions whose tensors travel, as the sender runs them and as
-  // the receiver runs theirs (named by the sending action).
+  // Per (from, to, direction): what travels, named by (stage, micro-batch) of the action that
+  // makes it, as the sender sends it and as the receiver expects it.
   using Channel = std::tuple<int64_t, int64_t, bool>;  // gradients: true
-  std::map<Channel, std::vector<StageAction>> sent, received;
-  const int64_t last = shape.stages() - 1;
-  for (size_t r = 0; r < shape.resolved.size(); ++r) {
+  using Made = std::pair<int64_t, int64_t>;
+  std::map<Channel, std::vector<Made>> sent, received;
+  std::map<std::pair<bool, Made>, Action> maker;  // for the message
+  const Plan plan = lower(schedule);
+  for (size_t r = 0; r < plan.size(); ++r) {
     const int64_t rank = static_cast<int64_t>(r);
-    for (const Action& a : shape.resolved[r]) {
-      const int64_t st = a.stage;
-      auto rank_of = [&](int64_t stage) { return shape.rank_of[stage]; };
-      if (a.phase == Phase::kForward) {
-        if (st < last && rank_of(st + 1) != rank)
-          sent[{rank, rank_of(st + 1), false}].push_back({st, a});
-        if (st > 0 && rank_of(st - 1) != rank) {
-          received[{rank_of(st - 1), rank, false}].push_back(
-              {st - 1, {Phase::kForward, a.microbatch, st - 1}});
-        }
-      } else if (a.phase != Phase::kWeightBackward) {
-        if (st > 0 && rank_of(st - 1) != rank)
-          sent[{rank, rank_of(st - 1), true}].push_back({st, a});
-        if (st < last && rank_of(st + 1) != rank) {
-          const Phase ph = shape.gradient_phase[st + 1][a.microbatch];
-          received[{rank_of(st + 1), rank, true}].push_back({st + 1, {ph, a.microbatch, st + 1}});
-        }
+    for (const PlannedAction& p : plan[r]) {
+      const Action& a = p.action;
+      if (p.kind == PlannedAction::Kind::kSend) {
+        sent[{rank, p.peer, p.gradients()}].push_back({a.stage, a.microbatch});
+        maker[{p.gradients(), {a.stage, a.microbatch}}] = a;
+      } else if (p.kind == PlannedAction::Kind::kReceive) {
+        const int64_t from_stage = p.gradients() ? a.stage + 1 : a.stage - 1;
+        received[{p.peer, rank, p.gradients()}].push_back({from_stage, a.microbatch});
       }
     }
   }
   for (const auto& [channel, sends] : sent) {
     const auto& [from, to, gradients] = channel;
-    const std::vector<StageAction>& receives = received[channel];
+    const std::vector<Made>& receives = received[channel];
     for (size_t k = 0; k < sends.size() && k < receives.size(); ++k) {
-      if (sends[k].stage == receives[k].stage && sends[k].action == receives[k].action) continue;
+      if (sends[k] == receives[k]) continue;
+      auto name = [&, gradients = gradients](const Made& made) {
+        const Action& a = maker.at({gradients, made});
+        return action_name(a.stage, a);
+      };
       throw std::runtime_error(
           "pipeline schedule cannot run: " + shape.row(to) + " receives the " +
           (gradients ? "gradients" : "activations") + " of " + shape.row(from) +
           " in another order than they are sent: its receive number " + std::to_string(k) +
-          " expects those of " + name_of(receives[k]) + ", but " + name_of(sends[k]) +
+          " expects those of " + name(receives[k]) + ", but " + name(sends[k]) +
           " sends that one; tensors pass between two ranks in order, so order the actions "
           "alike on both. Actions in list order:\n" +
           order_grid(schedule, to));
