@@ -44,58 +44,18 @@ BatchLimit parse_limit(const std::string& flag, const std::string& text) {
 // be split as asked), as CLI11's parse errors; 1 is a run that failed.
 constexpr int kUsageError = 2;
 
+// What the command line fills: the library's own options structs, so each flag's default is the
+// struct's (where the command wants another, it says so here, once), plus what only the command
+// has.
 struct Args {
   pipetrain::cli::ModelOptions model;
-  std::string strategy = "single";
-  std::string accelerator = "auto";
-  int64_t devices = 1;
-  int64_t num_nodes = 1;
-  int64_t stages = 0;
-  std::vector<int64_t> balance;
-  int64_t chunks = 1;
-  std::string checkpoint = "except_last";
-  std::string schedule = "gpipe";
-  int64_t virtual_stages = 1;
-  int64_t max_memory = 0;
-  std::string schedule_file;
-  bool cuda_graphs = false;
-  bool fuse_gradient_accumulation = false;
-  bool deferred_batch_norm = false;
-  std::string trace;
-  int64_t max_epochs = 1000;
-  int64_t min_epochs = 0;
-  int64_t max_steps = -1;
-  double max_time = 0;
-  std::string limit_train_batches = "1.0";
-  std::string limit_val_batches = "1.0";
-  std::string limit_test_batches = "1.0";
-  std::string limit_predict_batches = "1.0";
-  std::string val_check_interval = "1.0";
-  int64_t check_val_every_n_epoch = 1;
-  int64_t num_sanity_val_steps = 2;
-  int64_t accumulate_grad_batches = 1;
-  double gradient_clip_val = 0;
-  bool stop_on_nonfinite_loss = true;
-  std::string gradient_clip_algorithm = "norm";
-  int64_t fast_dev_run = 0;
-  bool deterministic = false;
-  bool enable_progress_bar = true;
-  bool enable_checkpointing = true;
-  int64_t log_every_n_steps = 50;
-  std::string precision = "32-true";
-  std::vector<std::string> logger{"csv", "tensorboard"};
-  int64_t batch_size = 32;
-  int64_t num_workers = 1;
-  uint64_t seed = 0;
-  std::string default_root_dir = ".";
-  int64_t timeout = 300;
+  pipetrain::TrainerOptions trainer;
+  pipetrain::DataLoaderOptions data = pipetrain::DataLoaderOptions().batch_size(32);
+  pipetrain::ModelCheckpointOptions checkpointing =
+      pipetrain::ModelCheckpointOptions().save_last(true);
+  int64_t early_stopping_patience = 0;  // 0: no EarlyStopping
   std::string ckpt_path;
-  std::string monitor;
-  std::string mode = "min";
-  int64_t save_top_k = 1;
-  bool save_last = true;
-  int64_t every_n_train_steps = 0;
-  int64_t early_stopping_patience = 0;
+  // predict, gpt: text generation.
   std::string prompt = "The ";
   int64_t max_new_tokens = 200;
   double temperature = 0.8;
@@ -115,11 +75,24 @@ std::string env_name(const std::string& flag) {
   return name;
 }
 
-// The flags of every subcommand, declared once.
+// The flags of every subcommand, declared once: each writes the options field it names.
 void add_flags(CLI::App& app, Args& a) {
   auto add = [&](const std::string& flag, auto& value, const std::string& help) {
     return app.add_option(flag, value, help)->envname(env_name(flag));
   };
+  // A number of batches or a fraction of them ("10", "0.25"), read by BatchLimit::parse.
+  auto add_limit = [&](const std::string& flag, pipetrain::BatchLimit& limit,
+                       const std::string& help) {
+    return app
+        .add_option_function<std::string>(
+            flag, [&limit, flag](const std::string& text) { limit = parse_limit(flag, text); },
+            help)
+        ->default_str(limit.to_string())
+        ->run_callback_for_default()  // so --config's value reaches `limit`
+        ->envname(env_name(flag));
+  };
+  pipetrain::TrainerOptions& t = a.trainer;
+  pipetrain::PipeOptions& pipe = t.pipe();
   add("--config", a.config, "JSON file of flag values (keys as the flags, e.g. \"max_epochs\")");
   add("--model", a.model.name, "built-in model: " + join(pipetrain::cli::model_names(), ", "));
   add("--lr", a.model.lr, "learning rate");
@@ -141,71 +114,77 @@ void add_flags(CLI::App& app, Args& a) {
   add("--n-embd", a.model.n_embd, "gpt2: embedding width (0: the preset's)");
   add("--init-from", a.model.init_from,
       "gpt2: start from a Hugging Face GPT-2 folder (config.json, model.safetensors)");
-  add("--strategy", a.strategy,
+  add("--strategy", t.strategy(),
       "how to place the model: single, pipe, ddp, ddp_pipe, or a registered name");
-  add("--accelerator", a.accelerator, "cpu, cuda, or auto (cuda when a GPU is visible)");
-  add("--devices", a.devices, "processes per node; under pipe, the number of stages");
-  add("--num-nodes", a.num_nodes, "machines; start one launch per node with NODE_RANK set");
-  add("--stages", a.stages, "ddp_pipe: stages per pipeline (must divide devices x num-nodes)");
-  add("--balance", a.balance, "layers per stage, e.g. 2,2 (default: by parameter count)")
+  add("--accelerator", t.accelerator(), "cpu, cuda, or auto (cuda when a GPU is visible)");
+  add("--devices", t.devices(), "processes per node; under pipe, the number of stages");
+  add("--num-nodes", t.num_nodes(), "machines; start one launch per node with NODE_RANK set");
+  add("--stages", t.stages(), "ddp_pipe: stages per pipeline (must divide devices x num-nodes)");
+  add("--balance", pipe.balance(), "layers per stage, e.g. 2,2 (default: by parameter count)")
       ->delimiter(',');
-  add("--chunks", a.chunks, "micro-batches per batch");
-  add("--checkpoint", a.checkpoint, "activation checkpointing: always, except_last, never");
-  add("--schedule", a.schedule,
+  add("--chunks", pipe.chunks(), "micro-batches per batch");
+  add("--checkpoint", pipe.checkpoint(), "activation checkpointing: always, except_last, never");
+  add("--schedule", pipe.schedule(),
       "pipeline schedule: gpipe, 1f1b, zbh1, zbh2, interleaved1f1b, zbv, or auto (the fastest of "
       "the first four, timed)");
-  add("--virtual-stages", a.virtual_stages,
+  add("--virtual-stages", pipe.virtual_stages(),
       "stages per process (interleaved1f1b: rank r runs stages r, r + devices, ...; zbv: 2)");
-  add("--max-memory", a.max_memory,
+  add("--max-memory", pipe.max_memory(),
       "the most micro-batches' activations a stage may hold (auto picks among the schedules "
       "that fit; 0: no limit)");
-  add("--schedule-file", a.schedule_file,
+  add("--schedule-file", pipe.schedule_file(),
       "a schedule of one's own: torch.distributed.pipelining's compute-only CSV, one line per "
       "process");
-  add("--cuda-graphs", a.cuda_graphs,
+  add("--cuda-graphs", pipe.cuda_graphs(),
       "replay forward and backward as CUDA graphs (cuda, checkpoint never)");
-  add("--fuse-gradient-accumulation", a.fuse_gradient_accumulation,
+  add("--fuse-gradient-accumulation", pipe.fuse_gradient_accumulation(),
       "Linear layers add weight gradients inside their GEMM");
-  add("--deferred-batch-norm", a.deferred_batch_norm,
+  add("--deferred-batch-norm", pipe.deferred_batch_norm(),
       "BatchNorm running statistics from the whole batch, not each micro-batch");
-  add("--max-epochs", a.max_epochs, "stop after this many epochs");
-  add("--min-epochs", a.min_epochs, "train at least this many epochs, even if asked to stop");
-  add("--max-steps", a.max_steps, "stop after this many optimizer steps (-1: no limit)");
-  add("--max-time", a.max_time, "stop after this many seconds of training (0: no limit)");
-  add("--limit-train-batches", a.limit_train_batches, "batches per epoch: a count or a fraction");
-  add("--limit-val-batches", a.limit_val_batches, "validation batches: a count or a fraction");
-  add("--limit-test-batches", a.limit_test_batches, "test batches: a count or a fraction");
-  add("--limit-predict-batches", a.limit_predict_batches, "predict batches: count or fraction");
-  add("--val-check-interval", a.val_check_interval,
-      "validate every this many batches, or this fraction of an epoch");
-  add("--check-val-every-n-epoch", a.check_val_every_n_epoch, "validate every N epochs");
-  add("--num-sanity-val-steps", a.num_sanity_val_steps, "validation batches run before training");
-  add("--accumulate-grad-batches", a.accumulate_grad_batches, "batches per optimizer step");
-  add("--gradient-clip-val", a.gradient_clip_val, "clip gradients at this value (0: off)");
-  add("--stop-on-nonfinite-loss", a.stop_on_nonfinite_loss,
+  add("--max-epochs", t.max_epochs(), "stop after this many epochs");
+  add("--min-epochs", t.min_epochs(), "train at least this many epochs, even if asked to stop");
+  add("--max-steps", t.max_steps(), "stop after this many optimizer steps (-1: no limit)");
+  add("--max-time", t.max_time(), "stop after this many seconds of training (0: no limit)");
+  add_limit("--limit-train-batches", t.limit_train_batches(),
+            "batches per epoch: a count or a fraction");
+  add_limit("--limit-val-batches", t.limit_val_batches(),
+            "validation batches: a count or a fraction");
+  add_limit("--limit-test-batches", t.limit_test_batches(), "test batches: a count or a fraction");
+  add_limit("--limit-predict-batches", t.limit_predict_batches(),
+            "predict batches: count or fraction");
+  add_limit("--val-check-interval", t.val_check_interval(),
+            "validate every this many batches, or this fraction of an epoch");
+  add("--check-val-every-n-epoch", t.check_val_every_n_epoch(), "validate every N epochs");
+  add("--num-sanity-val-steps", t.num_sanity_val_steps(), "validation batches run before training");
+  add("--accumulate-grad-batches", t.accumulate_grad_batches(), "batches per optimizer step");
+  add("--gradient-clip-val", t.gradient_clip_val(), "clip gradients at this value (0: off)");
+  add("--stop-on-nonfinite-loss", t.stop_on_nonfinite_loss(),
       "stop with an error at the first NaN or infinite training loss");
-  add("--gradient-clip-algorithm", a.gradient_clip_algorithm,
+  add("--gradient-clip-algorithm", t.gradient_clip_algorithm(),
       "norm (global norm over all stages) or value");
-  add("--fast-dev-run", a.fast_dev_run, "run N batches of each loop, no logs or checkpoints");
-  add("--deterministic", a.deterministic, "use deterministic algorithms only");
-  add("--enable-progress-bar", a.enable_progress_bar, "show progress (rank 0)");
-  add("--enable-checkpointing", a.enable_checkpointing, "save checkpoint files");
-  add("--log-every-n-steps", a.log_every_n_steps, "log metrics every K steps");
-  add("--precision", a.precision, "32-true, bf16-mixed or bf16-true");
-  add("--logger", a.logger, "loggers: csv, tensorboard (comma-separated; none: no logs)")
+  add("--fast-dev-run", t.fast_dev_run(), "run N batches of each loop, no logs or checkpoints");
+  add("--deterministic", t.deterministic(), "use deterministic algorithms only");
+  add("--enable-progress-bar", t.enable_progress_bar(), "show progress (rank 0)");
+  add("--enable-checkpointing", t.enable_checkpointing(), "save checkpoint files");
+  add("--log-every-n-steps", t.log_every_n_steps(), "log metrics every K steps");
+  add("--precision", t.precision(), "32-true, bf16-mixed or bf16-true");
+  add("--logger", t.loggers(), "loggers: csv, tensorboard (comma-separated; none: no logs)")
       ->delimiter(',');
-  add("--batch-size", a.batch_size, "samples per step and replica (split into --chunks)");
-  add("--num-workers", a.num_workers, "threads preparing batches ahead of the step (0: none)");
-  add("--seed", a.seed, "seed for initial weights and shuffling");
-  add("--default-root-dir", a.default_root_dir, "where lightning_logs/ goes");
-  add("--trace", a.trace, "fit: write a Chrome-trace JSON of every rank's spans to this file");
-  add("--timeout", a.timeout, "seconds to wait for another rank before failing");
+  add("--batch-size", a.data.batch_size(), "samples per step and replica (split into --chunks)");
+  add("--num-workers", a.data.num_workers(),
+      "threads preparing batches ahead of the step (0: none)");
+  add("--seed", t.seed(), "seed for initial weights and shuffling");
+  add("--default-root-dir", t.default_root_dir(), "where lightning_logs/ goes");
+  add("--trace", t.trace(), "fit: write a Chrome-trace JSON of every rank's spans to this file");
+  add("--timeout", t.timeout_seconds(), "seconds to wait for another rank before failing");
   add("--ckpt-path", a.ckpt_path, "checkpoint to resume from or evaluate: a path, or last");
-  add("--monitor", a.monitor, "metric that picks the best checkpoints (default: by recency)");
-  add("--mode", a.mode, "min or max: which way --monitor improves");
-  add("--save-top-k", a.save_top_k, "best checkpoints to keep (-1: all)");
-  add("--save-last", a.save_last, "also keep last.ckpt");
-  add("--every-n-train-steps", a.every_n_train_steps, "checkpoint every N steps (0: per epoch)");
+  add("--monitor", a.checkpointing.monitor(),
+      "metric that picks the best checkpoints (default: by recency)");
+  add("--mode", a.checkpointing.mode(), "min or max: which way --monitor improves");
+  add("--save-top-k", a.checkpointing.save_top_k(), "best checkpoints to keep (-1: all)");
+  add("--save-last", a.checkpointing.save_last(), "also keep last.ckpt");
+  add("--every-n-train-steps", a.checkpointing.every_n_train_steps(),
+      "checkpoint every N steps (0: per epoch)");
   add("--early-stopping-patience", a.early_stopping_patience,
       "stop when --monitor has not improved for N validations (0: off)");
   add("--prompt", a.prompt, "predict, gpt: text to continue");
@@ -260,26 +239,25 @@ std::string find_config(int argc, char** argv) {
   return env ? env : "";
 }
 
+// The Trainer's options as the flags left them, with what follows from them: no "none" among
+// the loggers, and the callbacks the flags ask for.
 pipetrain::TrainerOptions trainer_options(const Args& a) {
+  pipetrain::TrainerOptions options = a.trainer;
   std::vector<std::string> loggers;
-  for (const auto& name : a.logger) {
+  for (const auto& name : options.loggers()) {
     if (name != "none") loggers.push_back(name);
   }
+  options.loggers(loggers);
   std::vector<std::shared_ptr<pipetrain::Callback>> callbacks;
-  if (a.enable_checkpointing) {
-    callbacks.push_back(std::make_shared<pipetrain::ModelCheckpoint>(
-        pipetrain::ModelCheckpointOptions()
-            .monitor(a.monitor)
-            .mode(a.mode)
-            .save_top_k(a.save_top_k)
-            .save_last(a.save_last)
-            .every_n_train_steps(a.every_n_train_steps)));
+  if (options.enable_checkpointing()) {
+    callbacks.push_back(std::make_shared<pipetrain::ModelCheckpoint>(a.checkpointing));
   }
   if (a.early_stopping_patience > 0) {
+    const std::string& monitor = a.checkpointing.monitor();
     callbacks.push_back(std::make_shared<pipetrain::EarlyStopping>(
         pipetrain::EarlyStoppingOptions()
-            .monitor(a.monitor.empty() ? "val_loss" : a.monitor)
-            .mode(a.mode)
+            .monitor(monitor.empty() ? "val_loss" : monitor)
+            .mode(a.checkpointing.mode())
             .patience(a.early_stopping_patience)));
   }
   if (!loggers.empty()) callbacks.push_back(std::make_shared<pipetrain::LearningRateMonitor>());
@@ -288,59 +266,14 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
     callbacks.push_back(std::make_shared<pipetrain::ThroughputMonitor>(
         pipetrain::cli::throughput_options(a.model)));
   }
-  return pipetrain::TrainerOptions()
-      .strategy(a.strategy)
-      .accelerator(a.accelerator)
-      .devices(a.devices)
-      .num_nodes(a.num_nodes)
-      .stages(a.stages)
-      .pipe(pipetrain::PipeOptions()
-                .balance(a.balance)
-                .chunks(a.chunks)
-                .checkpoint(a.checkpoint)
-                .schedule(a.schedule)
-                .virtual_stages(a.virtual_stages)
-                .max_memory(a.max_memory)
-                .schedule_file(a.schedule_file)
-                .cuda_graphs(a.cuda_graphs)
-                .fuse_gradient_accumulation(a.fuse_gradient_accumulation)
-                .deferred_batch_norm(a.deferred_batch_norm))
-      .trace(a.trace)
-      .max_epochs(a.max_epochs)
-      .min_epochs(a.min_epochs)
-      .max_steps(a.max_steps)
-      .max_time(a.max_time)
-      .limit_train_batches(parse_limit("--limit-train-batches", a.limit_train_batches))
-      .limit_val_batches(parse_limit("--limit-val-batches", a.limit_val_batches))
-      .limit_test_batches(parse_limit("--limit-test-batches", a.limit_test_batches))
-      .limit_predict_batches(parse_limit("--limit-predict-batches", a.limit_predict_batches))
-      .val_check_interval(parse_limit("--val-check-interval", a.val_check_interval))
-      .check_val_every_n_epoch(a.check_val_every_n_epoch)
-      .num_sanity_val_steps(a.num_sanity_val_steps)
-      .accumulate_grad_batches(a.accumulate_grad_batches)
-      .gradient_clip_val(a.gradient_clip_val)
-      .stop_on_nonfinite_loss(a.stop_on_nonfinite_loss)
-      .gradient_clip_algorithm(a.gradient_clip_algorithm)
-      .fast_dev_run(a.fast_dev_run)
-      .deterministic(a.deterministic)
-      .enable_progress_bar(a.enable_progress_bar)
-      .enable_checkpointing(a.enable_checkpointing)
-      .log_every_n_steps(a.log_every_n_steps)
-      .precision(a.precision)
-      .loggers(loggers)
-      .callbacks(callbacks)
-      .seed(a.seed)
-      .default_root_dir(a.default_root_dir)
-      .timeout_seconds(a.timeout);
+  return options.callbacks(callbacks);
 }
 
 pipetrain::DataLoader loader(std::shared_ptr<const pipetrain::Dataset> data, const Args& a,
                              bool shuffle) {
-  return pipetrain::DataLoader(std::move(data), pipetrain::DataLoaderOptions()
-                                                    .batch_size(a.batch_size)
-                                                    .shuffle(shuffle)
-                                                    .seed(a.seed)
-                                                    .num_workers(a.num_workers));
+  return pipetrain::DataLoader(
+      std::move(data),
+      pipetrain::DataLoaderOptions(a.data).shuffle(shuffle).seed(a.trainer.seed()));
 }
 
 void print_metrics(const pipetrain::Trainer& trainer, const std::string& title,
@@ -387,7 +320,7 @@ int run(const std::string& command, const Args& a) {
                                 pipetrain::checkpoint_weights_path(path));
       }
       std::cout << pipetrain::cli::generate(model.module->layers(), *model.vocabulary, a.prompt,
-                                            a.max_new_tokens, a.temperature, a.seed)
+                                            a.max_new_tokens, a.temperature, a.trainer.seed())
                 << std::endl;
     }
   } else {
@@ -471,6 +404,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : kUsageError;  // --help is not an error
+  } catch (const std::invalid_argument& e) {    // a value a flag's own reader refused
+    report(e.what());
+    return kUsageError;
   }
 
   try {

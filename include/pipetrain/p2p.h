@@ -22,9 +22,9 @@ namespace pipetrain {
 
 class World;
 
-// The two directions of a pipeline (activations to the next stage, gradients to the previous), and
-// results gathered outside the schedule (predictions, weights), each with tags of its own.
-enum class Flow { kActivation, kGradient, kResult };
+// The two directions of a pipeline (activations to the next stage, gradients to the previous),
+// each with tags of its own.
+enum class Flow { kActivation, kGradient };
 
 // Tensors that travel together: a stage's outputs for one micro-batch, or their gradients.
 struct Packet {
@@ -44,10 +44,10 @@ class PeerToPeer {
   // Starts sending `packet`'s tensors (of the world's device) to rank `dst`; they are kept alive
   // until wait_for_sends(). Within a step, every packet of a flow and channel must have the first
   // one's label, dtypes and shapes but for dim 0; given `rows` (>= 0), every tensor's dim 0 must
-  // be `rows` (stage boundaries pass batch-first tensors on). Results may have any shape. A
-  // channel is a boundary of its own between the same two ranks (ranks holding several stages),
-  // with a header of its own; packets of all channels of a flow still arrive in the order sent.
-  // Returns the last send, for callers that must not overwrite the tensors before they have gone.
+  // be `rows` (stage boundaries pass batch-first tensors on). A channel is a boundary of its own
+  // between the same two ranks (ranks holding several stages), with a header of its own; packets of
+  // all channels of a flow still arrive in the order sent. Returns the last send, for callers that
+  // must not overwrite the tensors before they have gone.
   WorkPtr send(const Packet& packet, int64_t dst, Flow flow, int64_t rows = -1,
                int64_t channel = 0);
   WorkPtr send(const at::Tensor& tensor, int64_t dst, Flow flow, int64_t rows = -1);

@@ -127,11 +127,6 @@ class Pipe {
   // starts reducing gradients from there, once no other micro-batch will add to them.
   void set_last_backward_hook(std::function<void()> hook) { last_backward_hook_ = std::move(hook); }
 
-  // Sends `tensor` to rank `dst` / receives one from rank `src` outside the schedule (results
-  // and weights gathered on rank 0).
-  void send_to(const at::Tensor& tensor, int64_t dst);
-  at::Tensor recv_from(int64_t src);
-
   // This process's layers (of all its stages), named by their index in the whole Sequential
   // ("3.weight").
   const torch::nn::Sequential& stage_module() const { return stage_module_; }

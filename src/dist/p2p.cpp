@@ -24,8 +24,6 @@ const char* flow_name(Flow flow) {
       return "activation";
     case Flow::kGradient:
       return "gradient";
-    case Flow::kResult:
-      return "result";
   }
   return "tensor";
 }
@@ -106,7 +104,7 @@ WorkPtr PeerToPeer::send(const Packet& packet, int64_t dst, Flow flow, int64_t r
   auto& pg = group(flow);
   const auto key = std::make_tuple(dst, flow, channel);
   auto first = sent_.find(key);
-  if (flow == Flow::kResult || first == sent_.end()) {
+  if (first == sent_.end()) {
     auto header = torch::zeros({kHeaderSize}, torch::kInt64);
     auto h = header.accessor<int64_t, 1>();
     h[0] = shape.label;
@@ -123,7 +121,7 @@ WorkPtr PeerToPeer::send(const Packet& packet, int64_t dst, Flow flow, int64_t r
     std::vector<at::Tensor> tensors{header};
     pending_sends_.push_back(
         {pg->send(tensors, static_cast<int>(dst), header_tag(flow)), dst, header});
-    if (flow != Flow::kResult) sent_[key] = shape;
+    sent_[key] = shape;
   } else {
     check_same_shape(first->second, shape, flow);
   }
@@ -141,7 +139,7 @@ Packet PeerToPeer::recv(int64_t src, Flow flow, int64_t rows, int64_t channel) {
   try {
     auto first = received_.find(key);
     PacketShape shape;
-    if (flow == Flow::kResult || rows < 0 || first == received_.end()) {
+    if (rows < 0 || first == received_.end()) {
       std::vector<at::Tensor> header{torch::empty(
           {kHeaderSize}, torch::TensorOptions(torch::kInt64).device(world_->device()))};
       world_->wait(pg->recv(header, static_cast<int>(src), header_tag(flow)));
@@ -154,7 +152,7 @@ Packet PeerToPeer::recv(int64_t src, Flow flow, int64_t rows, int64_t channel) {
             {static_cast<c10::ScalarType>(h[at]), h[at + 1] != 0,
              std::vector<int64_t>(h.data() + at + 3, h.data() + at + 3 + h[at + 2])});
       }
-      if (flow != Flow::kResult) received_[key] = shape;
+      received_[key] = shape;
     } else {
       shape = first->second;
       for (auto& t : shape.tensors) t.sizes[0] = rows;

@@ -204,6 +204,47 @@ std::string World::broadcast(const std::string& text, int64_t root) const {
   }
 }
 
+at::Tensor World::gather_to_zero(const at::Tensor& tensor, int64_t from) const {
+  if (rank_ != 0 && rank_ != from) return {};
+  if (from == 0) return tensor.detach().cpu().clone();
+  // Tags of their own (Gloo matches on them): a header of dtype, dims and sizes, then the data.
+  constexpr int kHeaderTag = 1000, kDataTag = 1001;
+  constexpr int64_t kMaxDims = 16;
+  const auto longs = at::TensorOptions(at::kLong).device(device_);
+  try {
+    if (rank_ == from) {
+      const at::Tensor data = tensor.detach().contiguous().to(device_);
+      if (data.dim() > kMaxDims) {
+        throw std::invalid_argument("gather_to_zero sends tensors of at most " +
+                                    std::to_string(kMaxDims) + " dimensions, not " +
+                                    std::to_string(data.dim()));
+      }
+      at::Tensor header = at::zeros({2 + kMaxDims}, at::kLong);
+      header[0] = static_cast<int64_t>(data.scalar_type());
+      header[1] = data.dim();
+      for (int64_t d = 0; d < data.dim(); ++d) header[2 + d] = data.size(d);
+      std::vector<at::Tensor> head{header.to(longs)}, body{data};
+      wait(process_group_->send(head, 0, kHeaderTag));
+      wait(process_group_->send(body, 0, kDataTag));
+      if (device_.is_cuda()) torch::cuda::synchronize();  // the buffers stay alive until sent
+      return {};
+    }
+    std::vector<at::Tensor> head{at::empty({2 + kMaxDims}, longs)};
+    wait(process_group_->recv(head, static_cast<int>(from), kHeaderTag));
+    const at::Tensor h = head[0].cpu();
+    const auto dtype = static_cast<c10::ScalarType>(h[0].item<int64_t>());
+    std::vector<int64_t> sizes;
+    for (int64_t d = 0; d < h[1].item<int64_t>(); ++d) sizes.push_back(h[2 + d].item<int64_t>());
+    std::vector<at::Tensor> body{at::empty(sizes, at::TensorOptions(dtype).device(device_))};
+    wait(process_group_->recv(body, static_cast<int>(from), kDataTag));
+    return body[0].cpu();
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(rank_ == 0 ? "receive a result from" : "send a result to", e, rank_ == 0 ? from : 0);
+  }
+}
+
 void World::publish_error(const std::string& message) const {
   if (!store_) return;
   try {

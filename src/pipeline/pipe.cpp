@@ -897,11 +897,4 @@ void Pipe::forward(const at::Tensor& input, int64_t batch_size, const OutputFn& 
   }
 }
 
-void Pipe::send_to(const at::Tensor& tensor, int64_t dst) {
-  p2p_->send(tensor, dst, Flow::kResult);
-  p2p_->wait_for_sends();
-}
-
-at::Tensor Pipe::recv_from(int64_t src) { return p2p_->recv_tensor(src, Flow::kResult); }
-
 }  // namespace pipetrain

@@ -21,7 +21,6 @@
 #include "pipetrain/error.h"
 #include "pipetrain/gradient_sync.h"
 #include "pipetrain/module.h"
-#include "pipetrain/p2p.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/strategy.h"
 #include "pipetrain/tied_parameters.h"
@@ -114,7 +113,6 @@ class PipelineStrategy : public Strategy {
     replicas_of_stage_ =
         stages_ == 1 ? world_ : world_->group(stage_ranks, "stage" + std::to_string(stage));
     pipe_ = std::make_unique<Pipe>(module.layers(), options_, pipeline_);
-    results_ = std::make_unique<PeerToPeer>(world_);
     if (replicas_ > 1) {
       gradient_sync_ = std::make_unique<GradientSync>(pipe_->parameters(), replicas_of_stage_);
       pipe_->set_last_backward_hook([this] {
@@ -193,17 +191,12 @@ class PipelineStrategy : public Strategy {
     if (world_->size() == 1) return mine.cpu();
     // Each replica's last stage sends its shard's predictions to rank 0, which puts them back in
     // the batch's order: replica by replica.
-    if (pipe_->is_last_stage() && !world_->is_global_zero()) {
-      results_->send(mine, 0, Flow::kResult);
-      results_->wait_for_sends();
-    }
-    if (!world_->is_global_zero()) return {};
     std::vector<at::Tensor> gathered;
     for (int64_t replica = 0; replica < replicas_; ++replica) {
       const int64_t last = replica * stages_ + pipe_->rank_of_stage(pipe_->stages() - 1);
-      gathered.push_back(last == 0 ? mine : results_->recv_tensor(last, Flow::kResult));
+      gathered.push_back(world_->gather_to_zero(mine, last));
     }
-    return torch::cat(gathered).cpu();
+    return world_->is_global_zero() ? torch::cat(gathered) : at::Tensor();
   }
 
   ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) override {
@@ -255,13 +248,8 @@ class PipelineStrategy : public Strategy {
       for (const auto& item : everything) {
         const int64_t layer = layer_of(item.key());
         if (layer < first || layer >= end || copies.count(item.key())) continue;
-        if (owner == 0 && world_->is_global_zero()) {
-          weights[item.key()] = item.value().detach().clone();
-        } else if (world_->rank() == owner) {
-          pipe_->send_to(item.value(), 0);
-        } else if (world_->is_global_zero()) {
-          weights[item.key()] = pipe_->recv_from(owner);
-        }
+        at::Tensor gathered = world_->gather_to_zero(item.value(), owner);
+        if (gathered.defined()) weights[item.key()] = std::move(gathered);
       }
     }
     return weights;
@@ -487,7 +475,6 @@ class PipelineStrategy : public Strategy {
   std::shared_ptr<World> replicas_of_stage_;  // this stage in every replica
   int64_t replica_ = 0;
   std::unique_ptr<Pipe> pipe_;
-  std::unique_ptr<PeerToPeer> results_;  // predictions to rank 0, over the whole run
   std::unique_ptr<GradientSync> gradient_sync_;
   bool sync_this_step_ = false;
   std::optional<bool> window_sums_;  // whether this optimizer step's losses are sum_over() sums

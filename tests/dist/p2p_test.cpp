@@ -43,17 +43,26 @@ PIPETRAIN_WORKER(p2p_worker) {
                Flow::kActivation, 2);
     }) << "\n";
     errors << refusal([&] { p2p.send(torch::zeros({4, 4}), 1, Flow::kGradient, 3); }) << "\n";
-    p2p.send(torch::ones({7}), 1, Flow::kResult);  // results: any shape, a header each
     p2p.wait_for_sends();
+    // Results gather on rank 0 in any shape and dtype, as tensors of its own.
+    const at::Tensor own = torch::ones({2});
+    const at::Tensor gathered = world->gather_to_zero(at::Tensor(), 1);
+    const at::Tensor kept = world->gather_to_zero(own, 0);
+    torch::save(
+        std::vector<at::Tensor>{
+            gathered, kept,
+            torch::tensor({static_cast<int64_t>(kept.data_ptr() == own.data_ptr())})},
+        env_or("RESULT_DIR", ".") + "/gathered.pt");
   } else {
     auto first = p2p.recv(0, Flow::kActivation, 3);
     auto second = p2p.recv(0, Flow::kActivation, 2);
-    const auto result = p2p.recv_tensor(0, Flow::kResult);
     p2p.wait_for_sends();
+    EXPECT_FALSE(world->gather_to_zero(torch::full({7, 2}, 3, torch::kInt32), 1).defined());
+    EXPECT_FALSE(world->gather_to_zero(torch::ones({2}), 0).defined());
     torch::save(
         std::vector<at::Tensor>{
             first.tensors[0].detach(), first.tensors[1], second.tensors[0].detach(),
-            second.tensors[1], result, torch::tensor({first.label, second.label}),
+            second.tensors[1], torch::tensor({first.label, second.label}),
             torch::tensor({static_cast<int64_t>(first.requires_grad[0]),
                            static_cast<int64_t>(first.requires_grad[1]),
                            static_cast<int64_t>(first.tensors[0].requires_grad())})},
@@ -72,9 +81,13 @@ TEST(PeerToPeer, PacketsCarryTheirTensorsShapesAndFlagsAndRefuseChangesMidStep) 
   EXPECT_TRUE(torch::equal(received[1], torch::tensor({1, 0, 1}, torch::kInt64)));
   EXPECT_TRUE(torch::equal(received[2], values.slice(0, 0, 2) * 2));
   EXPECT_EQ(received[3].sizes(), (std::vector<int64_t>{2}));
-  EXPECT_TRUE(torch::equal(received[4], torch::ones({7})));
-  EXPECT_TRUE(torch::equal(received[5], torch::tensor({2, 2})));
-  EXPECT_TRUE(torch::equal(received[6], torch::tensor({1, 0, 1})));
+  EXPECT_TRUE(torch::equal(received[4], torch::tensor({2, 2})));
+  EXPECT_TRUE(torch::equal(received[5], torch::tensor({1, 0, 1})));
+  std::vector<at::Tensor> gathered;
+  torch::load(gathered, dir + "/gathered.pt");
+  EXPECT_TRUE(torch::equal(gathered[0], torch::full({7, 2}, 3, torch::kInt32)));
+  EXPECT_TRUE(torch::equal(gathered[1], torch::ones({2})));
+  EXPECT_EQ(gathered[2].item<int64_t>(), 0) << "rank 0's own result must be a copy";
 
   std::ifstream in(dir + "/errors.txt");
   std::string shape_change, not_batch_first;
