@@ -11,21 +11,11 @@
 
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/world.h"
+#include "support/errors.h"
 #include "support/multiprocess.h"
 
 namespace pipetrain::testing {
 namespace {
-
-// An error's text, or "" when `fn` does not throw std::invalid_argument.
-template <typename Fn>
-std::string refusal(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 PIPETRAIN_WORKER(p2p_worker) {
   auto world = World::connect(*select_cluster_environment());
@@ -38,11 +28,11 @@ PIPETRAIN_WORKER(p2p_worker) {
     p2p.send(Packet{{values.slice(0, 0, 2) * 2, mask.slice(0, 0, 2)}, {true, false}, 2}, 1,
              Flow::kActivation, 2);
     std::ofstream errors(env_or("RESULT_DIR", ".") + "/errors.txt");
-    errors << refusal([&] {
+    errors << error_of([&] {
       p2p.send(Packet{{torch::zeros({2, 5}), mask.slice(0, 0, 2)}, {true, false}, 2}, 1,
                Flow::kActivation, 2);
     }) << "\n";
-    errors << refusal([&] { p2p.send(torch::zeros({4, 4}), 1, Flow::kGradient, 3); }) << "\n";
+    errors << error_of([&] { p2p.send(torch::zeros({4, 4}), 1, Flow::kGradient, 3); }) << "\n";
     p2p.wait_for_sends();
     // Results gather on rank 0 in any shape and dtype, as tensors of its own.
     const at::Tensor own = torch::ones({2});
