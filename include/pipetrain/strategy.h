@@ -66,6 +66,9 @@ class Strategy {
   // Throws std::invalid_argument, naming the options, when this strategy cannot train batches
   // of `loader` (more micro-batches than rows).
   virtual void check_data(const DataLoader& /*loader*/) const {}
+  // Options that will not do what they say with the others (the precision, the device), each a
+  // line the Trainer prints once on rank 0 after setup.
+  virtual std::vector<std::string> warnings() const { return {}; }
   // The options this strategy runs with, as they go into hparams.yaml ({"chunks": "4", ...}):
   // what ran, not what was asked for.
   virtual std::map<std::string, std::string> hyperparameters() const { return {}; }

@@ -91,11 +91,28 @@ std::string join_names(const std::map<std::string, std::pair<double, double>>& t
 
 class PipelineStrategy : public Strategy {
  public:
-  PipelineStrategy(std::string name, int64_t stages, int64_t replicas, PipeOptions options)
-      : name_(std::move(name)),
-        stages_(stages),
-        replicas_(replicas),
-        options_(std::move(options)) {}
+  // `precision` is the Trainer's: what the pipe options can do depends on it.
+  PipelineStrategy(std::string name, int64_t stages, int64_t replicas, PipeOptions options,
+                   const std::string& precision)
+      : name_(std::move(name)), stages_(stages), replicas_(replicas), options_(std::move(options)) {
+    if (precision != "bf16-mixed") return;
+    if (options_.cuda_graphs()) {
+      // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any
+      // graph: a replay would read copies the cache has since freed.
+      options_.cuda_graphs(false);
+      warnings_.push_back(
+          "pipetrain: not using CUDA graphs: autocast (bf16-mixed) casts the weights through a "
+          "cache graphs cannot capture; running eagerly (bf16-true can use them)");
+    }
+    if (options_.fuse_gradient_accumulation()) {
+      warnings_.push_back(
+          "pipetrain: fused gradient accumulation does nothing under bf16-mixed: autocast's bf16 "
+          "GEMMs cannot add into fp32 gradients, so Linear layers accumulate as usual (bf16-true "
+          "can fuse)");
+    }
+  }
+
+  std::vector<std::string> warnings() const override { return warnings_; }
 
   int64_t world_size() const override { return stages_ * replicas_; }
 
@@ -469,7 +486,8 @@ class PipelineStrategy : public Strategy {
   std::string name_;
   int64_t stages_;
   int64_t replicas_;
-  PipeOptions options_;
+  PipeOptions options_;  // as the pipe runs them (CUDA graphs off where the precision says so)
+  std::vector<std::string> warnings_;
   std::shared_ptr<World> world_;
   std::shared_ptr<World> pipeline_;           // this replica's stages
   std::shared_ptr<World> replicas_of_stage_;  // this stage in every replica
@@ -492,7 +510,8 @@ std::unique_ptr<Strategy> make_single_strategy(const TrainerOptions& options) {
                                 std::to_string(options.devices() * options.num_nodes()) +
                                 ": use --devices 1, or --strategy pipe to split the model");
   }
-  return std::make_unique<PipelineStrategy>("single", 1, 1, whole_batches("single", options));
+  return std::make_unique<PipelineStrategy>("single", 1, 1, whole_batches("single", options),
+                                            options.precision());
 }
 
 namespace {
@@ -537,12 +556,12 @@ void check_pipe_options(const PipeOptions& pipe, int64_t ranks, const std::strin
 std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
   const int64_t stages = total_devices(options);
   check_pipe_options(options.pipe(), stages, "devices (" + std::to_string(stages) + ")");
-  return std::make_unique<PipelineStrategy>("pipe", stages, 1, options.pipe());
+  return std::make_unique<PipelineStrategy>("pipe", stages, 1, options.pipe(), options.precision());
 }
 
 std::unique_ptr<Strategy> make_ddp_strategy(const TrainerOptions& options) {
   return std::make_unique<PipelineStrategy>("ddp", 1, total_devices(options),
-                                            whole_batches("ddp", options));
+                                            whole_batches("ddp", options), options.precision());
 }
 
 std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) {
@@ -564,7 +583,8 @@ std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) 
                                 "multiple of --stages");
   }
   check_pipe_options(options.pipe(), stages, "--stages " + std::to_string(stages));
-  return std::make_unique<PipelineStrategy>("ddp_pipe", stages, devices / stages, options.pipe());
+  return std::make_unique<PipelineStrategy>("ddp_pipe", stages, devices / stages, options.pipe(),
+                                            options.precision());
 }
 
 }  // namespace pipetrain

@@ -294,13 +294,7 @@ void Trainer::setup(Module& module) {
   }
   module_ = &module;
   print(strategy_->describe());
-  if (options_.pipe().fuse_gradient_accumulation() && options_.precision() == "bf16-mixed" &&
-      world_->is_global_zero()) {
-    print_line(
-        "pipetrain: fused gradient accumulation does nothing under bf16-mixed: autocast's bf16 "
-        "GEMMs cannot add into fp32 gradients, so Linear layers accumulate as usual (bf16-true can "
-        "fuse)");
-  }
+  for (const std::string& warning : strategy_->warnings()) print(warning);
 }
 
 // --- fit -----------------------------------------------------------------------------------------
