@@ -133,6 +133,12 @@ class Pipe {
   // Each once, even when several layers share one (what an optimizer takes).
   std::vector<at::Tensor> parameters() const;
 
+  // How this rank's stages run, decided at construction: "eager", "CUDA graphs", or why CUDA
+  // graphs that were asked for are not used ("eager (not using CUDA graphs: ...)"). At the first
+  // step graphs may still step aside for a stage whose inputs or outputs they cannot capture,
+  // saying so then.
+  const std::string& execution() const { return execution_; }
+
   int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
   // The rank that runs `stage`, as the schedule places it.
   int64_t rank_of_stage(int64_t stage) const { return rank_of_stage_.at(stage); }
@@ -216,7 +222,8 @@ class Pipe {
   std::unique_ptr<TiedGradients> tied_;
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_norms_;
   std::unique_ptr<StageGraphs> graphs_;  // null: eager
-  bool graphs_checked_ = false;          // check_graphs_fit has run
+  std::string execution_ = "eager";
+  bool graphs_checked_ = false;  // check_graphs_fit has run
   // Fused Linear layers' weight gradients, left by their backwards for run_weight_gradients()
   // (null: unfused, or a first stage that computes them within its backwards).
   std::shared_ptr<DeferredWeightGradients> deferred_;

@@ -291,8 +291,9 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     }
     if (why.empty()) {
       graphs_ = std::make_unique<StageGraphs>(stage_module_, !is_first_stage(), deferred_.get());
-    } else if (rank_ == 0) {
-      print_line("pipetrain: not using CUDA graphs: " + why + "; running eagerly");
+      execution_ = "CUDA graphs";
+    } else {
+      execution_ = "eager (not using CUDA graphs: " + why + ")";
     }
   }
 }

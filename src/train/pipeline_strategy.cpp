@@ -300,13 +300,19 @@ class PipelineStrategy : public Strategy {
   }
 
   std::string describe() const override {
-    std::string text = "strategy " + name_ + ": ";
+    return "strategy " + name_ + ": " + placement() + ", " + pipe_->execution();
+  }
+
+ private:
+  // "2 stages, balance 4,4, chunks 3, schedule 1f1b, checkpoint always", "2 replicas", ...
+  std::string placement() const {
+    std::string text;
     if (replicas_ > 1) {
       text += std::to_string(replicas_) + " replicas";
       if (stages_ == 1) return text;
       text += " x ";
     } else if (stages_ == 1 && options_.chunks() == 1) {
-      return text + "1 process";
+      return "1 process";
     }
     return text + std::to_string(pipe_->stages()) + " stages, balance " +
            format_balance(pipe_->balance()) + ", chunks " + std::to_string(options_.chunks()) +
@@ -318,8 +324,6 @@ class PipelineStrategy : public Strategy {
                 : std::string()) +
            ", checkpoint " + options_.checkpoint();
   }
-
- private:
   // Runs one of the user's steps on micro-batch `mb` of `batch`, forward() yielding `output` and
   // log() going to `metrics` weighted by the micro-batch's rows.
   template <typename Step>
