@@ -24,10 +24,10 @@
 #include <utility>
 #include <vector>
 
-#include "pipetrain/checkpoint.h"
 #include "pipetrain/microbatch.h"
 #include "pipetrain/p2p.h"
 #include "pipetrain/plan.h"
+#include "pipetrain/recompute.h"
 #include "pipetrain/schedule.h"
 
 namespace pipetrain {
@@ -167,7 +167,7 @@ class Pipe {
   // The fused Linear layers' weight gradients that `backward` (a B) put off until after its send.
   void run_deferred_weight_gradients(Step& step, const Action& backward);
   // What autograd starts a stage's backward of a micro-batch from (after the recompute where it
-  // was checkpointed), given the gradients of its outputs; no roots: nothing to go back through.
+  // was recomputed), given the gradients of its outputs; no roots: nothing to go back through.
   void backward_roots(const LocalStage& stage, InFlight& state,
                       const std::vector<at::Tensor>& grad_outputs, int64_t microbatch,
                       std::vector<at::Tensor>* roots, std::vector<at::Tensor>* grads);
@@ -188,7 +188,7 @@ class Pipe {
   // `layer`, or, with deferred_batch_norm, the DeferredBatchNorm standing in for it.
   torch::nn::AnyModule defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index);
   // run_stage again, leaving the layers' state (BatchNorm's running statistics) as it was: for
-  // the backward of a checkpointed micro-batch (`with_grad`), or to learn what the stage returns.
+  // the backward of a recomputed micro-batch (`with_grad`), or to learn what the stage returns.
   StageValue rerun_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch,
                          bool with_grad);
   // Under cuda_graphs, at the first forward: drops the graphs (saying why) if this stage takes or

@@ -244,7 +244,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   if (options_.fuse_gradient_accumulation() &&
       (options_.virtual_stages() > 1 || !is_first_stage() ||
        can_join_weight_gradients(lower(schedule_)[rank_],
-                                 checkpoint_stop(checkpoint_mode_, options_.chunks())))) {
+                                 recompute_below(checkpoint_mode_, options_.chunks())))) {
     deferred_ = std::make_shared<DeferredWeightGradients>();
   }
   if (options_.deferred_batch_norm() && options_.cuda_graphs()) {
@@ -439,9 +439,9 @@ at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
 // What a stage keeps of one micro-batch from its forward to its last backward action.
 struct Pipe::InFlight {
   StageValue input;   // floating tensors require grad on every stage but the first
-  StageValue output;  // with its autograd graph, unless checkpointed
+  StageValue output;  // with its autograd graph, unless recomputed
   at::Tensor loss;    // last stage only: scaled loss, graph back to `output`
-  bool checkpointed = false;
+  bool recomputed = false;
   RngState rng;       // the generator before the forward, for the recompute
   int64_t slot = -1;  // under CUDA graphs, the graphs holding this micro-batch
   // Between an I and its W: the weight gradients still to compute, through autograd and of the
@@ -455,7 +455,7 @@ struct Pipe::Step {
   int64_t batch_size = 0;
   const LossFn* loss_fn = nullptr;
   std::vector<MicroBatch> microbatches;
-  int64_t recompute_below = 0;  // micro-batches below it are checkpointed
+  int64_t recomputed_below = 0;  // micro-batches below it are recomputed
   std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;  // by (stage, micro-batch)
   Slots slots;
   // What this rank's stages made for another rank, until the plan's send: by (gradients?,
@@ -509,7 +509,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   // A batch smaller than `chunks` (an epoch's last) runs as one-sample micro-batches.
   const int64_t chunks = std::min(options_.chunks(), batch_size);
   step.microbatches = split_microbatches(batch_size, chunks);
-  step.recompute_below = checkpoint_stop(checkpoint_mode_, chunks);
+  step.recomputed_below = recompute_below(checkpoint_mode_, chunks);
   const std::vector<PlannedAction>& plan = plan_for(chunks);
   if (graphs_ && autocast_enabled(world_->device().type())) {
     // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any graph:
@@ -585,7 +585,7 @@ const std::vector<PlannedAction>& Pipe::plan_for(int64_t chunks) {
     }
   }
   std::vector<PlannedAction> plan = lower(schedule)[rank_];
-  if (deferred_ && can_join_weight_gradients(plan, checkpoint_stop(checkpoint_mode_, chunks))) {
+  if (deferred_ && can_join_weight_gradients(plan, recompute_below(checkpoint_mode_, chunks))) {
     join_weight_gradients(plan);
   } else if (deferred_) {
     defer_weight_gradients(plan);
@@ -703,7 +703,7 @@ void Pipe::run_forward(Step& step, const Action& action) {
   const LocalStage& stage = local_stage(action.stage);
   const MicroBatch& mb = step.microbatches[action.microbatch];
   InFlight state;
-  state.checkpointed = action.microbatch < step.recompute_below;
+  state.recomputed = action.microbatch < step.recomputed_below;
   state.input = is_first(stage.index)
                     ? StageValue::of(step.input.slice(0, mb.begin, mb.end))
                     : unpacked(take(arrived_activations_, {stage.index, mb.index}));
@@ -715,7 +715,7 @@ void Pipe::run_forward(Step& step, const Action& action) {
       state.slot = step.slots.take();
       world_->wait(step.slots.activation_sends[state.slot]);
       state.output = StageValue::of(graphs_->forward(state.slot, state.input.tensors[0]));
-    } else if (state.checkpointed) {
+    } else if (state.recomputed) {
       state.rng = RngState::capture();
       torch::NoGradGuard no_grad;
       state.output = run_stage(stage, state.input, mb.index);
@@ -723,10 +723,10 @@ void Pipe::run_forward(Step& step, const Action& action) {
       state.output = run_stage(stage, state.input, mb.index);
     }
     if (is_last(stage.index)) {
-      // The loss head runs with autograd even where the stage's own graph is gone (checkpointed)
+      // The loss head runs with autograd even where the stage's own graph is gone (recomputed)
       // or captured; its input is a leaf that collects the gradient the stage's backward needs.
       at::Tensor& output = state.output.tensors[0];
-      if (state.checkpointed || graphs_) output = output.detach().requires_grad_(true);
+      if (state.recomputed || graphs_) output = output.detach().requires_grad_(true);
       const double share = static_cast<double>(mb.size()) / static_cast<double>(step.batch_size);
       state.loss = (*step.loss_fn)(output, mb) * share;
       step.total_loss =
@@ -742,13 +742,13 @@ void Pipe::run_forward(Step& step, const Action& action) {
 void Pipe::backward_roots(const LocalStage& stage, InFlight& state,
                           const std::vector<at::Tensor>& grad_outputs, int64_t microbatch,
                           std::vector<at::Tensor>* roots, std::vector<at::Tensor>* grads) {
-  if (is_last(stage.index) && !state.checkpointed) {
+  if (is_last(stage.index) && !state.recomputed) {
     roots->push_back(state.loss);  // the loss's graph runs through the stage's
     return;
   }
   if (grad_outputs.empty()) return;
   StageValue output = state.output;
-  if (state.checkpointed) {
+  if (state.recomputed) {
     output = state.rng.replay([&] { return rerun_stage(stage, state.input, microbatch, true); });
   }
   // Outputs made without this stage's parameters or inputs (a mask, the data riding along from
@@ -789,7 +789,7 @@ void Pipe::run_backward(Step& step, const Action& action) {
                      mb.index);
     ComputeTimer timer(step.profiling, world_->device(), step.seconds[1]);
     DeferredWeightGradients::Deferral deferral(deferred_.get());  // weight gradients wait
-    if (is_last(stage.index) && (state.checkpointed || graphs_)) {
+    if (is_last(stage.index) && (state.recomputed || graphs_)) {
       state.loss.backward();  // the loss head alone, into the output's leaf
       grad_outputs = {state.output.tensors[0].grad()};
     }

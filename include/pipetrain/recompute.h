@@ -1,4 +1,4 @@
-// Activation checkpointing (torchgpipe / FairScale semantics): a checkpointed micro-batch runs its
+// Activation checkpointing (torchgpipe / FairScale semantics): a recomputed micro-batch runs its
 // stage forward without keeping activations and recomputes them during backward. The random
 // number generator is put back to its state at the original forward for the recompute, so dropout
 // draws the same mask twice and results do not depend on the mode.
@@ -18,8 +18,8 @@ enum class CheckpointMode { kAlways, kExceptLast, kNever };
 CheckpointMode parse_checkpoint_mode(const std::string& name);
 std::vector<std::string> checkpoint_mode_names();
 
-// Micro-batches with index < checkpoint_stop(...) are checkpointed during training.
-int64_t checkpoint_stop(CheckpointMode mode, int64_t chunks);
+// Micro-batches with index < recompute_below(...) are recomputed during training.
+int64_t recompute_below(CheckpointMode mode, int64_t chunks);
 
 // The state of the default CPU generator, to replay a forward's random draws.
 class RngState {

@@ -1,4 +1,4 @@
-#include "pipetrain/checkpoint.h"
+#include "pipetrain/recompute.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -14,10 +14,10 @@ TEST(CheckpointMode, ParsesTheThreeModes) {
 }
 
 TEST(CheckpointMode, ExceptLastKeepsOnlyTheLastMicrobatch) {
-  EXPECT_EQ(checkpoint_stop(CheckpointMode::kAlways, 4), 4);
-  EXPECT_EQ(checkpoint_stop(CheckpointMode::kExceptLast, 4), 3);
-  EXPECT_EQ(checkpoint_stop(CheckpointMode::kExceptLast, 1), 0);
-  EXPECT_EQ(checkpoint_stop(CheckpointMode::kNever, 4), 0);
+  EXPECT_EQ(recompute_below(CheckpointMode::kAlways, 4), 4);
+  EXPECT_EQ(recompute_below(CheckpointMode::kExceptLast, 4), 3);
+  EXPECT_EQ(recompute_below(CheckpointMode::kExceptLast, 1), 0);
+  EXPECT_EQ(recompute_below(CheckpointMode::kNever, 4), 0);
 }
 
 TEST(RngState, ReplayDrawsTheSameNumbersAndLeavesTheGeneratorAlone) {

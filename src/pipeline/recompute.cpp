@@ -1,4 +1,4 @@
-#include "pipetrain/checkpoint.h"
+#include "pipetrain/recompute.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
@@ -18,7 +18,7 @@ CheckpointMode parse_checkpoint_mode(const std::string& name) {
 
 std::vector<std::string> checkpoint_mode_names() { return {"always", "except_last", "never"}; }
 
-int64_t checkpoint_stop(CheckpointMode mode, int64_t chunks) {
+int64_t recompute_below(CheckpointMode mode, int64_t chunks) {
   switch (mode) {
     case CheckpointMode::kAlways:
       return chunks;
