@@ -1,5 +1,6 @@
-// The executor: runs this stage's actions in schedule order. It is the only code that touches
-// tensors and communication; the order itself comes from schedule.h.
+// The executor: runs this rank's plan (a schedule lowered by plan.h) action by action. It is the
+// only code that touches tensors and communication; the order itself comes from schedule.h and
+// plan.h.
 #include "pipetrain/pipe.h"
 
 #include <torch/torch.h>
