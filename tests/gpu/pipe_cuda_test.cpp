@@ -22,7 +22,7 @@ namespace pipetrain::testing {
 namespace {
 
 constexpr uint64_t kSeed = 7;
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "zbh1", "zbh2"};
 const std::vector<std::string> kModes = {"never", "always"};
 const std::vector<c10::ScalarType> kDtypes = {torch::kFloat, torch::kBFloat16};
 

@@ -52,7 +52,7 @@ std::vector<Config> configs(int64_t stages) {
   std::vector<Config> all;
   for (const auto& balance : balances) {
     for (const std::string mode : {"always", "except_last", "never"}) {
-      for (const std::string schedule : {"gpipe", "1f1b", "zbh1"}) {
+      for (const std::string schedule : {"gpipe", "1f1b", "zbh1", "zbh2"}) {
         all.push_back({balance, 3, mode, schedule});
       }
     }

@@ -259,7 +259,7 @@ TEST_F(UserModels, ForwardOnAnythingButTheStepsBatchIsRefusedUnderEveryStrategy)
 }
 
 TEST_F(UserModels, BatchNormTrainsAlikeInEveryCheckpointModeAndSchedule) {
-  for (const std::string schedule : {"gpipe", "1f1b", "zbh1"}) {
+  for (const std::string schedule : {"gpipe", "1f1b", "zbh1", "zbh2"}) {
     std::map<std::string, UserRun> runs;
     for (const std::string mode : {"never", "except_last", "always"}) {
       auto pipe = run("normalised", schedule + "-" + mode);
