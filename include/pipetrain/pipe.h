@@ -135,8 +135,8 @@ class Pipe {
 
   // How this rank's stages run, decided at construction: "eager", "CUDA graphs", or why CUDA
   // graphs that were asked for are not used ("eager (not using CUDA graphs: ...)"). At the first
-  // step graphs may still step aside for a stage whose inputs or outputs they cannot capture,
-  // saying so then.
+  // step graphs may still step aside (a stage whose inputs or outputs they cannot capture, or
+  // autocast), saying so then and here.
   const std::string& execution() const { return execution_; }
 
   int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
@@ -194,6 +194,8 @@ class Pipe {
   // Under cuda_graphs, at the first forward: drops the graphs (saying why) if this stage takes or
   // returns several tensors, or integer ones at a boundary, which the graphs do not capture.
   void check_graphs_fit(const StageValue& input, int64_t microbatch);
+  // Runs eagerly from now on, saying why (`who`: "stage 1 " or the like) and in execution().
+  void drop_graphs(const std::string& who, const std::string& why);
   // The deferred weight gradients (of the micro-batches in `slots`, under CUDA graphs).
   void run_weight_gradients(const std::vector<int64_t>& slots);
   // Schedule "auto": a profiled step's seconds in F, in B or I, and in W, over `chunks`

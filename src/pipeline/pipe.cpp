@@ -385,10 +385,14 @@ void Pipe::check_graphs_fit(const StageValue& input, int64_t microbatch) {
     }
   }
   if (why.empty()) return;
-  print_line("pipetrain: stage " + std::to_string(rank_) + " not using CUDA graphs: " + why +
-             ", and graphs capture a stage of one floating tensor in and one out; running "
-             "eagerly");
+  drop_graphs("stage " + std::to_string(rank_) + " ",
+              why + ", and graphs capture a stage of one floating tensor in and one out");
+}
+
+void Pipe::drop_graphs(const std::string& who, const std::string& why) {
   graphs_.reset();
+  execution_ = "eager (not using CUDA graphs: " + why + ")";
+  print_line("pipetrain: " + who + "not using CUDA graphs: " + why + "; running eagerly");
 }
 
 StageValue Pipe::run_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch) {
@@ -514,13 +518,11 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   const std::vector<PlannedAction>& plan = plan_for(chunks);
   if (graphs_ && autocast_enabled(world_->device().type())) {
     // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any graph:
-    // a replay would read copies the cache has since freed.
-    if (rank_ == 0) {
-      print_line(
-          "pipetrain: not using CUDA graphs: autocast (bf16-mixed) casts the weights through a "
-          "cache graphs cannot capture; running eagerly (bf16-true can use them)");
-    }
-    graphs_.reset();
+    // a replay would read copies the cache has since freed. (The Trainer's strategy turns graphs
+    // off before this under bf16-mixed; this is for autocast of one's own.)
+    drop_graphs("rank " + std::to_string(rank_) + " ",
+                "autocast (bf16-mixed) casts the weights through a cache graphs cannot capture "
+                "(bf16-true can use them)");
   }
   if (graphs_) graphs_->adopt_gradients();
   step.join_weight_gradients =
