@@ -40,6 +40,17 @@ if(PIPETRAIN_CUDA)
   endif()
   target_include_directories(pipetrain_torch SYSTEM INTERFACE ${PIPETRAIN_NCCL_INCLUDE_DIR})
   target_compile_definitions(pipetrain_torch INTERFACE USE_C10D_NCCL PIPETRAIN_HAS_CUDA)
+  # pipetrain's own kernels (src/**/*.cu) where nvcc is found; without it, ATen's ops do the work.
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES native)  # the GPUs of the building machine
+    endif()
+    set(CMAKE_CUDA_STANDARD 17)
+    enable_language(CUDA)
+    set(PIPETRAIN_CUDA_KERNELS ON)
+  endif()
 endif()
 
 target_link_libraries(pipetrain_torch INTERFACE ${TORCH_LIBRARIES} Threads::Threads)
@@ -48,4 +59,5 @@ if(NOT PIPETRAIN_GLOO_INCLUDE_DIR AND NOT PIPETRAIN_CUDA)
   message(FATAL_ERROR "pipetrain needs Gloo's headers (CPU; Debian: libgloo-dev) or a CUDA Torch")
 endif()
 message(STATUS "pipetrain: Torch ${Torch_VERSION}, CUDA ${PIPETRAIN_CUDA}, "
+               "CUDA kernels ${PIPETRAIN_CUDA_KERNELS}, "
                "Gloo ${PIPETRAIN_GLOO_INCLUDE_DIR}")

@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+
 namespace pipetrain {
 namespace {
 
@@ -83,7 +86,7 @@ TEST(ChunkedCrossEntropy, KeepsBf16GradientsWithinOneRoundingOfTheFp32Path) {
   EXPECT_TRUE(error.le(bound).all().item<bool>()) << "largest error " << error.max().item<double>();
 }
 
-// On a GPU the blocks' log_softmax reads bf16 and writes fp32 in one kernel; the same bounds.
+// On a GPU (pipetrain's kernel, or ATen's log_softmax in a build without nvcc) the same bounds.
 TEST(ChunkedCrossEntropy, CudaBf16GradientsWithinOneRoundingOfTheFp32Path) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(4);
@@ -98,6 +101,65 @@ TEST(ChunkedCrossEntropy, CudaBf16GradientsWithinOneRoundingOfTheFp32Path) {
   const auto error = (actual.grad.to(torch::kFloat) - expected.grad).abs();
   EXPECT_TRUE(error.le(expected.grad.abs() * (1.0 / 128) + 1e-9).all().item<bool>())
       << "largest error " << error.max().item<double>();
+}
+
+// fp32 logits on a GPU, rows of a multiple of 4 classes (16-byte accesses) and of an odd number,
+// with and without ignored rows, backpropagated from loss x 3 and from the loss itself (the
+// backward's factor of 1, which the kernel skips): relative 2e-5 (the kernel's fast exp is a few
+// fp32 roundings off), absolute 1e-7 for gradients.
+TEST(ChunkedCrossEntropy, CudaFp32EqualsCrossEntropy) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(6);
+  for (const int64_t classes : {1024, 1031, 7}) {
+    const auto logits = (torch::randn({257, classes}) * 4).to(torch::kCUDA);
+    for (const bool with_ignored : {false, true}) {
+      const auto target = make_target(257, classes, with_ignored).to(torch::kCUDA);
+      const auto expected =
+          run(logits, [&](const at::Tensor& x) { return F::cross_entropy(x, target); });
+      const auto actual =
+          run(logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target); });
+      EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 2e-5, 0))
+          << classes << " classes: " << actual.loss.item<double>() << " vs "
+          << expected.loss.item<double>();
+      EXPECT_TRUE(torch::allclose(actual.grad, expected.grad, 2e-5, 1e-7))
+          << classes << " classes, ignored rows " << with_ignored << ": off by "
+          << (actual.grad - expected.grad).abs().max().item<double>();
+      auto input = logits.clone().requires_grad_();
+      chunked_cross_entropy(input, target).backward();
+      EXPECT_TRUE(torch::allclose(input.grad() * 3, expected.grad, 2e-5, 1e-7))
+          << classes << " classes, backward from the loss itself";
+    }
+  }
+}
+
+// GPT-2's vocabulary in bf16 (the kernel's 16-byte path): the bounds of the bf16 tests above.
+TEST(ChunkedCrossEntropy, CudaBf16OverGpt2sVocabulary) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(7);
+  const auto logits = (torch::randn({64, 50304}) * 3).to(torch::kCUDA, torch::kBFloat16);
+  const auto target = make_target(64, 50304, false).to(torch::kCUDA);
+  const auto expected = run(
+      logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
+  const auto actual = run(
+      logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, std::nullopt); });
+  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 2e-5, 0));
+  const auto error = (actual.grad.to(torch::kFloat) - expected.grad).abs();
+  EXPECT_TRUE(error.le(expected.grad.abs() * (1.0 / 128) + 1e-9).all().item<bool>())
+      << "largest error " << error.max().item<double>();
+}
+
+// A NaN logit, or a target out of range (which a kernel cannot throw for), gives a NaN loss that
+// the Trainer's non-finite check stops on, never a finite wrong one.
+TEST(ChunkedCrossEntropy, CudaNaNLogitsAndTargetsOutOfRangeGiveANaNLoss) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto logits = torch::randn({8, 1024}).to(torch::kCUDA);
+  auto target = torch::randint(1024, {8}, torch::kLong).to(torch::kCUDA);
+  auto with_nan = logits.clone();
+  with_nan.index_put_({3, 17}, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(std::isnan(chunked_cross_entropy(with_nan, target).item<double>()));
+  auto out_of_range = target.clone();
+  out_of_range.index_put_({5}, 1024);
+  EXPECT_TRUE(std::isnan(chunked_cross_entropy(logits, out_of_range, std::nullopt).item<double>()));
 }
 
 TEST(ChunkedCrossEntropy, ComputesTheLossAloneWithoutGradients) {
