@@ -16,26 +16,8 @@ namespace fs = std::filesystem;
 
 std::vector<std::string> command(const std::string& subcommand, const std::string& root,
                                  std::vector<std::string> extra) {
-  std::vector<std::string> argv{PIPETRAIN_CLI,
-                                subcommand,
-                                "--model",
-                                "mlp",
-                                "--batch-size",
-                                "32",
-                                "--seed",
-                                "5",
-                                "--default-root-dir",
-                                root,
-                                "--log-every-n-steps",
-                                "1",
-                                "--num-sanity-val-steps",
-                                "0",
-                                "--limit-val-batches",
-                                "4",
-                                "--logger",
-                                "csv"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
+  extra.insert(extra.begin(), {"--batch-size", "32", "--seed", "5"});
+  return csv_logged_command(subcommand, "mlp", root, 4, std::move(extra));
 }
 
 CommandResult run_ok(const std::vector<std::string>& argv) {

@@ -26,30 +26,10 @@ constexpr int kSteps = 10;
 std::vector<std::string> fit(const std::string& root, int64_t batch_size,
                              std::vector<std::string> extra, int steps = kSteps,
                              const std::string& model = "boring") {
-  std::vector<std::string> argv{PIPETRAIN_CLI,
-                                "fit",
-                                "--model",
-                                model,
-                                "--lr",
-                                model == "boring" ? "0.2" : "0.003",
-                                "--max-steps",
-                                std::to_string(steps),
-                                "--batch-size",
-                                std::to_string(batch_size),
-                                "--seed",
-                                "7",
-                                "--default-root-dir",
-                                root,
-                                "--log-every-n-steps",
-                                "1",
-                                "--num-sanity-val-steps",
-                                "0",
-                                "--limit-val-batches",
-                                "2",
-                                "--logger",
-                                "csv"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
+  extra.insert(extra.begin(),
+               {"--lr", model == "boring" ? "0.2" : "0.003", "--max-steps", std::to_string(steps),
+                "--batch-size", std::to_string(batch_size), "--seed", "7"});
+  return csv_logged_command("fit", model, root, 2, std::move(extra));
 }
 
 TensorMap final_weights(const std::string& root) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pipetrain::testing {
@@ -38,6 +39,30 @@ CommandResult run_command(const std::vector<std::string>& argv,
 std::vector<double> read_csv_column(const std::string& path, const std::string& name);
 
 #ifdef PIPETRAIN_CLI
+// `pipetrain SUBCOMMAND --model MODEL` into `root`, logging every step to CSV, with no sanity
+// validation and `val_batches` validation batches, then `extra` (seed, batch size, steps...).
+inline std::vector<std::string> csv_logged_command(const std::string& subcommand,
+                                                   const std::string& model,
+                                                   const std::string& root, int64_t val_batches,
+                                                   std::vector<std::string> extra) {
+  std::vector<std::string> argv{PIPETRAIN_CLI,
+                                subcommand,
+                                "--model",
+                                model,
+                                "--default-root-dir",
+                                root,
+                                "--log-every-n-steps",
+                                "1",
+                                "--num-sanity-val-steps",
+                                "0",
+                                "--limit-val-batches",
+                                std::to_string(val_batches),
+                                "--logger",
+                                "csv"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
 // `pipetrain fit` of the built-in MLP (batch 24, seed 3, a loss logged every step) into `root`,
 // with `extra` flags. (Inline: PIPETRAIN_CLI is defined for the test executables alone.)
 inline std::vector<std::string> mlp_fit_command(const std::string& root,
