@@ -135,8 +135,8 @@ class Pipe {
 
   // How this rank's stages run, decided at construction: "eager", "CUDA graphs", or why CUDA
   // graphs that were asked for are not used ("eager (not using CUDA graphs: ...)"). At the first
-  // step graphs may still step aside (a stage whose inputs or outputs they cannot capture, or
-  // autocast), saying so then and here.
+  // step graphs may still step aside (a stage whose inputs or outputs they cannot capture),
+  // saying so then and here.
   const std::string& execution() const { return execution_; }
 
   int64_t stages() const { return static_cast<int64_t>(balance_.size()); }

@@ -377,6 +377,7 @@ void Pipe::check_graphs_fit(const StageValue& input, int64_t microbatch) {
   if (!input.is_tensor() || (!is_first_stage() && !input.tensors[0].is_floating_point())) {
     why = "its input is " + input.describe() + " " + c10::toString(input.tensors[0].scalar_type());
   } else {
+    const AutocastCacheOff cache_off;  // the capture comes next (stage_graphs.h)
     const StageValue output = RngState::capture().replay(
         [&] { return rerun_stage(local_stages_.at(0), input, microbatch, false); });
     if (!output.is_tensor() || (!is_last_stage() && !output.tensors[0].is_floating_point())) {
@@ -516,14 +517,6 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   step.microbatches = split_microbatches(batch_size, chunks);
   step.recomputed_below = recompute_below(checkpoint_mode_, chunks);
   const std::vector<PlannedAction>& plan = plan_for(chunks);
-  if (graphs_ && autocast_enabled(world_->device().type())) {
-    // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any graph:
-    // a replay would read copies the cache has since freed. (The Trainer's strategy turns graphs
-    // off before this under bf16-mixed; this is for autocast of one's own.)
-    drop_graphs("rank " + std::to_string(rank_) + " ",
-                "autocast (bf16-mixed) casts the weights through a cache graphs cannot capture "
-                "(bf16-true can use them)");
-  }
   if (graphs_) graphs_->adopt_gradients();
   step.join_weight_gradients =
       std::any_of(plan.begin(), plan.end(), [](const PlannedAction& planned) {

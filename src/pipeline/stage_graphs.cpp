@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "fused_linear.h"
+#include "pipetrain/compat.h"
 
 namespace pipetrain {
 
@@ -89,6 +90,11 @@ std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& exam
   stream_wait(side, caller);
   {
     const at::cuda::CUDAStreamGuard guard(side);
+    // Under autocast (bf16-mixed) the graphs cast the weights themselves at every replay: its
+    // cache of bf16 copies lives for one step, outside any graph, and a replay would read copies
+    // freed since.
+    const AutocastCacheOff cache_off;
+    at::autocast::clear_cache();  // what was cast before, with the cache on (see the header)
     for (int i = 0; i < kWarmups; ++i) {
       auto out = stage_->forward(g->input);
       out.backward(torch::ones_like(out));
@@ -115,7 +121,8 @@ std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& exam
 }
 
 at::Tensor StageGraphs::forward(int64_t slot, const at::Tensor& input) {
-  const auto key = std::make_pair(slot, input.sizes().vec());
+  // A graph replays the casts (or their absence) of the autocast state it was captured in.
+  const GraphKey key{slot, autocast_enabled(c10::DeviceType::CUDA), input.sizes().vec()};
   auto it = graphs_.find(key);
   if (it == graphs_.end()) it = graphs_.emplace(key, capture(input)).first;
   Graphs& g = *it->second;
@@ -171,7 +178,15 @@ void StageGraphs::weight_backward(const std::vector<int64_t>& slots) {
   weight_graphs_.emplace(std::move(key), std::move(captured));
 }
 
-#else  // no CUDA in this Torch
+#endif
+
+AutocastCacheOff::AutocastCacheOff() : was_(at::autocast::is_autocast_cache_enabled()) {
+  at::autocast::set_autocast_cache_enabled(false);
+}
+
+AutocastCacheOff::~AutocastCacheOff() { at::autocast::set_autocast_cache_enabled(was_); }
+
+#ifndef PIPETRAIN_HAS_CUDA
 
 struct StageGraphs::Graphs {};
 struct StageGraphs::WeightGraph {};

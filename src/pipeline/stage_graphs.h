@@ -8,7 +8,9 @@
 // per slot (a micro-batch holds a slot from its forward to its backward; a stage needs as many
 // as its schedule keeps in flight) and per input shape, captured on first use: three warm-up
 // passes on a side stream, then the forward and the backward (retaining the autograd graph) into
-// one memory pool. Deferred weight gradients get graphs of their own, one per sequence of slots
+// one memory pool. Under autocast the graphs hold the weights' casts too (autocast's cache is off
+// while they are captured), and a micro-batch run with autocast and one without get graphs of
+// their own. Deferred weight gradients get graphs of their own, one per sequence of slots
 // they are asked for together, captured on first use. Gradients accumulate in place into buffers
 // that must outlive the graphs, so the stage adopts them: an optimizer that resets gradients to
 // undefined gets them back, zeroed.
@@ -19,12 +21,27 @@
 
 #include <map>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 namespace pipetrain {
 
 class DeferredWeightGradients;
+
+// Turns autocast's cache of bf16 weight copies off for its scope. Anything run under autocast on
+// the way to a capture (the first step's check of what a stage returns) runs with it off: a
+// cast it cached, even one the capture never reads, makes the capture fail.
+class AutocastCacheOff {
+ public:
+  AutocastCacheOff();
+  ~AutocastCacheOff();
+  AutocastCacheOff(const AutocastCacheOff&) = delete;
+  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
+
+ private:
+  bool was_;
+};
 
 class StageGraphs {
  public:
@@ -65,7 +82,8 @@ class StageGraphs {
   DeferredWeightGradients* deferred_;
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> gradients_;  // what the graphs accumulate into, per parameter
-  std::map<std::pair<int64_t, std::vector<int64_t>>, std::unique_ptr<Graphs>> graphs_;
+  using GraphKey = std::tuple<int64_t, bool, std::vector<int64_t>>;  // slot, autocast, shape
+  std::map<GraphKey, std::unique_ptr<Graphs>> graphs_;
   std::map<int64_t, Graphs*> in_flight_;  // slot -> the graphs of its micro-batch
   std::map<std::vector<Graphs*>, std::unique_ptr<WeightGraph>> weight_graphs_;
 };

@@ -95,16 +95,7 @@ class PipelineStrategy : public Strategy {
   PipelineStrategy(std::string name, int64_t stages, int64_t replicas, PipeOptions options,
                    const std::string& precision)
       : name_(std::move(name)), stages_(stages), replicas_(replicas), options_(std::move(options)) {
-    if (precision != "bf16-mixed") return;
-    if (options_.cuda_graphs()) {
-      // Autocast keeps each weight's bf16 copy in a cache that lives for a step, outside any
-      // graph: a replay would read copies the cache has since freed.
-      options_.cuda_graphs(false);
-      warnings_.push_back(
-          "pipetrain: not using CUDA graphs: autocast (bf16-mixed) casts the weights through a "
-          "cache graphs cannot capture; running eagerly (bf16-true can use them)");
-    }
-    if (options_.fuse_gradient_accumulation()) {
+    if (precision == "bf16-mixed" && options_.fuse_gradient_accumulation()) {
       warnings_.push_back(
           "pipetrain: fused gradient accumulation does nothing under bf16-mixed: autocast's bf16 "
           "GEMMs cannot add into fp32 gradients, so Linear layers accumulate as usual (bf16-true "
@@ -490,7 +481,7 @@ class PipelineStrategy : public Strategy {
   std::string name_;
   int64_t stages_;
   int64_t replicas_;
-  PipeOptions options_;  // as the pipe runs them (CUDA graphs off where the precision says so)
+  PipeOptions options_;  // as the pipe runs them
   std::vector<std::string> warnings_;
   std::shared_ptr<World> world_;
   std::shared_ptr<World> pipeline_;           // this replica's stages

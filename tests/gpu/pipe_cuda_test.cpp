@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "pipetrain/cluster_environment.h"
+#include "pipetrain/compat.h"
 #include "pipetrain/module.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/trainer.h"
@@ -188,6 +189,61 @@ TEST(CudaPipe, TuplesAcrossAStageBoundaryRunEagerlyUnderCudaGraphs) {
   const auto dir = make_temp_dir("cuda-carrying-2");
   ASSERT_EQ(run_ranks(2, "cuda_carrying_worker", {{"RESULT_DIR", dir}}), 0);
   expect_carrying_run_matches_one_gpu(dir, 2);
+}
+
+// bf16-mixed (autocast to bf16 around each step, its cache cleared after, as the Trainer does)
+// on one GPU, 4 micro-batches, eager and under CUDA graphs, which must capture autocast's casts
+// of the weights: a replay reading the copies an earlier step's cache freed would train on
+// garbage. [losses, parameters...] per run, and the run fails if graphs stepped aside.
+PIPETRAIN_WORKER(cuda_autocast_graphs_worker) {
+  auto world =
+      World::connect(*select_cluster_environment(), World::kDefaultTimeout, c10::DeviceType::CUDA);
+  for (const bool graphs : {false, true}) {
+    Pipe pipe(make_reference_model(kSeed),
+              PipeOptions().chunks(4).checkpoint("never").schedule("1f1b").cuda_graphs(graphs),
+              world);
+    torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
+    std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
+    for (int64_t step = 0; step < kSteps; ++step) {
+      const auto [inputs, targets] = reference_batch(step);
+      const auto on_gpu = targets.to(world->device());
+      optimizer.zero_grad();
+      at::Tensor loss;
+      {
+        set_autocast_to_bf16(c10::DeviceType::CUDA, true);
+        loss = pipe.forward_backward(
+            inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
+              return torch::mse_loss(out.to(torch::kFloat), on_gpu.slice(0, mb.begin, mb.end));
+            });
+        set_autocast_to_bf16(c10::DeviceType::CUDA, false);
+        at::autocast::clear_cache();
+      }
+      optimizer.step();
+      saved[0][step] = loss.item<double>();
+    }
+    if (graphs && pipe.execution() != "CUDA graphs") {
+      throw std::runtime_error("expected CUDA graphs, ran " + pipe.execution());
+    }
+    for (const auto& p : pipe.parameters()) saved.push_back(p.detach().cpu());
+    torch::save(saved, result_path(env_or("RESULT_DIR", "."), graphs ? "graphs" : "eager", 0));
+  }
+}
+
+// Graphs replay the eager step's kernels: relative 1e-5, absolute 1e-6 (fp32 master weights).
+TEST(CudaPipe, CudaGraphsUnderBf16MixedTrainAsEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = make_temp_dir("cuda-autocast-graphs");
+  ASSERT_EQ(run_ranks(1, "cuda_autocast_graphs_worker", {{"RESULT_DIR", dir}}), 0);
+  std::vector<at::Tensor> eager, graphs;
+  torch::load(eager, result_path(dir, "eager", 0));
+  torch::load(graphs, result_path(dir, "graphs", 0));
+  ASSERT_EQ(eager.size(), graphs.size());
+  EXPECT_GT(eager[0][0].item<double>(), 0.0);
+  for (size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(graphs[i], eager[i], 1e-5, 1e-6))
+        << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1)) << ": off by "
+        << (graphs[i] - eager[i]).abs().max().item<double>();
+  }
 }
 
 class Regression : public Module {
