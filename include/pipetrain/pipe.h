@@ -33,7 +33,7 @@
 namespace pipetrain {
 
 class World;
-class StageGraphs;
+class StageExecution;
 class DeferredWeightGradients;
 class Trace;
 class TiedGradients;
@@ -137,7 +137,7 @@ class Pipe {
   // graphs that were asked for are not used ("eager (not using CUDA graphs: ...)"). At the first
   // step graphs may still step aside (a stage whose inputs or outputs they cannot capture),
   // saying so then and here.
-  const std::string& execution() const { return execution_; }
+  const std::string& execution() const { return execution_report_; }
 
   int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
   // The rank that runs `stage`, as the schedule places it.
@@ -148,8 +148,7 @@ class Pipe {
   const std::vector<int64_t>& balance() const { return balance_; }
 
  private:
-  struct InFlight;  // one micro-batch of one stage between its forward and its last backward
-  struct Step;      // one forward_backward's micro-batches in flight
+  struct Step;  // one forward_backward's micro-batches in flight
   // One of this rank's stages.
   struct LocalStage {
     int64_t index = 0;        // in the pipeline
@@ -166,11 +165,6 @@ class Pipe {
   void run_weight_backward(Step& step, const Action& action);
   // The fused Linear layers' weight gradients that `backward` (a B) put off until after its send.
   void run_deferred_weight_gradients(Step& step, const Action& backward);
-  // What autograd starts a stage's backward of a micro-batch from (after the recompute where it
-  // was recomputed), given the gradients of its outputs; no roots: nothing to go back through.
-  void backward_roots(const LocalStage& stage, InFlight& state,
-                      const std::vector<at::Tensor>& grad_outputs, int64_t microbatch,
-                      std::vector<at::Tensor>* roots, std::vector<at::Tensor>* grads);
   // The plan's transfers (plan.h): a receive leaves the tensors in arrived_*_, a send takes them
   // from the step's outgoing packets (and, under CUDA graphs, tells the slot whose buffers they
   // are that they are on their way).
@@ -196,8 +190,6 @@ class Pipe {
   void check_graphs_fit(const StageValue& input, int64_t microbatch);
   // Runs eagerly from now on, saying why (`who`: "stage 1 " or the like) and in execution().
   void drop_graphs(const std::string& who, const std::string& why);
-  // The deferred weight gradients (of the micro-batches in `slots`, under CUDA graphs).
-  void run_weight_gradients(const std::vector<int64_t>& slots);
   // Schedule "auto": a profiled step's seconds in F, in B or I, and in W, over `chunks`
   // micro-batches; after the second, picks the schedule.
   void record_profile(const std::vector<double>& seconds, int64_t chunks);
@@ -223,9 +215,10 @@ class Pipe {
   std::function<void()> last_backward_hook_;
   std::unique_ptr<TiedGradients> tied_;
   std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_norms_;
-  std::unique_ptr<StageGraphs> graphs_;  // null: eager
-  std::string execution_ = "eager";
-  bool graphs_checked_ = false;  // check_graphs_fit has run
+  // How this rank's stages compute (stage_execution.h), and what execution() says of it.
+  std::unique_ptr<StageExecution> execution_;
+  std::string execution_report_ = "eager";
+  bool check_boundary_ = false;  // CUDA graphs, until check_graphs_fit has seen the first input
   // Fused Linear layers' weight gradients, left by their backwards for run_weight_gradients()
   // (null: unfused, or a first stage that computes them within its backwards).
   std::shared_ptr<DeferredWeightGradients> deferred_;

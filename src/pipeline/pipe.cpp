@@ -1,6 +1,6 @@
-// The executor: runs this rank's plan (a schedule lowered by plan.h) action by action. It is the
-// only code that touches tensors and communication; the order itself comes from schedule.h and
-// plan.h.
+// The executor: runs this rank's plan (a schedule lowered by plan.h) action by action. The order
+// comes from schedule.h and plan.h, what one compute action does from stage_execution.h; here
+// are the transfers, the loss head and the bookkeeping of the micro-batches in flight.
 #include "pipetrain/pipe.h"
 
 #include <torch/torch.h>
@@ -25,31 +25,12 @@
 #include "pipetrain/tied_parameters.h"
 #include "pipetrain/trace.h"
 #include "pipetrain/world.h"
-#include "split_backward.h"
+#include "stage_execution.h"
 #include "stage_graphs.h"
 #include "stage_value.h"
 
 namespace pipetrain {
 namespace {
-
-// Which CUDA-graph slots hold a micro-batch, and the last send out of each slot's buffers: a
-// slot's graph may only overwrite them once the stream has seen that send complete.
-struct Slots {
-  std::vector<bool> taken;
-  std::map<int64_t, WorkPtr> activation_sends, gradient_sends;
-
-  int64_t take() {
-    for (size_t i = 0; i < taken.size(); ++i) {
-      if (!taken[i]) {
-        taken[i] = true;
-        return static_cast<int64_t>(i);
-      }
-    }
-    taken.push_back(true);
-    return static_cast<int64_t>(taken.size()) - 1;
-  }
-  void release(int64_t slot) { taken[slot] = false; }
-};
 
 // The compute action of `plan` that adds the last weight gradients of a step: the last B or W (of
 // the first stage, whose I runs the whole backward, the last I). Null if none.
@@ -273,6 +254,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
       find_tied_parameters(sequential, balance_, options_.tied_parameters(), rank_of_stage_),
       sequential, stage_module_, rank_, world_);
   if (world_size_ > 1) p2p_ = std::make_unique<PeerToPeer>(world_);
+  execution_ = eager_execution(deferred_);
   if (options_.cuda_graphs()) {
     std::string why;
     if (!world_->device().is_cuda() || !StageGraphs::supported()) {
@@ -291,10 +273,11 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
             "gpipe)";
     }
     if (why.empty()) {
-      graphs_ = std::make_unique<StageGraphs>(stage_module_, !is_first_stage(), deferred_.get());
-      execution_ = "CUDA graphs";
+      execution_ = graph_execution(stage_module_, is_first_stage(), deferred_, world_);
+      execution_report_ = "CUDA graphs";
+      check_boundary_ = true;
     } else {
-      execution_ = "eager (not using CUDA graphs: " + why + ")";
+      execution_report_ = "eager (not using CUDA graphs: " + why + ")";
     }
   }
 }
@@ -370,7 +353,7 @@ StageValue Pipe::rerun_stage(const LocalStage& stage, const StageValue& input, i
 }
 
 void Pipe::check_graphs_fit(const StageValue& input, int64_t microbatch) {
-  graphs_checked_ = true;
+  check_boundary_ = false;
   // Graphs capture one floating tensor in (but on the first stage) and one out (but on the last),
   // whose gradients they take and return.
   std::string why;
@@ -391,8 +374,8 @@ void Pipe::check_graphs_fit(const StageValue& input, int64_t microbatch) {
 }
 
 void Pipe::drop_graphs(const std::string& who, const std::string& why) {
-  graphs_.reset();
-  execution_ = "eager (not using CUDA graphs: " + why + ")";
+  execution_ = eager_execution(deferred_);
+  execution_report_ = "eager (not using CUDA graphs: " + why + ")";
   print_line("pipetrain: " + who + "not using CUDA graphs: " + why + "; running eagerly");
 }
 
@@ -442,20 +425,6 @@ at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
   }
 }
 
-// What a stage keeps of one micro-batch from its forward to its last backward action.
-struct Pipe::InFlight {
-  StageValue input;   // floating tensors require grad on every stage but the first
-  StageValue output;  // with its autograd graph, unless recomputed
-  at::Tensor loss;    // last stage only: scaled loss, graph back to `output`
-  bool recomputed = false;
-  RngState rng;       // the generator before the forward, for the recompute
-  int64_t slot = -1;  // under CUDA graphs, the graphs holding this micro-batch
-  // Between an I and its W: the weight gradients still to compute, through autograd and of the
-  // fused Linear layers.
-  WeightBackward weights;
-  std::vector<WeightGradient> fused;
-};
-
 struct Pipe::Step {
   at::Tensor input;  // the batch, on this rank's device (first stage)
   int64_t batch_size = 0;
@@ -463,13 +432,12 @@ struct Pipe::Step {
   std::vector<MicroBatch> microbatches;
   int64_t recomputed_below = 0;  // micro-batches below it are recomputed
   std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;  // by (stage, micro-batch)
-  Slots slots;
   // What this rank's stages made for another rank, until the plan's send: by (gradients?,
   // stage that made it, micro-batch), with the CUDA-graph slot whose buffers it is.
   std::map<std::tuple<bool, int64_t, int64_t>, std::pair<Packet, int64_t>> outgoing;
   at::Tensor total_loss;
-  // The fused Linear layers' weight gradients wait for the plan's joined action and, under CUDA
-  // graphs, the slots whose work waits with them.
+  // The fused Linear layers' weight gradients wait for the plan's joined action, with the CUDA
+  // graph slots whose work waits with them.
   bool join_weight_gradients = false;
   std::vector<int64_t> weight_gradient_slots;
   bool profiling = false;                // schedule "auto": time the compute of each action kind
@@ -517,7 +485,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   step.microbatches = split_microbatches(batch_size, chunks);
   step.recomputed_below = recompute_below(checkpoint_mode_, chunks);
   const std::vector<PlannedAction>& plan = plan_for(chunks);
-  if (graphs_) graphs_->adopt_gradients();
+  execution_->start_step();
   step.join_weight_gradients =
       std::any_of(plan.begin(), plan.end(), [](const PlannedAction& planned) {
         return planned.kind == PlannedAction::Kind::kJoinedWeightGradients;
@@ -540,7 +508,7 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
         break;
       case PlannedAction::Kind::kJoinedWeightGradients: {
         Trace::Span span(options_.trace().get(), "weight gradients");
-        run_weight_gradients(step.weight_gradient_slots);
+        execution_->fused_weight_gradients(step.weight_gradient_slots);
         break;
       }
       case PlannedAction::Kind::kCompute:
@@ -666,9 +634,8 @@ void Pipe::run_send(Step& step, const PlannedAction& planned) {
   const Flow flow = planned.gradients() ? Flow::kGradient : Flow::kActivation;
   Trace::Span span(options_.trace().get(),
                    planned.gradients() ? "send gradient" : "send activation", mb.index);
-  WorkPtr sent = p2p_->send(packet, planned.peer, flow, mb.size(), to_stage);
-  if (graphs_)
-    (planned.gradients() ? step.slots.gradient_sends : step.slots.activation_sends)[slot] = sent;
+  execution_->sending(slot, planned.gradients(),
+                      p2p_->send(packet, planned.peer, flow, mb.size(), to_stage));
 }
 
 void Pipe::pass_on(Step* step, bool gradients, int64_t stage, const MicroBatch& mb, Packet packet,
@@ -703,26 +670,17 @@ void Pipe::run_forward(Step& step, const Action& action) {
   state.input = is_first(stage.index)
                     ? StageValue::of(step.input.slice(0, mb.begin, mb.end))
                     : unpacked(take(arrived_activations_, {stage.index, mb.index}));
-  if (graphs_ && !graphs_checked_) check_graphs_fit(state.input, mb.index);
+  if (check_boundary_) check_graphs_fit(state.input, mb.index);
   {
     Trace::Span span(options_.trace().get(), "forward", mb.index);
     ComputeTimer timer(step.profiling, world_->device(), step.seconds[0]);
-    if (graphs_) {
-      state.slot = step.slots.take();
-      world_->wait(step.slots.activation_sends[state.slot]);
-      state.output = StageValue::of(graphs_->forward(state.slot, state.input.tensors[0]));
-    } else if (state.recomputed) {
-      state.rng = RngState::capture();
-      torch::NoGradGuard no_grad;
-      state.output = run_stage(stage, state.input, mb.index);
-    } else {
-      state.output = run_stage(stage, state.input, mb.index);
-    }
+    execution_->forward(state,
+                        [&](const StageValue& input) { return run_stage(stage, input, mb.index); });
     if (is_last(stage.index)) {
       // The loss head runs with autograd even where the stage's own graph is gone (recomputed)
       // or captured; its input is a leaf that collects the gradient the stage's backward needs.
       at::Tensor& output = state.output.tensors[0];
-      if (state.recomputed || graphs_) output = output.detach().requires_grad_(true);
+      if (execution_->output_detached(state)) output = output.detach().requires_grad_(true);
       const double share = static_cast<double>(mb.size()) / static_cast<double>(step.batch_size);
       state.loss = (*step.loss_fn)(output, mb) * share;
       step.total_loss =
@@ -733,31 +691,6 @@ void Pipe::run_forward(Step& step, const Action& action) {
     pass_on(&step, false, stage.index, mb, activation_packet(state.output), state.slot);
   }
   step.in_flight.emplace(std::make_pair(stage.index, action.microbatch), std::move(state));
-}
-
-void Pipe::backward_roots(const LocalStage& stage, InFlight& state,
-                          const std::vector<at::Tensor>& grad_outputs, int64_t microbatch,
-                          std::vector<at::Tensor>* roots, std::vector<at::Tensor>* grads) {
-  if (is_last(stage.index) && !state.recomputed) {
-    roots->push_back(state.loss);  // the loss's graph runs through the stage's
-    return;
-  }
-  if (grad_outputs.empty()) return;
-  StageValue output = state.output;
-  if (state.recomputed) {
-    output = state.rng.replay([&] { return rerun_stage(stage, state.input, microbatch, true); });
-  }
-  // Outputs made without this stage's parameters or inputs (a mask, the data riding along from
-  // the first stage) have no graph to go back through.
-  size_t next = 0;
-  for (const auto& t : output.tensors) {
-    if (!has_gradient(t)) continue;
-    const at::Tensor& grad = grad_outputs.at(next++);
-    if (t.requires_grad()) {
-      roots->push_back(t);
-      grads->push_back(grad);
-    }
-  }
 }
 
 void Pipe::run_backward(Step& step, const Action& action) {
@@ -785,32 +718,13 @@ void Pipe::run_backward(Step& step, const Action& action) {
                      mb.index);
     ComputeTimer timer(step.profiling, world_->device(), step.seconds[1]);
     DeferredWeightGradients::Deferral deferral(deferred_.get());  // weight gradients wait
-    if (is_last(stage.index) && (state.recomputed || graphs_)) {
+    if (is_last(stage.index) && execution_->output_detached(state)) {
       state.loss.backward();  // the loss head alone, into the output's leaf
       grad_outputs = {state.output.tensors[0].grad()};
     }
-    if (graphs_) {
-      world_->wait(step.slots.gradient_sends[state.slot]);
-      const at::Tensor grad_input = graphs_->backward(state.slot, grad_outputs.at(0));
-      if (!is_first(stage.index)) {
-        input_grads.tensors = {grad_input.defined() ? grad_input
-                                                    : torch::zeros_like(state.input.tensors[0])};
-      }
-    } else {
-      std::vector<at::Tensor> roots, grads, computed;
-      backward_roots(stage, state, grad_outputs, mb.index, &roots, &grads);
-      if (split && !roots.empty()) {
-        state.weights = WeightBackward::input_backward(roots, grads, inputs, &computed);
-        if (deferred_) state.fused = deferred_->take();
-      } else if (!roots.empty()) {
-        torch::autograd::backward(roots, grads);
-      }
-      // A whole backward left the inputs' gradients in their .grad.
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        const at::Tensor& grad = split ? computed.at(i) : inputs[i].grad();
-        input_grads.tensors.push_back(grad.defined() ? grad : torch::zeros_like(inputs[i]));
-      }
-    }
+    input_grads.tensors = execution_->backward(
+        state, grad_outputs, inputs, split,
+        [&](const StageValue& input) { return rerun_stage(stage, input, mb.index, true); });
   }
   if (!is_first(stage.index) && !input_grads.tensors.empty()) {
     pass_on(&step, true, stage.index, mb, std::move(input_grads), state.slot);
@@ -820,15 +734,15 @@ void Pipe::run_backward(Step& step, const Action& action) {
   // action), or, of a B, in the plan's action after its send; an I that ran the whole backward
   // (nothing to send) computes them now, leaving its W nothing.
   if (step.join_weight_gradients) {
-    if (graphs_) step.weight_gradient_slots.push_back(state.slot);
+    step.weight_gradient_slots.push_back(state.slot);
   } else if (deferred_ && action.phase == Phase::kBackward) {
     return;  // its weight-gradient action lets it go
   } else {
     if (deferred_) {
       Trace::Span span(trace, "weight gradients", mb.index);
-      run_weight_gradients({state.slot});
+      execution_->fused_weight_gradients({state.slot});
     }
-    if (graphs_) step.slots.release(state.slot);
+    execution_->release(state.slot);
   }
   if (action.phase == Phase::kBackward) step.in_flight.erase(key);  // else its W lets it go
 }
@@ -837,25 +751,15 @@ void Pipe::run_deferred_weight_gradients(Step& step, const Action& backward) {
   auto node = step.in_flight.extract(std::make_pair(backward.stage, backward.microbatch));
   const int64_t slot = node.mapped().slot;
   Trace::Span span(options_.trace().get(), "weight gradients", backward.microbatch);
-  run_weight_gradients({slot});
-  if (graphs_) step.slots.release(slot);
+  execution_->fused_weight_gradients({slot});
+  execution_->release(slot);
 }
 
 void Pipe::run_weight_backward(Step& step, const Action& action) {
   auto node = step.in_flight.extract(std::make_pair(action.stage, action.microbatch));
-  InFlight& state = node.mapped();
   Trace::Span span(options_.trace().get(), "weight backward", action.microbatch);
   ComputeTimer timer(step.profiling, world_->device(), step.seconds[2]);
-  state.weights.run();
-  if (!state.fused.empty()) DeferredWeightGradients::accumulate(std::move(state.fused));
-}
-
-void Pipe::run_weight_gradients(const std::vector<int64_t>& slots) {
-  if (graphs_) {
-    graphs_->weight_backward(slots);
-  } else {
-    deferred_->run();
-  }
+  execution_->weight_backward(node.mapped());
 }
 
 }  // namespace pipetrain
