@@ -53,6 +53,25 @@ void join_weight_gradients(std::vector<PlannedAction>& rank_actions);
 // stage gets its gradients before the GEMMs that nobody waits for.
 void defer_weight_gradients(std::vector<PlannedAction>& rank_actions);
 
+// Whether `rank`'s fused Linear layers put their weight gradients off under `plan` (lowered, no
+// weight-gradient actions placed yet): every rank but one holding the first stage alone, which
+// sends no gradient to hurry and puts them off only where it can join them.
+bool defers_weight_gradients(const Plan& plan, int64_t rank, int64_t recomputed);
+
+// The plan the ranks run for `schedule`: lowered and, with fused Linear layers (`fused`), their
+// weight gradients placed on each rank that defers them: joined where can_join_weight_gradients
+// says so, else after each backward's send. (`recomputed`: micro-batches below it recompute.)
+Plan executed_plan(const Schedule& schedule, bool fused, int64_t recomputed);
+
+// Runs every rank's plan in order as simulate() runs a schedule: a compute action takes its cost
+// (a B whose weight gradients are placed apart takes backward - weight; those actions take
+// weight, a joined one weight x the stage's backwards), a send takes none and its tensors arrive
+// `costs.transfer` later, a receive waits for them. So the cost model is the program the Pipe
+// runs, weight-gradient placement included; for a plan fresh from lower() it gives simulate()'s
+// step. Throws std::runtime_error naming each rank's first action that can never run when the
+// plan cannot finish (a receive whose send never comes, or comes after it on the same rank).
+Simulation simulate_plan(const Plan& plan, const ActionCosts& costs);
+
 // "recv 1F0 from 0", "1F0", "send 1B0 to 0", "wgrad 1B0", "wgrad 1*" (joined): one rank's plan,
 // one action per line.
 std::string format_plan(const std::vector<PlannedAction>& rank_actions);

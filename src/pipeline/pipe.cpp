@@ -222,13 +222,16 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
   }
   // Fused Linear layers put their weight gradients off: after the last backward (see
   // can_join_weight_gradients), or else until the input's gradient is sent on. The first stage
-  // sends none, so on a rank of it alone they would only keep their inputs alive longer.
+  // sends none, so on a rank of it alone they would only keep their inputs alive longer
+  // (defers_weight_gradients).
+  const int64_t recomputed = recompute_below(checkpoint_mode_, options_.chunks());
   if (options_.fuse_gradient_accumulation() &&
-      (options_.virtual_stages() > 1 || !is_first_stage() ||
-       can_join_weight_gradients(lower(schedule_)[rank_],
-                                 recompute_below(checkpoint_mode_, options_.chunks())))) {
+      defers_weight_gradients(lower(schedule_), rank_, recomputed)) {
     deferred_ = std::make_shared<DeferredWeightGradients>();
   }
+  // The program the ranks will run, weight-gradient actions placed, must finish too.
+  simulate_plan(executed_plan(schedule_, options_.fuse_gradient_accumulation(), recomputed),
+                ActionCosts::uniform(stages(), 1.0, 2.0, 1.0));
   if (options_.deferred_batch_norm() && options_.cuda_graphs()) {
     throw std::invalid_argument(
         "PipeOptions::deferred_batch_norm (--deferred-batch-norm) and cuda_graphs (--cuda-graphs) "
@@ -585,7 +588,12 @@ void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
   // the zero-bubble schedules' split costs a little the simulation does not see.
   for (const std::string& name : kAutoCandidates) {
     const Schedule candidate = make_schedule(name, world_size_, chunks);
-    const double time = simulate(candidate, costs).step_time;
+    // The plan each would run, its weight-gradient actions placed as they would be.
+    const double time =
+        simulate_plan(executed_plan(candidate, options_.fuse_gradient_accumulation(),
+                                    recompute_below(checkpoint_mode_, chunks)),
+                      costs)
+            .step_time;
     const int64_t held = max_activations_held(candidate);
     const bool fits = options_.max_memory() == 0 || held <= options_.max_memory();
     line << " " << name << " " << 1e3 * time << " ms (holds " << held << (fits ? "" : ", too many")

@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 
 namespace pipetrain {
@@ -105,6 +108,98 @@ TEST(Plan, DeferredWeightGradientsFollowEachBackwardsSend) {
   std::vector<PlannedAction> split = lower(zbh1_schedule(2, 1))[1];
   defer_weight_gradients(split);
   EXPECT_EQ(split, lower(zbh1_schedule(2, 1))[1]);
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+namespace pipetrain {
+namespace {
+
+// Costs of every kind, unequal per stage, and a transfer: nothing lines up by accident.
+ActionCosts mixed_costs(int64_t stages) {
+  ActionCosts costs;
+  for (int64_t s = 0; s < stages; ++s) {
+    costs.forward.push_back(1.0 + 0.1 * static_cast<double>(s));
+    costs.backward.push_back(2.0 + 0.3 * static_cast<double>(s % 2));
+    costs.weight.push_back(0.7);
+  }
+  costs.transfer = 0.15;
+  return costs;
+}
+
+// The plan a schedule lowers to, simulated action by action, takes the step the schedule's own
+// simulation gives: sends and receives are where the dependencies were (to 1e-9).
+TEST(PlanSimulation, ALoweredPlanTakesItsSchedulesStep) {
+  int compared = 0;
+  for (const std::string& name : schedule_names()) {
+    const int64_t v = name == "interleaved1f1b" || name == "zbv" ? 2 : 1;
+    for (int64_t ranks = 1; ranks <= 4; ++ranks) {
+      for (const int64_t chunks : {2, 4, 8}) {
+        Schedule schedule;
+        try {
+          schedule = make_schedule(name, ranks, chunks, v);
+        } catch (const std::invalid_argument&) {
+          continue;  // a shape this schedule refuses
+        }
+        const ActionCosts costs = mixed_costs(ranks * v);
+        EXPECT_NEAR(simulate_plan(lower(schedule), costs).step_time,
+                    simulate(schedule, costs).step_time, 1e-9)
+            << name << ", " << ranks << " ranks, " << chunks << " chunks";
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GE(compared, 60);  // 6 schedules x 4 rank counts x 3 chunk counts, but the refused
+}
+
+// With fused Linear layers the ranks run their weight gradients apart from their backwards: the
+// simulation of that plan counts them where they run. Two GPipe stages, no recompute: both join
+// them after their last backward, so the first stage gets its last gradients W earlier and the
+// step ends sooner than the plain schedule's (same total work per rank).
+TEST(PlanSimulation, CountsWeightGradientsWhereThePlanPutsThem) {
+  const Schedule schedule = gpipe_schedule(2, 4);
+  const ActionCosts costs = mixed_costs(2);
+  const Plan plan = executed_plan(schedule, true, 0);
+  for (const auto& rank_actions : plan) {
+    EXPECT_EQ(std::count_if(
+                  rank_actions.begin(), rank_actions.end(),
+                  [](const PlannedAction& p) { return p.kind == Kind::kJoinedWeightGradients; }),
+              1)
+        << format_plan(rank_actions);
+  }
+  const Simulation fused = simulate_plan(plan, costs), plain = simulate(schedule, costs);
+  EXPECT_LT(fused.step_time, plain.step_time - 0.1);
+  for (size_t r = 0; r < plan.size(); ++r) {
+    EXPECT_NEAR(fused.busy_time[r], plain.busy_time[r], 1e-9) << "rank " << r;
+  }
+  // Recomputed micro-batches cannot join: each backward's weight gradients follow its send.
+  const Plan deferred = executed_plan(schedule, true, 4);
+  EXPECT_NE(format_plan(deferred[1]).find("wgrad 1B0"), std::string::npos)
+      << format_plan(deferred[1]);
+  EXPECT_EQ(format_plan(deferred[0]).find("wgrad"), std::string::npos)
+      << "the first stage alone has no gradient to hurry:\n"
+      << format_plan(deferred[0]);
+  EXPECT_NO_THROW(simulate_plan(deferred, costs));
+}
+
+TEST(PlanSimulation, AReceiveWhoseSendNeverComesIsNamed) {
+  Plan plan = lower(one_f_one_b_schedule(2, 2));
+  // Rank 1 forgets to send 1B1's gradients: rank 0 waits for them forever.
+  auto& rank1 = plan[1];
+  rank1.erase(std::remove_if(rank1.begin(), rank1.end(),
+                             [](const PlannedAction& p) {
+                               return p.kind == Kind::kSend && p.action.microbatch == 1;
+                             }),
+              rank1.end());
+  try {
+    simulate_plan(plan, ActionCosts::uniform(2));
+    FAIL() << "expected the plan to be refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 waits forever at: recv 0B1 from 1"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
