@@ -7,7 +7,9 @@
 #include <pipetrain/trainer.h>
 #include <torch/torch.h>
 
+#include <exception>
 #include <iostream>
+#include <string>
 
 class Regression : public pipetrain::Module {
  public:
@@ -27,7 +29,7 @@ class Regression : public pipetrain::Module {
   }
 };
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const std::string root = argc > 1 ? argv[1] : ".";
   const auto options = pipetrain::TrainerOptions()
                            .strategy("pipe")
@@ -47,4 +49,15 @@ int main(int argc, char** argv) {
   pipetrain::TensorDataset data{x, (x * torch::tensor({1.0, -2.0, 0.5, 3.0})).sum(1, true)};
   trainer.fit(model, pipetrain::DataLoader(data, pipetrain::DataLoaderOptions().batch_size(32)));
   return 0;
+}
+
+// pipetrain reports bad options, a missing device or a dead peer as exceptions whose message
+// says what to change: print it and exit non-zero (the other ranks are told, and stop).
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "train_regression: " << e.what() << "\n";
+    return 1;
+  }
 }
