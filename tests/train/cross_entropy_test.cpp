@@ -35,6 +35,14 @@ at::Tensor make_target(int64_t rows, int64_t classes, bool with_ignored) {
   return target;
 }
 
+// A bf16 gradient against the fp32 path's: within one bf16 rounding (relative 2^-7).
+void expect_within_one_bf16_rounding(const at::Tensor& actual, const at::Tensor& expected) {
+  EXPECT_EQ(actual.scalar_type(), torch::kBFloat16);
+  const auto error = (actual.to(torch::kFloat) - expected).abs();
+  EXPECT_TRUE(error.le(expected.abs() * (1.0 / 128) + 1e-9).all().item<bool>())
+      << "largest error " << error.max().item<double>();
+}
+
 TEST(ChunkedCrossEntropy, EqualsCrossEntropyOverSeveralBlocksWithIgnoredRows) {
   torch::manual_seed(0);
   const auto logits = torch::randn({37, 11}) * 4;
@@ -79,11 +87,8 @@ TEST(ChunkedCrossEntropy, KeepsBf16GradientsWithinOneRoundingOfTheFp32Path) {
       logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
   const auto actual =
       run(logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, -100, 16); });
-  EXPECT_EQ(actual.grad.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0));
-  const auto error = (actual.grad.to(torch::kFloat) - expected.grad).abs();
-  const auto bound = expected.grad.abs() * (1.0 / 128) + 1e-9;
-  EXPECT_TRUE(error.le(bound).all().item<bool>()) << "largest error " << error.max().item<double>();
+  expect_within_one_bf16_rounding(actual.grad, expected.grad);
 }
 
 // On a GPU (pipetrain's kernel, or ATen's log_softmax in a build without nvcc) the same bounds.
@@ -96,11 +101,8 @@ TEST(ChunkedCrossEntropy, CudaBf16GradientsWithinOneRoundingOfTheFp32Path) {
       logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
   const auto actual =
       run(logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, -100, 64); });
-  EXPECT_EQ(actual.grad.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0));
-  const auto error = (actual.grad.to(torch::kFloat) - expected.grad).abs();
-  EXPECT_TRUE(error.le(expected.grad.abs() * (1.0 / 128) + 1e-9).all().item<bool>())
-      << "largest error " << error.max().item<double>();
+  expect_within_one_bf16_rounding(actual.grad, expected.grad);
 }
 
 // fp32 logits on a GPU, rows of a multiple of 4 classes (16-byte accesses) and of an odd number,
@@ -143,9 +145,7 @@ TEST(ChunkedCrossEntropy, CudaBf16OverGpt2sVocabulary) {
   const auto actual = run(
       logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, std::nullopt); });
   EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 2e-5, 0));
-  const auto error = (actual.grad.to(torch::kFloat) - expected.grad).abs();
-  EXPECT_TRUE(error.le(expected.grad.abs() * (1.0 / 128) + 1e-9).all().item<bool>())
-      << "largest error " << error.max().item<double>();
+  expect_within_one_bf16_rounding(actual.grad, expected.grad);
 }
 
 // A NaN logit, or a target out of range (which a kernel cannot throw for), gives a NaN loss that
