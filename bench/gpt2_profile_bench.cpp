@@ -3,6 +3,7 @@
 // against the steps' wall time (a sum well below it means the device waits for the host), and
 // writes a Chrome trace.
 //   build-gpu/bench/gpt2_profile_bench [size=124M] [B=16] [trace=gpt2_trace.json] [top=40]
+//       [fuse-gradient-accumulation=false]
 // Data: uniform random tokens (throughput only), as bench/gpt2_fit.sh.
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
@@ -96,6 +97,7 @@ int main(int argc, char** argv) {
   const int64_t batch = argc > 2 ? std::stoll(argv[2]) : 16;
   const std::string trace = argc > 3 ? argv[3] : "gpt2_trace.json";
   const size_t top = argc > 4 ? std::stoul(argv[4]) : 40;
+  const bool fuse = argc > 5 && std::string(argv[5]) == "true";
   if (!torch::cuda::is_available()) {
     std::fprintf(stderr, "gpt2_profile_bench needs a CUDA device\n");
     return 1;
@@ -118,6 +120,7 @@ int main(int argc, char** argv) {
                                  .precision("bf16-mixed")
                                  .gradient_clip_val(1.0)
                                  .max_steps(kFirst + kSteps + 1)
+                                 .pipe(pipetrain::PipeOptions().fuse_gradient_accumulation(fuse))
                                  .loggers({})
                                  .enable_progress_bar(false)
                                  .enable_checkpointing(false)

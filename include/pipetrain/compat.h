@@ -35,6 +35,24 @@ inline bool autocast_enabled(c10::DeviceType device) {
 #endif
 }
 
+// The dtype autocast computes in on `device`.
+inline at::ScalarType autocast_dtype(c10::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                         : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
+// GEMMs of bf16 operands that write (or add into) an fp32 result: `at::mm(a, b, at::kFloat)`
+// and `at::addmm_out(c, c, a, b, at::kFloat)`, on CUDA.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
+#define PIPETRAIN_HAS_GEMM_OUT_DTYPE 1
+#else
+#define PIPETRAIN_HAS_GEMM_OUT_DTYPE 0
+#endif
+
 // Turns autocast on (to bf16) or off for `device`.
 inline void set_autocast_to_bf16(c10::DeviceType device, bool enabled) {
 #if TORCH_VERSION_MAJOR >= 2

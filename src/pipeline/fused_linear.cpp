@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "pipetrain/compat.h"
+#include "pipetrain/linear.h"
 
 namespace pipetrain {
 namespace {
@@ -13,10 +14,54 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+c10::optional<at::Tensor> optional(const at::Tensor& t) {
+  return t.defined() ? c10::optional<at::Tensor>(t) : c10::optional<at::Tensor>();
+}
+
 // Adds into `parameter`'s gradient, creating it (zeros) the first time.
 at::Tensor& gradient_of(at::Tensor& parameter) {
   if (!parameter.grad().defined()) parameter.mutable_grad() = torch::zeros_like(parameter);
   return parameter.mutable_grad();
+}
+
+// `parameter`'s gradient += a @ b (a bias's as a row), in the gradient's dtype, in one GEMM that
+// adds in place or, the first time, writes the gradient. Operands of a lower precision than the
+// gradient (autocast's bf16) go through a GEMM with a result of the gradient's dtype where Torch
+// has one, or else are widened to the gradient's dtype first: either way the product is not
+// rounded to bf16, as autocast's own backward rounds it.
+void add_product(at::Tensor& parameter, const at::Tensor& a, const at::Tensor& b) {
+  const auto dtype = parameter.scalar_type();
+  // The first product is written into a fresh gradient, not added to zeros; a tensor of its own
+  // (optimizers detach_() gradients in place, which a view cannot be).
+  const bool first = !parameter.grad().defined() && parameter.is_contiguous();
+  if (first) parameter.mutable_grad() = at::empty_like(parameter);
+  at::Tensor grad = gradient_of(parameter);
+  if (parameter.dim() == 1) grad = grad.unsqueeze(0);
+  if (a.scalar_type() == dtype) {
+    if (first) {
+      at::mm_out(grad, a, b);
+    } else {
+      grad.addmm_(a, b);
+    }
+    return;
+  }
+#if PIPETRAIN_HAS_GEMM_OUT_DTYPE
+  if (a.is_cuda()) {
+    if (first) {
+      at::mm_out(grad, a, b, dtype);
+    } else {
+      at::addmm_out(grad, grad, a, b, dtype);
+    }
+    return;
+  }
+#endif
+  // What that GEMM computes: the operands' own values, multiplied and summed in the gradient's
+  // dtype (a CPU GEMM of bf16 operands may sum in bf16).
+  if (first) {
+    at::mm_out(grad, a.to(dtype), b.to(dtype));
+  } else {
+    grad.addmm_(a.to(dtype), b.to(dtype));
+  }
 }
 
 // Where a fused Linear's backward leaves its weight gradients: autograd's context keeps opaque
@@ -30,8 +75,10 @@ struct DeferralHandle : torch::CustomClassHolder {
 // their accumulators would run empty on the stream they were created on; under CUDA graph capture
 // the engine's end-of-backward wait on that stream is "a dependency on uncaptured work".)
 struct LinearState {
-  at::Tensor weight, bias;
-  c10::intrusive_ptr<DeferralHandle> deferral;
+  at::Tensor weight, bias;  // the parameters, into whose .grad the backward adds
+  // What the GEMMs multiply: the parameters themselves, or under autocast their bf16 copies.
+  at::Tensor compute_weight, compute_bias;
+  std::shared_ptr<DeferredWeightGradients> deferred;
   bool input_is_data = false;  // the input stands in for data that needs no gradient
 };
 
@@ -41,20 +88,19 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
     ctx->save_for_backward({input});
     ctx->saved_data["weight"] = state.weight;
     ctx->saved_data["bias"] = state.bias;
-    ctx->saved_data["deferral"] = c10::IValue::make_capsule(state.deferral);
+    ctx->saved_data["compute_weight"] = state.compute_weight;
+    auto deferral = c10::make_intrusive<DeferralHandle>();
+    deferral->queue = state.deferred;
+    ctx->saved_data["deferral"] = c10::IValue::make_capsule(std::move(deferral));
     ctx->saved_data["input_is_data"] = state.input_is_data;
-    return at::linear(
-        input, state.weight,
-        state.bias.defined() ? c10::optional<at::Tensor>(state.bias) : c10::optional<at::Tensor>());
+    return at::linear(input, state.compute_weight, optional(state.compute_bias));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor input = ctx->get_saved_variables()[0];
-    at::Tensor weight = ctx->saved_data["weight"].toTensor();
-    at::Tensor bias = ctx->saved_data["bias"].toTensor();
     const at::Tensor& grad = grads[0];
-    WeightGradient work{weight, bias, grad.reshape({-1, grad.size(-1)}),
-                        input.reshape({-1, input.size(-1)})};
+    WeightGradient work{ctx->saved_data["weight"].toTensor(), ctx->saved_data["bias"].toTensor(),
+                        grad.reshape({-1, grad.size(-1)}), input.reshape({-1, input.size(-1)})};
     const auto& queue =
         static_cast<DeferralHandle*>(ctx->saved_data["deferral"].toCapsule().get())->queue;
     if (queue && queue->deferring()) {
@@ -63,16 +109,43 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
       DeferredWeightGradients::accumulate({std::move(work)});
     }
     if (ctx->saved_data["input_is_data"].toBool()) return {at::Tensor(), at::Tensor()};
-    return {grad.matmul(weight), at::Tensor()};
+    return {grad.matmul(ctx->saved_data["compute_weight"].toTensor()), at::Tensor()};
   }
 };
+
+// at::linear(input, weight, bias), its parameters' gradients accumulated in place by its backward
+// (deferred into `deferred` while that defers).
+at::Tensor fused_linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+                        const std::shared_ptr<DeferredWeightGradients>& deferred) {
+  if (!at::GradMode::is_enabled() || !(input.requires_grad() || weight.requires_grad() ||
+                                       (bias.defined() && bias.requires_grad()))) {
+    return at::linear(input, weight, optional(bias));
+  }
+  LinearState state{weight, bias, weight, bias, deferred};
+  at::Tensor x = input;
+  const auto device = input.device().type();
+  if (autocast_enabled(device)) {
+    // The casts autocast's linear makes, through its cache: one bf16 copy of a weight per step,
+    // shared with any other use of it. Made with autograd recording, as autocast makes them, so
+    // that a copy another layer takes from the cache still carries that layer's gradient.
+    const auto dtype = autocast_dtype(device);
+    x = at::autocast::cached_cast(dtype, input, device);
+    state.compute_weight = at::autocast::cached_cast(dtype, weight, device);
+    if (bias.defined()) state.compute_bias = at::autocast::cached_cast(dtype, bias, device);
+  }
+  // Autograd calls a Function's backward only through an input that carries a gradient. Data
+  // entering the first stage carries none: an alias of it that does stands in, and gets none
+  // back (nor costs the GEMM that would compute it).
+  state.input_is_data = !x.requires_grad();
+  return LinearAccumulatingGrad::apply(state.input_is_data ? x.detach().requires_grad_(true) : x,
+                                       state);
+}
 
 class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImpl> {
  public:
   AccumulatingLinearImpl(const torch::nn::Linear& linear,
                          std::shared_ptr<DeferredWeightGradients> deferred)
-      : linear_(linear), deferral_(c10::make_intrusive<DeferralHandle>()) {
-    deferral_->queue = std::move(deferred);
+      : linear_(linear), deferred_(std::move(deferred)) {
     reset();
   }
   void reset() override {
@@ -80,29 +153,39 @@ class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImp
     if (linear_->bias.defined()) bias = register_parameter("bias", linear_->bias);
   }
   at::Tensor forward(const at::Tensor& input) {
-    // Under autocast the GEMM runs in bf16 while the gradients are fp32, which addmm_ cannot mix.
-    if (!at::GradMode::is_enabled() || autocast_enabled(input.device().type()) ||
-        !(input.requires_grad() || weight.requires_grad() ||
-          (bias.defined() && bias.requires_grad()))) {
-      return linear_->forward(input);
-    }
-    // Autograd calls a Function's backward only through an input that carries a gradient. Data
-    // entering the first stage carries none: an alias of it that does stands in, and gets none
-    // back (nor costs the GEMM that would compute it).
-    const bool input_is_data = !input.requires_grad();
-    return LinearAccumulatingGrad::apply(
-        input_is_data ? input.detach().requires_grad_(true) : input,
-        LinearState{weight, bias, deferral_, input_is_data});
+    return fused_linear(input, weight, bias, deferred_);
   }
   at::Tensor weight, bias;
 
  private:
   torch::nn::Linear linear_;
-  c10::intrusive_ptr<DeferralHandle> deferral_;
+  std::shared_ptr<DeferredWeightGradients> deferred_;
 };
 TORCH_MODULE(AccumulatingLinear);
 
+// What pipetrain::linear does on this thread: set by FusedLinearScope.
+struct Fusing {
+  bool active = false;
+  std::shared_ptr<DeferredWeightGradients> deferred;
+};
+thread_local Fusing fusing;
+
 }  // namespace
+
+at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!fusing.active) return at::linear(input, weight, optional(bias));
+  return fused_linear(input, weight, bias, fusing.deferred);
+}
+
+FusedLinearScope::FusedLinearScope(std::shared_ptr<DeferredWeightGradients> deferred)
+    : was_fusing_(fusing.active), previous_(std::exchange(fusing.deferred, std::move(deferred))) {
+  fusing.active = true;
+}
+
+FusedLinearScope::~FusedLinearScope() {
+  fusing.active = was_fusing_;
+  fusing.deferred = std::move(previous_);
+}
 
 DeferredWeightGradients::Deferral::Deferral(DeferredWeightGradients* queue) : queue_(queue) {
   if (queue_) queue_->deferring_ = true;
@@ -141,11 +224,11 @@ void DeferredWeightGradients::accumulate(std::vector<WeightGradient> work) {
       };
       const at::Tensor grad_output = rows(&WeightGradient::grad_output);
       if (weight.requires_grad()) {
-        gradient_of(weight).addmm_(grad_output.t(), rows(&WeightGradient::input));
+        add_product(weight, grad_output.t(), rows(&WeightGradient::input));
       }
       if (bias_needs_grad) {
-        gradient_of(bias).addmv_(grad_output.t(),
-                                 at::ones({grad_output.size(0)}, grad_output.options()));
+        // A column sum as a GEMM of one row: over a micro-batch's few rows ATen's sum is slow.
+        add_product(bias, at::ones({1, grad_output.size(0)}, grad_output.options()), grad_output);
       }
     }
     for (auto* piece : pieces) *piece = {};  // this layer's activations may go now

@@ -4,7 +4,9 @@
 // buffer as large as the weight, per micro-batch. Here backward runs `grad.addmm_(g^T, x)`, so the
 // GEMM's epilogue does the accumulation (in fp32 inside cuBLAS, rounded once into .grad), and the
 // bias's gradient is one `addmv_` (a sum over rows followed by an add is two kernels, and the sum
-// over the short columns of a micro-batch is slow).
+// over the short columns of a micro-batch is slow). Under autocast the GEMMs run in bf16 and,
+// where Torch has GEMMs with an fp32 result, write the fp32 gradient directly: no bf16 gradient,
+// no cast of it, no separate column sum for the bias.
 //
 // A stage can also put those weight-gradient GEMMs off: until it has sent its input's gradient to
 // the previous stage (the B/W split of zero-bubble pipelines: the previous stage then waits for
@@ -24,7 +26,7 @@ namespace pipetrain {
 // The weight-gradient work of one fused Linear for one micro-batch.
 struct WeightGradient {
   at::Tensor weight, bias;        // the parameters (bias undefined if the layer has none)
-  at::Tensor grad_output, input;  // rows x out_features, rows x in_features
+  at::Tensor grad_output, input;  // rows x out_features, rows x in_features, in the GEMM's dtype
 };
 
 // Weight-gradient work the fused Linear layers of one stage left for later. While a Deferral is
@@ -60,6 +62,21 @@ class DeferredWeightGradients {
  private:
   bool deferring_ = false;
   std::vector<WeightGradient> pending_;
+};
+
+// While alive, pipetrain::linear (pipetrain/linear.h) on this thread fuses, as the Linear layers
+// fuse_gradient_accumulation swaps in do, deferring into `deferred` (if given) while it defers.
+// A pipe sets one around each step of a stage that fuses.
+class FusedLinearScope {
+ public:
+  explicit FusedLinearScope(std::shared_ptr<DeferredWeightGradients> deferred);
+  ~FusedLinearScope();
+  FusedLinearScope(const FusedLinearScope&) = delete;
+  FusedLinearScope& operator=(const FusedLinearScope&) = delete;
+
+ private:
+  bool was_fusing_;
+  std::shared_ptr<DeferredWeightGradients> previous_;
 };
 
 // `layer` itself, or, for a torch::nn::Linear, a module sharing its parameters whose backward

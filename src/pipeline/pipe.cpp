@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -413,6 +414,9 @@ StageValue Pipe::run_stage(const LocalStage& stage, const StageValue& input, int
 
 at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
                                   const LossFn& loss_fn) {
+  // Linear layers inside the stage's blocks that call pipetrain::linear fuse as its own do.
+  std::optional<FusedLinearScope> fusing;
+  if (options_.fuse_gradient_accumulation()) fusing.emplace(deferred_);
   try {
     return run_schedule(input, batch_size, loss_fn);
   } catch (const std::exception& e) {

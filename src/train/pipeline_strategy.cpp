@@ -91,19 +91,11 @@ std::string join_names(const std::map<std::string, std::pair<double, double>>& t
 
 class PipelineStrategy : public Strategy {
  public:
-  // `precision` is the Trainer's: what the pipe options can do depends on it.
-  PipelineStrategy(std::string name, int64_t stages, int64_t replicas, PipeOptions options,
-                   const std::string& precision)
-      : name_(std::move(name)), stages_(stages), replicas_(replicas), options_(std::move(options)) {
-    if (precision == "bf16-mixed" && options_.fuse_gradient_accumulation()) {
-      warnings_.push_back(
-          "pipetrain: fused gradient accumulation does nothing under bf16-mixed: autocast's bf16 "
-          "GEMMs cannot add into fp32 gradients, so Linear layers accumulate as usual (bf16-true "
-          "can fuse)");
-    }
-  }
-
-  std::vector<std::string> warnings() const override { return warnings_; }
+  PipelineStrategy(std::string name, int64_t stages, int64_t replicas, PipeOptions options)
+      : name_(std::move(name)),
+        stages_(stages),
+        replicas_(replicas),
+        options_(std::move(options)) {}
 
   int64_t world_size() const override { return stages_ * replicas_; }
 
@@ -482,7 +474,6 @@ class PipelineStrategy : public Strategy {
   int64_t stages_;
   int64_t replicas_;
   PipeOptions options_;  // as the pipe runs them
-  std::vector<std::string> warnings_;
   std::shared_ptr<World> world_;
   std::shared_ptr<World> pipeline_;           // this replica's stages
   std::shared_ptr<World> replicas_of_stage_;  // this stage in every replica
@@ -505,8 +496,7 @@ std::unique_ptr<Strategy> make_single_strategy(const TrainerOptions& options) {
                                 std::to_string(options.devices() * options.num_nodes()) +
                                 ": use --devices 1, or --strategy pipe to split the model");
   }
-  return std::make_unique<PipelineStrategy>("single", 1, 1, whole_batches("single", options),
-                                            options.precision());
+  return std::make_unique<PipelineStrategy>("single", 1, 1, whole_batches("single", options));
 }
 
 namespace {
@@ -551,12 +541,12 @@ void check_pipe_options(const PipeOptions& pipe, int64_t ranks, const std::strin
 std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
   const int64_t stages = total_devices(options);
   check_pipe_options(options.pipe(), stages, "devices (" + std::to_string(stages) + ")");
-  return std::make_unique<PipelineStrategy>("pipe", stages, 1, options.pipe(), options.precision());
+  return std::make_unique<PipelineStrategy>("pipe", stages, 1, options.pipe());
 }
 
 std::unique_ptr<Strategy> make_ddp_strategy(const TrainerOptions& options) {
   return std::make_unique<PipelineStrategy>("ddp", 1, total_devices(options),
-                                            whole_batches("ddp", options), options.precision());
+                                            whole_batches("ddp", options));
 }
 
 std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) {
@@ -578,8 +568,7 @@ std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) 
                                 "multiple of --stages");
   }
   check_pipe_options(options.pipe(), stages, "--stages " + std::to_string(stages));
-  return std::make_unique<PipelineStrategy>("ddp_pipe", stages, devices / stages, options.pipe(),
-                                            options.precision());
+  return std::make_unique<PipelineStrategy>("ddp_pipe", stages, devices / stages, options.pipe());
 }
 
 }  // namespace pipetrain

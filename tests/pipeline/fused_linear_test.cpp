@@ -2,7 +2,10 @@
 // Linear layers trains the same with it as without it (fp32, relative 1e-6, absolute 1e-7), over
 // several micro-batches, on one stage and on two, where stages put their weight gradients off:
 // under 1F1B every stage but the first until it has sent its input's gradient on, under GPipe
-// every stage until its last backward, joining each layer's micro-batches into one GEMM.
+// every stage until its last backward, joining each layer's micro-batches into one GEMM. Linear
+// layers inside a block of the user's own fuse through pipetrain::linear, and train the same too.
+// Under autocast (bf16-mixed) the fused layers give what autocast's linear gives, within bf16's
+// rounding.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -10,9 +13,12 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "../../src/pipeline/fused_linear.h"  // internal: the deferral itself is tested here
 #include "pipetrain/cluster_environment.h"
+#include "pipetrain/compat.h"
+#include "pipetrain/linear.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/trace.h"
 #include "pipetrain/world.h"
@@ -30,11 +36,37 @@ int64_t virtual_stages(const std::string& schedule) {
 }
 const std::vector<std::string> kModes = {"never", "always"};
 
+// A block of the user's own, its Linear layers held inside it (where the pipe cannot swap them):
+// they fuse through pipetrain::linear. One of them has no bias.
+class ResidualMlpImpl : public torch::nn::Module {
+ public:
+  explicit ResidualMlpImpl(int64_t width)
+      : up(register_module("up", torch::nn::Linear(width, 2 * width))),
+        down(register_module(
+            "down", torch::nn::Linear(torch::nn::LinearOptions(2 * width, width).bias(false)))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const auto hidden = torch::tanh(pipetrain::linear(x, up->weight, up->bias));
+    return x + pipetrain::linear(hidden, down->weight, down->bias);
+  }
+  torch::nn::Linear up, down;
+};
+TORCH_MODULE(ResidualMlp);
+
+torch::nn::Sequential make_block_model(uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(6, 16), ResidualMlp(16), ResidualMlp(16),
+                               torch::nn::Linear(16, 3));
+}
+
+using ModelFactory = torch::nn::Sequential (*)(uint64_t seed);
+torch::nn::Sequential reference_model(uint64_t seed) { return make_reference_model(seed); }
+
 // kSteps of SGD through a Pipe, then one on a batch of 2 rows (fewer than its 3 chunks, as an
 // epoch's last batch can be: a shorter schedule); returns the first step's gradients, then the
 // final parameters.
-std::vector<at::Tensor> train(const std::shared_ptr<World>& world, PipeOptions options) {
-  Pipe pipe(make_reference_model(3), options.chunks(3), world);
+std::vector<at::Tensor> train(const std::shared_ptr<World>& world, PipeOptions options,
+                              ModelFactory make_model = reference_model) {
+  Pipe pipe(make_model(3), options.chunks(3), world);
   torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
   std::vector<at::Tensor> result;
   for (int64_t step = 0; step <= kSteps; ++step) {
@@ -84,6 +116,86 @@ TEST(FusedGradientAccumulation, TrainsLikeSeparateAccumulation) {
     EXPECT_NE(out.grad_fn()->name().find("LinearAccumulatingGrad"), std::string::npos)
         << "layer " << index << ": " << out.grad_fn()->name();
   }
+}
+
+// The blocks' Linear layers fuse inside a pipe step that fuses (their weights' gradient hooks do
+// not fire, as autograd does not accumulate them), and train as unfused ones do.
+TEST(FusedGradientAccumulation, LinearsInsideBlocksFuseThroughPipetrainLinear) {
+  auto world = std::make_shared<World>();
+  const auto options = PipeOptions().checkpoint("never");
+  expect_same(train(world, PipeOptions(options).fuse_gradient_accumulation(true), make_block_model),
+              train(world, options, make_block_model));
+
+  for (const bool fused : {false, true}) {
+    auto model = make_block_model(3);
+    const auto block = model->ptr<ResidualMlpImpl>(1);
+    int hooks_fired = 0;
+    block->up->weight.register_hook([&](const at::Tensor&) { ++hooks_fired; });
+    Pipe pipe(model, PipeOptions(options).chunks(3).fuse_gradient_accumulation(fused), world);
+    const auto [inputs, targets] = reference_batch(0);
+    pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
+      return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
+    });
+    for (const auto& p : {block->up->weight, block->up->bias, block->down->weight}) {
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_FALSE(p.grad().is_view()) << "optimizers detach_() gradients in place";
+    }
+    EXPECT_EQ(hooks_fired, fused ? 0 : 3) << (fused ? "fused" : "plain");
+  }
+  // Outside a step of a pipe that fuses, pipetrain::linear is at::linear.
+  const auto y =
+      pipetrain::linear(torch::randn({2, 16}), torch::randn({3, 16}, torch::requires_grad()));
+  EXPECT_EQ(y.grad_fn()->name().find("LinearAccumulatingGrad"), std::string::npos);
+}
+
+// The gradients pipetrain::linear leaves in `weight` and `bias` (and the input's) for one backward
+// of a fused layer under autocast to bf16, beside those of autocast's own linear.
+void expect_fused_under_autocast_as_autocast(c10::Device device) {
+  torch::manual_seed(11);
+  const auto options = torch::TensorOptions().device(device);
+  const auto x = torch::randn({64, 32}, options.requires_grad(true));
+  const auto g = torch::randn({64, 48}, options);
+  std::vector<at::Tensor> expected, actual;
+  for (const bool fused : {false, true}) {
+    torch::manual_seed(12);
+    const auto weight = torch::randn({48, 32}, options.requires_grad(true));
+    const auto bias = torch::randn({48}, options.requires_grad(true));
+    x.mutable_grad() = at::Tensor();
+    set_autocast_to_bf16(device.type(), true);
+    at::Tensor y;
+    {
+      std::optional<FusedLinearScope> fusing;
+      if (fused) fusing.emplace(nullptr);
+      y = pipetrain::linear(x, weight, bias);
+    }
+    set_autocast_to_bf16(device.type(), false);
+    at::autocast::clear_cache();
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(y.grad_fn()->name().find("LinearAccumulatingGrad") != std::string::npos, fused);
+    // Twice: the second backward adds into the gradients the first made.
+    y.backward(g.to(at::kBFloat16), /*retain_graph=*/true);
+    y.backward(g.to(at::kBFloat16));
+    auto& into = fused ? actual : expected;
+    into = {weight.grad(), bias.grad(), x.grad()};
+  }
+  const char* names[] = {"weight", "bias", "input"};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(actual[i].scalar_type(), expected[i].scalar_type()) << names[i];
+    // bf16 keeps 8 bits: a product rounded to it, or not, differs by up to 2^-8 of its size.
+    EXPECT_TRUE(torch::allclose(actual[i].cpu().to(at::kFloat), expected[i].cpu().to(at::kFloat),
+                                1e-2, 1e-2))
+        << names[i] << ": largest difference "
+        << (actual[i].to(at::kFloat) - expected[i].to(at::kFloat)).abs().max().item<float>();
+  }
+}
+
+TEST(FusedGradientAccumulation, UnderAutocastGivesWhatAutocastsLinearGives) {
+  expect_fused_under_autocast_as_autocast(c10::Device(c10::DeviceType::CPU));
+}
+
+TEST(FusedGradientAccumulation, CudaUnderAutocastGivesWhatAutocastsLinearGives) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  expect_fused_under_autocast_as_autocast(c10::Device(c10::DeviceType::CUDA));
 }
 
 // Two Linear(4, 3) layers with the same (seeded) weights: one to fuse, one for reference.
@@ -205,14 +317,18 @@ PIPETRAIN_WORKER(fused_pipe_worker) {
   const std::string dir = env_or("RESULT_DIR", ".");
   for (const auto& schedule : kSchedules) {
     for (const auto& mode : kModes) {
-      for (const bool fused : {false, true}) {
-        auto result = train(world, PipeOptions()
-                                       .schedule(schedule)
-                                       .virtual_stages(virtual_stages(schedule))
-                                       .checkpoint(mode)
-                                       .fuse_gradient_accumulation(fused));
-        torch::save(result,
-                    result_path(dir, schedule + mode + (fused ? "_fused" : ""), world->rank()));
+      for (const bool blocks : {false, true}) {
+        for (const bool fused : {false, true}) {
+          auto result = train(world,
+                              PipeOptions()
+                                  .schedule(schedule)
+                                  .virtual_stages(virtual_stages(schedule))
+                                  .checkpoint(mode)
+                                  .fuse_gradient_accumulation(fused),
+                              blocks ? make_block_model : reference_model);
+          const std::string run = schedule + mode + (blocks ? "_blocks" : "");
+          torch::save(result, result_path(dir, run + (fused ? "_fused" : ""), world->rank()));
+        }
       }
     }
   }
@@ -242,12 +358,14 @@ TEST(FusedGradientAccumulation, TwoStagesSendInputGradientsBeforeWeightGradients
   ASSERT_EQ(run_ranks(2, "fused_pipe_worker", {{"RESULT_DIR", dir}}), 0);
   for (const auto& schedule : kSchedules) {
     for (const auto& mode : kModes) {
-      for (int64_t rank = 0; rank < 2; ++rank) {
-        SCOPED_TRACE(schedule + " " + mode + " rank " + std::to_string(rank));
-        std::vector<at::Tensor> plain, fused;
-        torch::load(plain, result_path(dir, schedule + mode, rank));
-        torch::load(fused, result_path(dir, schedule + mode + "_fused", rank));
-        expect_same(fused, plain);
+      for (const std::string model : {"", "_blocks"}) {
+        for (int64_t rank = 0; rank < 2; ++rank) {
+          SCOPED_TRACE(schedule + " " + mode + model + " rank " + std::to_string(rank));
+          std::vector<at::Tensor> plain, fused;
+          torch::load(plain, result_path(dir, schedule + mode + model, rank));
+          torch::load(fused, result_path(dir, schedule + mode + model + "_fused", rank));
+          expect_same(fused, plain);
+        }
       }
     }
   }

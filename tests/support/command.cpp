@@ -105,12 +105,13 @@ std::string metrics_csv(const std::string& root, int version) {
   return root + "/lightning_logs/version_" + std::to_string(version) + "/metrics.csv";
 }
 
-void expect_same_train_losses(const std::string& expected_root, const std::string& actual_root) {
+void expect_same_train_losses(const std::string& expected_root, const std::string& actual_root,
+                              double relative) {
   const auto expected = read_csv_column(metrics_csv(expected_root), "train_loss");
   const auto actual = read_csv_column(metrics_csv(actual_root), "train_loss");
   ASSERT_EQ(actual.size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
+    EXPECT_NEAR(actual[i], expected[i], relative * std::abs(expected[i])) << "step " << i;
   }
 }
 

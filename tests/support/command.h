@@ -124,6 +124,7 @@ inline std::vector<std::string> tiny_gpt2_fit_command(const std::string& root,
 std::string metrics_csv(const std::string& root, int version = 0);
 // The runs under `expected_root` and `actual_root` logged as many train losses, equal to a
 // relative 1e-5 (gtest expectations).
-void expect_same_train_losses(const std::string& expected_root, const std::string& actual_root);
+void expect_same_train_losses(const std::string& expected_root, const std::string& actual_root,
+                              double relative = 1e-5);
 
 }  // namespace pipetrain::testing

@@ -8,17 +8,19 @@
 
 #include <pipetrain/cross_entropy.h>
 #include <pipetrain/fused_adamw.h>
+#include <pipetrain/linear.h>
 #include <pipetrain/trainer.h>
 
 namespace pipetrain::cli {
 namespace {
 
-// at::linear, not torch::nn::Linear's forward: LibTorch's functional linear computes a 3-D input
-// as matmul then `+= bias`, an unfused add that under autocast also mixes the bf16 output with the
-// fp32 bias (a tenth of a GPT-2 step on an H200); at::linear folds [B, T, C] into one GEMM with
-// the bias in its epilogue.
+// pipetrain::linear (at::linear, which fuses gradient accumulation where the stage does), not
+// torch::nn::Linear's forward: LibTorch's functional linear computes a 3-D input as matmul then
+// `+= bias`, an unfused add that under autocast also mixes the bf16 output with the fp32 bias (a
+// tenth of a GPT-2 step on an H200); at::linear folds [B, T, C] into one GEMM with the bias in its
+// epilogue.
 at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
-  return at::linear(x, layer->weight, layer->bias);
+  return pipetrain::linear(x, layer->weight, layer->bias);
 }
 
 torch::nn::LayerNorm layer_norm(int64_t width) {
