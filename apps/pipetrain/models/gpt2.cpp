@@ -8,6 +8,7 @@
 
 #include <pipetrain/cross_entropy.h>
 #include <pipetrain/fused_adamw.h>
+#include <pipetrain/layer_norm.h>
 #include <pipetrain/linear.h>
 #include <pipetrain/trainer.h>
 
@@ -23,9 +24,17 @@ at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
   return pipetrain::linear(x, layer->weight, layer->bias);
 }
 
-torch::nn::LayerNorm layer_norm(int64_t width) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions(std::vector<int64_t>{width}));
-}
+// torch::nn::LayerNorm (its parameters, names and initialisation) whose forward is
+// pipetrain::layer_norm: on a GPU its weight and bias gradients come from pipetrain's kernel.
+class Gpt2LayerNormImpl : public torch::nn::LayerNormImpl {
+ public:
+  explicit Gpt2LayerNormImpl(int64_t width)
+      : LayerNormImpl(torch::nn::LayerNormOptions(std::vector<int64_t>{width})) {}
+  at::Tensor forward(const at::Tensor& x) {
+    return pipetrain::layer_norm(x, weight, bias, options.eps());
+  }
+};
+TORCH_MODULE(Gpt2LayerNorm);
 
 class Gpt2EmbeddingImpl : public torch::nn::Module {
  public:
@@ -113,9 +122,9 @@ TORCH_MODULE(Gpt2Mlp);
 class Gpt2BlockImpl : public torch::nn::Module {
  public:
   explicit Gpt2BlockImpl(const Gpt2Config& config)
-      : ln_1(register_module("ln_1", layer_norm(config.n_embd))),
+      : ln_1(register_module("ln_1", Gpt2LayerNorm(config.n_embd))),
         attn(register_module("attn", Gpt2Attention(config))),
-        ln_2(register_module("ln_2", layer_norm(config.n_embd))),
+        ln_2(register_module("ln_2", Gpt2LayerNorm(config.n_embd))),
         mlp(register_module("mlp", Gpt2Mlp(config))) {}
 
   at::Tensor forward(const at::Tensor& x) {
@@ -123,9 +132,9 @@ class Gpt2BlockImpl : public torch::nn::Module {
     return h + mlp(ln_2(h));
   }
 
-  torch::nn::LayerNorm ln_1;
+  Gpt2LayerNorm ln_1;
   Gpt2Attention attn;
-  torch::nn::LayerNorm ln_2;
+  Gpt2LayerNorm ln_2;
   Gpt2Mlp mlp;
 };
 TORCH_MODULE(Gpt2Block);
@@ -189,7 +198,7 @@ torch::nn::Sequential make_gpt2(const Gpt2Config& config) {
   Gpt2Embedding embedding(config);
   gpt2->push_back(embedding);
   for (int64_t i = 0; i < config.n_layer; ++i) gpt2->push_back(Gpt2Block(config));
-  gpt2->push_back(layer_norm(config.n_embd));
+  gpt2->push_back(Gpt2LayerNorm(config.n_embd));
   gpt2->push_back(Gpt2Head(embedding->wte));
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   const std::string final_norm = std::to_string(config.n_layer + 1) + ".";
