@@ -1,7 +1,8 @@
 // GPT-2 as the command builds it (--model gpt2): its initialisation and weight decay groups, the
 // fused attention against the written-out one, and a small GPT-2 under `pipe` on 2 and 3 stages
-// (the tied embedding on the first and last) with both schedules and every checkpoint mode
-// against `single` on the same data and initial weights, including a resume across layouts.
+// (the tied embedding on the first and last) with every schedule and checkpoint mode, fused
+// gradient accumulation on and off, against `single` on the same data and initial weights,
+// including a resume across layouts.
 // Tolerance: fp32 on CPU, relative 1e-5 on per-step losses and absolute 1e-5 on the final
 // weights, where only the order of sums differs (micro-batches, the tied gradient's two halves).
 #include "models/gpt2.h"
@@ -102,6 +103,7 @@ TensorDataset token_windows() {
 struct Gpt2Run {
   std::string root, strategy = "single", schedule = "gpipe", checkpoint = "except_last", resume;
   int64_t devices = 1, chunks = 1, max_steps = -1, virtual_stages = 1;
+  bool fused = false;  // fuse_gradient_accumulation: the blocks' Linear layers too
   std::map<std::string, std::string> env() const {
     return {{"ROOT", root},
             {"STRATEGY", strategy},
@@ -111,7 +113,8 @@ struct Gpt2Run {
             {"DEVICES", std::to_string(devices)},
             {"CHUNKS", std::to_string(chunks)},
             {"MAX_STEPS", std::to_string(max_steps)},
-            {"VIRTUAL_STAGES", std::to_string(virtual_stages)}};
+            {"VIRTUAL_STAGES", std::to_string(virtual_stages)},
+            {"FUSED", fused ? "1" : "0"}};
   }
   static Gpt2Run from_env() {
     Gpt2Run run;
@@ -124,6 +127,7 @@ struct Gpt2Run {
     run.chunks = std::stoll(env_or("CHUNKS", "1"));
     run.max_steps = std::stoll(env_or("MAX_STEPS", "-1"));
     run.virtual_stages = std::stoll(env_or("VIRTUAL_STAGES", "1"));
+    run.fused = env_or("FUSED", "0") == "1";
     return run;
   }
   std::string weights() const { return root + "/checkpoints/last.ckpt/model.safetensors"; }
@@ -141,7 +145,8 @@ void train(const Gpt2Run& run) {
                                 .chunks(run.chunks)
                                 .schedule(run.schedule)
                                 .virtual_stages(run.virtual_stages)
-                                .checkpoint(run.checkpoint)));
+                                .checkpoint(run.checkpoint)
+                                .fuse_gradient_accumulation(run.fused)));
   torch::manual_seed(5);
   cli::Gpt2Model model(small_config(), 3e-3);
   const DataLoader loader(token_windows(), DataLoaderOptions().batch_size(8).shuffle(true).seed(2));
@@ -185,6 +190,7 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
     int64_t stages;
     std::string schedule, checkpoint;
     int64_t virtual_stages = 1;
+    bool fused = false;
   };
   for (const auto& layout : std::vector<Layout>{{2, "gpipe", "always"},
                                                 {2, "1f1b", "except_last"},
@@ -194,10 +200,13 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
                                                 {3, "1f1b", "always"},
                                                 {3, "zbh1", "except_last"},
                                                 {2, "interleaved1f1b", "always", 2},
-                                                {2, "zbv", "never", 2}}) {
+                                                {2, "zbv", "never", 2},
+                                                {2, "gpipe", "never", 1, true},
+                                                {2, "1f1b", "always", 1, true},
+                                                {3, "zbh1", "never", 1, true}}) {
     Gpt2Run pipe;
-    pipe.root =
-        dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" + layout.checkpoint;
+    pipe.root = dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" +
+                layout.checkpoint + (layout.fused ? "-fused" : "");
     SCOPED_TRACE(pipe.root);
     pipe.strategy = "pipe";
     pipe.devices = layout.stages;
@@ -205,6 +214,7 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
     pipe.schedule = layout.schedule;
     pipe.checkpoint = layout.checkpoint;
     pipe.virtual_stages = layout.virtual_stages;
+    pipe.fused = layout.fused;
     train_in_ranks(pipe);
     expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"));
     expect_same_weights(single.weights(), pipe.weights(), 1e-5);
