@@ -2,6 +2,8 @@
 // strategy: no stage checks, and log() just works.
 //   ./train_regression            # pipetrain starts both ranks itself
 //   torchrun --nproc-per-node 2 ./train_regression
+#include <pipetrain/layer_norm.h>
+#include <pipetrain/linear.h>
 #include <pipetrain/module.h>
 #include <pipetrain/throughput_monitor.h>
 #include <pipetrain/trainer.h>
@@ -11,12 +13,28 @@
 #include <iostream>
 #include <string>
 
+// A block of one's own: its LayerNorm and Linear layers go through pipetrain::layer_norm and
+// pipetrain::linear (at::layer_norm and at::linear, which the pipe can fuse and speed up), where
+// it would call norm(x) and fc(x).
+class ResidualBlockImpl : public torch::nn::Module {
+ public:
+  explicit ResidualBlockImpl(int64_t width)
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        fc(register_module("fc", torch::nn::Linear(width, width))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const auto h = pipetrain::layer_norm(x, norm->weight, norm->bias);
+    return x + torch::tanh(pipetrain::linear(h, fc->weight, fc->bias));
+  }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(ResidualBlock);
+
 class Regression : public pipetrain::Module {
  public:
   Regression()
-      : Module(torch::nn::Sequential(torch::nn::Linear(4, 32), torch::nn::Tanh(),
-                                     torch::nn::Linear(32, 32), torch::nn::Tanh(),
-                                     torch::nn::Linear(32, 1))) {}
+      : Module(torch::nn::Sequential(torch::nn::Linear(4, 32), torch::nn::Tanh(), ResidualBlock(32),
+                                     ResidualBlock(32), torch::nn::Linear(32, 1))) {}
 
   at::Tensor training_step(const pipetrain::Batch& batch, int64_t) override {
     auto loss = torch::mse_loss(forward(batch.data), batch.target);
@@ -31,14 +49,16 @@ class Regression : public pipetrain::Module {
 
 int run(int argc, char** argv) {
   const std::string root = argc > 1 ? argv[1] : ".";
-  const auto options = pipetrain::TrainerOptions()
-                           .strategy("pipe")
-                           .devices(2)
-                           .pipe(pipetrain::PipeOptions().chunks(4).schedule("1f1b"))
-                           .max_epochs(5)
-                           .log_every_n_steps(10)
-                           .callbacks({std::make_shared<pipetrain::ThroughputMonitor>()})
-                           .default_root_dir(root);
+  const auto options =
+      pipetrain::TrainerOptions()
+          .strategy("pipe")
+          .devices(2)
+          .pipe(
+              pipetrain::PipeOptions().chunks(4).schedule("1f1b").fuse_gradient_accumulation(true))
+          .max_epochs(5)
+          .log_every_n_steps(10)
+          .callbacks({std::make_shared<pipetrain::ThroughputMonitor>()})
+          .default_root_dir(root);
   // Runs this program once per stage and returns their status; in the ranks, nothing.
   if (const auto status = pipetrain::launch_ranks(options)) return *status;
   pipetrain::Trainer trainer(options);
