@@ -39,6 +39,13 @@ namespace pipetrain {
 namespace fs = std::filesystem;
 namespace {
 
+// Calls `hook` on each callback in order (checkpoint callbacks last, see the constructor).
+template <typename... Params, typename... Args>
+void call_hooks(const std::vector<std::shared_ptr<Callback>>& callbacks,
+                void (Callback::*hook)(Params...), Args&&... args) {
+  for (const auto& callback : callbacks) ((*callback).*hook)(args...);
+}
+
 double now_seconds() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
@@ -342,7 +349,7 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
           ? std::max<int64_t>(1, static_cast<int64_t>(interval.value() * state.train_batches))
           : static_cast<int64_t>(interval.value());
 
-  for (auto& callback : options_.callbacks()) callback->on_fit_start(*this, module);
+  call_hooks(options_.callbacks(), &Callback::on_fit_start, *this, module);
   if (val_loader && state.val_batches > 0 && options_.num_sanity_val_steps() > 0) {
     run_evaluation(module, *val_loader,
                    std::min(options_.num_sanity_val_steps(), state.val_batches), false,
@@ -371,7 +378,7 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
   // A fit stopped mid-epoch (max_steps, max_time, a signal, request_stop) has not run the epoch's
   // end, where checkpoints are saved: ModelCheckpoint saves last.ckpt here, and after a signal
   // the Trainer saves one itself if nothing did, so a restarted job continues where it stopped.
-  for (auto& callback : options_.callbacks()) callback->on_fit_end(*this, module);
+  call_hooks(options_.callbacks(), &Callback::on_fit_end, *this, module);
   if (stop_signal_ != 0 && options_.enable_checkpointing() && options_.fast_dev_run() == 0 &&
       last_saved_step_ != fit_progress_.global_step) {
     save_checkpoint((fs::path(log_dir_) / "checkpoints" / "last.ckpt").string());
@@ -401,7 +408,7 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
   const int64_t first_batch = fit_progress_.batch_idx;
   // Also when resuming mid-epoch, as Lightning does: this process will run the epoch's end.
   module.on_train_epoch_start();
-  for (auto& callback : options_.callbacks()) callback->on_train_epoch_start(*this, module);
+  call_hooks(options_.callbacks(), &Callback::on_train_epoch_start, *this, module);
   if (progress_) {
     progress_->start("Epoch " + std::to_string(fit_progress_.epoch), state.train_batches,
                      first_batch);
@@ -414,9 +421,8 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
       batches(train_loader, fit_progress_.epoch, first_batch, state.train_batches);
   for (int64_t batch_idx = first_batch; batch_idx < state.train_batches; ++batch_idx) {
     const Batch batch = next_batch(*train_batches);
-    for (auto& callback : options_.callbacks()) {
-      callback->on_train_batch_start(*this, module, batch, batch_idx);
-    }
+    call_hooks(options_.callbacks(), &Callback::on_train_batch_start, *this, module, batch,
+               batch_idx);
 
     const bool last_batch = batch_idx + 1 == state.train_batches;
     const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last_batch;
@@ -465,9 +471,8 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
     }
     fit_progress_.batch_idx = batch_idx + 1;
     if (progress_) progress_->update(batch_idx + 1, progress_metrics_);
-    for (auto& callback : options_.callbacks()) {
-      callback->on_train_batch_end(*this, module, batch, batch_idx);
-    }
+    call_hooks(options_.callbacks(), &Callback::on_train_batch_end, *this, module, batch,
+               batch_idx);
 
     // As Lightning: every val_check_interval batches of the epoch (so a fraction of 1.0 means
     // at the epoch's end), in the epochs check_val_every_n_epoch picks.
@@ -477,7 +482,7 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
         (batch_idx + 1) % state.val_check_batches == 0;
     if (validation_due) {
       run_evaluation(module, *val_loader, state.val_batches, false);
-      for (auto& callback : options_.callbacks()) callback->on_validation_end(*this, module);
+      call_hooks(options_.callbacks(), &Callback::on_validation_end, *this, module);
       module.layers()->train();
       if (progress_ && batch_idx + 1 < state.train_batches) {
         progress_->start("Epoch " + std::to_string(fit_progress_.epoch), state.train_batches,
@@ -504,7 +509,7 @@ void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
   fit_progress_.epoch_finished = true;
   for (auto& logger : loggers_) logger->save();
   module.on_train_epoch_end();
-  for (auto& callback : options_.callbacks()) callback->on_train_epoch_end(*this, module);
+  call_hooks(options_.callbacks(), &Callback::on_train_epoch_end, *this, module);
   if (lr_scheduler_ && scheduler_interval_ == "epoch") lr_scheduler_->step();
   fit_progress_ = fit_progress_.next();
   if (fit_progress_.epoch < options_.min_epochs()) stop_requested_ = false;
@@ -536,7 +541,7 @@ void Trainer::optimizer_step(Module& module) {
       }
     }
   }
-  for (auto& callback : options_.callbacks()) callback->on_before_optimizer_step(*this, module);
+  call_hooks(options_.callbacks(), &Callback::on_before_optimizer_step, *this, module);
   Trace::Span span(options_.pipe().trace().get(), "optimizer");
   optimizer_->step();
   optimizer_->zero_grad();
@@ -640,10 +645,9 @@ std::map<std::string, double> Trainer::run_evaluation(Module& module, const Data
   // The sanity check is invisible to callbacks: nothing it measures may count as a validation.
   const auto& callbacks = record ? options_.callbacks() : std::vector<std::shared_ptr<Callback>>{};
   test ? module.on_test_epoch_start() : module.on_validation_epoch_start();
-  for (auto& callback : callbacks) {
-    test ? callback->on_test_epoch_start(*this, module)
-         : callback->on_validation_epoch_start(*this, module);
-  }
+  call_hooks(callbacks,
+             test ? &Callback::on_test_epoch_start : &Callback::on_validation_epoch_start, *this,
+             module);
   if (progress_) progress_->start(test ? "Testing" : "Validation", batches);
   LoggedMetrics epoch_metrics;
   const auto stream = this->batches(loader, 0, 0, batches);
@@ -669,10 +673,8 @@ std::map<std::string, double> Trainer::run_evaluation(Module& module, const Data
     progress_->finish();
   }
   test ? module.on_test_epoch_end() : module.on_validation_epoch_end();
-  for (auto& callback : callbacks) {
-    test ? callback->on_test_epoch_end(*this, module)
-         : callback->on_validation_epoch_end(*this, module);
-  }
+  call_hooks(callbacks, test ? &Callback::on_test_epoch_end : &Callback::on_validation_epoch_end,
+             *this, module);
   auto values = values_of(reduced);
   if (!record) return values;  // Lightning logs nothing from the sanity check
   remember(reduced);
