@@ -101,10 +101,11 @@ class Trainer {
                                        int64_t end) const;
   // The stream's next batch; a failure to read it is published to the other ranks.
   Batch next_batch(BatchStream& batches) const;
-  struct FitState;
+  // fit's loops (src/train/fit_loop.h) run on the Trainer's state, as Lightning's on
+  // `self.trainer`.
+  friend class FitLoop;
+  friend class TrainingEpochLoop;
   void setup(Module& module);
-  void train_epoch(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,
-                   FitState& state);
   void optimizer_step(Module& module);
   // `record`: log the metrics and keep them in callback_metrics (not for the sanity check).
   std::map<std::string, double> run_evaluation(Module& module, const DataLoader& loader,

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "batch_stream.h"
+#include "fit_loop.h"
 #include "pipetrain/callback.h"
 #include "pipetrain/checkpoint_io.h"
 #include "pipetrain/cluster_environment.h"
@@ -38,24 +39,6 @@
 namespace pipetrain {
 namespace fs = std::filesystem;
 namespace {
-
-// Calls `hook` on each callback in order (checkpoint callbacks last, see the constructor).
-template <typename... Params, typename... Args>
-void call_hooks(const std::vector<std::shared_ptr<Callback>>& callbacks,
-                void (Callback::*hook)(Params...), Args&&... args) {
-  for (const auto& callback : callbacks) ((*callback).*hook)(args...);
-}
-
-double now_seconds() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-std::map<std::string, double> values_of(const ReducedMetrics& metrics) {
-  std::map<std::string, double> values;
-  for (const auto& [name, metric] : metrics) values[name] = metric.value;
-  return values;
-}
 
 // "val_check_interval (--val-check-interval)": an option as the library and the command name it.
 std::string option_name(const std::string& name, std::string flag = "") {
@@ -175,14 +158,6 @@ std::vector<int64_t> saved_stages_holding(const TrainingState& state, const Modu
 }
 
 }  // namespace
-
-struct Trainer::FitState {
-  const DataLoader& train;
-  const DataLoader* val;
-  int64_t train_batches;      // per epoch, after limit_train_batches
-  int64_t val_batches;        // per validation run, after limit_val_batches
-  int64_t val_check_batches;  // validate after every this many training batches
-};
 
 Trainer::Trainer(TrainerOptions options)
     : options_(resolve(std::move(options))),
@@ -315,204 +290,7 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
     const DataLoader*& loader;
     ~Forget() { loader = nullptr; }
   } forget{fit_loader_};
-  auto config = module.configure_optimizers();
-  optimizer_ = std::move(config.optimizer);
-  lr_scheduler_ = std::move(config.lr_scheduler);
-  scheduler_interval_ = config.interval;
-  if (scheduler_interval_ != "step" && scheduler_interval_ != "epoch") {
-    throw std::invalid_argument("lr scheduler interval '" + scheduler_interval_ +
-                                "' is unknown: use step or epoch");
-  }
-  // As Lightning: a job restarted before its first checkpoint (--ckpt-path last) starts afresh.
-  const std::string resume_from =
-      ckpt_path == "last" ? newest_last_checkpoint() : resolve_checkpoint(ckpt_path);
-  if (ckpt_path == "last" && resume_from.empty()) {
-    print("Warning: --ckpt-path last: no last.ckpt under " + options_.default_root_dir() +
-          "/lightning_logs yet; training from the beginning");
-  }
-  if (!resume_from.empty()) restore(module, resume_from, /*full=*/true);
-  // What ran: the strategy says which of its options it used (single runs one micro-batch).
-  auto hyperparameters = strategy_->hyperparameters();
-  hyperparameters.insert({{"strategy", options_.strategy()},
-                          {"devices", std::to_string(options_.devices())},
-                          {"precision", options_.precision()},
-                          {"seed", std::to_string(options_.seed())}});
-  for (auto& logger : loggers_) logger->log_hyperparams(hyperparameters);
-
-  FitState state{
-      train_loader, val_loader,
-      options_.limit_train_batches().of(train_loader.num_batches(replicas())),
-      val_loader ? options_.limit_val_batches().of(val_loader->num_batches(replicas())) : 0, 0};
-  const auto& interval = options_.val_check_interval();
-  state.val_check_batches =
-      interval.is_fraction()
-          ? std::max<int64_t>(1, static_cast<int64_t>(interval.value() * state.train_batches))
-          : static_cast<int64_t>(interval.value());
-
-  call_hooks(options_.callbacks(), &Callback::on_fit_start, *this, module);
-  if (val_loader && state.val_batches > 0 && options_.num_sanity_val_steps() > 0) {
-    run_evaluation(module, *val_loader,
-                   std::min(options_.num_sanity_val_steps(), state.val_batches), false,
-                   /*record=*/false);
-  }
-
-  fit_start_seconds_ = now_seconds();
-  stop_requested_ = false;
-  stop_signal_ = 0;
-  window_nonfinite_ = at::Tensor();  // a fit that failed mid-window leaves nothing behind
-  first_nonfinite_step_ = at::Tensor();
-  unchecked_steps_.clear();
-  const StopSignals signals;  // SIGTERM and SIGUSR1 stop fit after the step in progress
-  if (options_.pipe().trace()) options_.pipe().trace()->start(*world_);
-  try {
-    while (fit_progress_.epoch < options_.max_epochs() && !stop_requested_ &&
-           !max_steps_reached()) {
-      train_epoch(module, train_loader, val_loader, state);
-    }
-    check_losses_finite();  // a stop between two checks (EarlyStopping, request_stop)
-  } catch (...) {
-    for (auto& logger : loggers_) logger->save();  // what was logged up to the failure
-    throw;
-  }
-
-  // A fit stopped mid-epoch (max_steps, max_time, a signal, request_stop) has not run the epoch's
-  // end, where checkpoints are saved: ModelCheckpoint saves last.ckpt here, and after a signal
-  // the Trainer saves one itself if nothing did, so a restarted job continues where it stopped.
-  call_hooks(options_.callbacks(), &Callback::on_fit_end, *this, module);
-  if (stop_signal_ != 0 && options_.enable_checkpointing() && options_.fast_dev_run() == 0 &&
-      last_saved_step_ != fit_progress_.global_step) {
-    save_checkpoint((fs::path(log_dir_) / "checkpoints" / "last.ckpt").string());
-  }
-  if (stop_signal_ != 0) {
-    print("pipetrain: stopped by " + signal_name(stop_signal_) + " after step " +
-          std::to_string(fit_progress_.global_step) +
-          "; resume with --ckpt-path last (ckpt_path=\"last\")");
-  }
-  for (auto& logger : loggers_) logger->save();
-  if (!loggers_.empty()) {
-    print("trained " + std::to_string(fit_progress_.global_step) + " steps in " +
-          std::to_string(fit_progress_.epoch) + " epochs; metrics and checkpoints in " + log_dir_);
-  }
-  optimizer_.reset();
-  lr_scheduler_.reset();
-  if (options_.pipe().trace()) {
-    options_.pipe().trace()->write(*world_, options_.trace());
-    print("trace written to " + options_.trace() + " (open it in https://ui.perfetto.dev)");
-  }
-  world_->barrier();
-}
-
-void Trainer::train_epoch(Module& module, const DataLoader& train_loader,
-                          const DataLoader* val_loader, FitState& state) {
-  module.layers()->train();
-  const int64_t first_batch = fit_progress_.batch_idx;
-  // Also when resuming mid-epoch, as Lightning does: this process will run the epoch's end.
-  module.on_train_epoch_start();
-  call_hooks(options_.callbacks(), &Callback::on_train_epoch_start, *this, module);
-  if (progress_) {
-    progress_->start("Epoch " + std::to_string(fit_progress_.epoch), state.train_batches,
-                     first_batch);
-  }
-
-  LoggedMetrics epoch_metrics;   // everything logged this epoch, for on_epoch values
-  LoggedMetrics window_metrics;  // since the last optimizer step
-  const int64_t accumulate = options_.accumulate_grad_batches();
-  const auto train_batches =
-      batches(train_loader, fit_progress_.epoch, first_batch, state.train_batches);
-  for (int64_t batch_idx = first_batch; batch_idx < state.train_batches; ++batch_idx) {
-    const Batch batch = next_batch(*train_batches);
-    call_hooks(options_.callbacks(), &Callback::on_train_batch_start, *this, module, batch,
-               batch_idx);
-
-    const bool last_batch = batch_idx + 1 == state.train_batches;
-    const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last_batch;
-    LoggedMetrics step_metrics;
-    at::Tensor loss;
-    try {
-      PrecisionGuard precision(options_.precision(), world_->device().type());
-      StepOptions step;
-      step.loss_scale =
-          train_loader.share(batch_idx, strategy_->batch_shard()) / static_cast<double>(accumulate);
-      step.sync_gradients = steps_optimizer;
-      loss = strategy_->training_step(module, batch, batch_idx, step, step_metrics);
-    } catch (const std::exception& e) {
-      world_->publish_error(error_message(e));
-      throw;
-    }
-    window_metrics.merge(step_metrics);
-    epoch_metrics.merge(step_metrics);
-
-    if (loss.defined()) {
-      const auto nonfinite = loss.isfinite().logical_not().any().to(at::kDouble);
-      window_nonfinite_ = window_nonfinite_.defined() ? window_nonfinite_ + nonfinite : nonfinite;
-    }
-    // Every rank stops after the same optimizer step: never inside an accumulation window, whose
-    // gradients a resumed run would not have.
-    bool stop_after_step = false;
-    if (steps_optimizer) {
-      const bool logs = (fit_progress_.global_step + 1) % options_.log_every_n_steps() == 0;
-      // Where the host waits for the device anyway (logging, the epoch's end, the last step):
-      // there a deferred check of the losses costs nothing.
-      const bool host_waits =
-          logs || last_batch ||
-          (options_.max_steps() >= 0 && fit_progress_.global_step + 1 >= options_.max_steps());
-      stop_after_step = agree_to_stop(batch_idx, host_waits);
-      optimizer_step(module);
-      if (logs) {
-        const auto row = strategy_->reduce_metrics(window_metrics.step_view(true));
-        remember(row);
-        auto values = values_of(row);
-        values["epoch"] = static_cast<double>(fit_progress_.epoch);
-        log_metrics(values, fit_progress_.global_step);
-        if (progress_) progress_->log_line(batch_idx + 1, progress_metrics_);
-      }
-      ++fit_progress_.global_step;
-      window_metrics = LoggedMetrics();
-    }
-    fit_progress_.batch_idx = batch_idx + 1;
-    if (progress_) progress_->update(batch_idx + 1, progress_metrics_);
-    call_hooks(options_.callbacks(), &Callback::on_train_batch_end, *this, module, batch,
-               batch_idx);
-
-    // As Lightning: every val_check_interval batches of the epoch (so a fraction of 1.0 means
-    // at the epoch's end), in the epochs check_val_every_n_epoch picks.
-    const bool validation_due =
-        val_loader && state.val_batches > 0 &&
-        (fit_progress_.epoch + 1) % options_.check_val_every_n_epoch() == 0 &&
-        (batch_idx + 1) % state.val_check_batches == 0;
-    if (validation_due) {
-      run_evaluation(module, *val_loader, state.val_batches, false);
-      call_hooks(options_.callbacks(), &Callback::on_validation_end, *this, module);
-      module.layers()->train();
-      if (progress_ && batch_idx + 1 < state.train_batches) {
-        progress_->start("Epoch " + std::to_string(fit_progress_.epoch), state.train_batches,
-                         batch_idx + 1);
-      }
-    }
-
-    if (!steps_optimizer) continue;
-    if (stop_requested_ && fit_progress_.epoch + 1 < options_.min_epochs()) stop_requested_ = false;
-    if (stop_after_step || stop_signal_ != 0) stop_requested_ = true;  // min_epochs or not
-    if (stop_requested_ || max_steps_reached()) break;
-  }
-  if (progress_) progress_->finish();
-  // Stopped mid-epoch: the epoch goes on when the run resumes, and its end with it.
-  if (fit_progress_.batch_idx < state.train_batches) return;
-
-  const auto epoch_row = strategy_->reduce_metrics(epoch_metrics.epoch_view(true));
-  if (!epoch_row.empty()) {
-    remember(epoch_row);
-    auto values = values_of(epoch_row);
-    values["epoch"] = static_cast<double>(fit_progress_.epoch);
-    log_metrics(values, fit_progress_.global_step - 1);
-  }
-  fit_progress_.epoch_finished = true;
-  for (auto& logger : loggers_) logger->save();
-  module.on_train_epoch_end();
-  call_hooks(options_.callbacks(), &Callback::on_train_epoch_end, *this, module);
-  if (lr_scheduler_ && scheduler_interval_ == "epoch") lr_scheduler_->step();
-  fit_progress_ = fit_progress_.next();
-  if (fit_progress_.epoch < options_.min_epochs()) stop_requested_ = false;
+  FitLoop(*this, module, train_loader, val_loader).run(ckpt_path);
 }
 
 void Trainer::optimizer_step(Module& module) {

@@ -1,0 +1,295 @@
+#include "fit_loop.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "batch_stream.h"
+#include "pipetrain/callback.h"
+#include "pipetrain/error.h"
+#include "pipetrain/launcher.h"
+#include "pipetrain/logger.h"
+#include "pipetrain/lr_scheduler.h"
+#include "pipetrain/progress_bar.h"
+#include "pipetrain/strategy.h"
+#include "pipetrain/trace.h"
+#include "pipetrain/trainer.h"
+#include "pipetrain/world.h"
+#include "precision.h"
+#include "stop_signals.h"
+
+namespace pipetrain {
+
+double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::map<std::string, double> values_of(const ReducedMetrics& metrics) {
+  std::map<std::string, double> values;
+  for (const auto& [name, metric] : metrics) values[name] = metric.value;
+  return values;
+}
+
+namespace {
+
+FitData fit_data(const Trainer& trainer, const DataLoader& train, const DataLoader* val) {
+  const TrainerOptions& options = trainer.options();
+  FitData data{train, val, options.limit_train_batches().of(train.num_batches(trainer.replicas())),
+               val ? options.limit_val_batches().of(val->num_batches(trainer.replicas())) : 0, 0};
+  const auto& interval = options.val_check_interval();
+  data.val_check_batches =
+      interval.is_fraction()
+          ? std::max<int64_t>(1, static_cast<int64_t>(interval.value() * data.train_batches))
+          : static_cast<int64_t>(interval.value());
+  return data;
+}
+
+}  // namespace
+
+// --- the epoch
+// ------------------------------------------------------------------------------------
+
+TrainingEpochLoop::TrainingEpochLoop(Trainer& trainer, Module& module, const FitData& data)
+    : trainer_(trainer), module_(module), data_(data) {}
+
+TrainingEpochLoop::~TrainingEpochLoop() = default;
+
+void TrainingEpochLoop::run() {
+  reset();
+  while (!done()) advance();
+  on_run_end();
+}
+
+void TrainingEpochLoop::reset() {
+  Trainer& t = trainer_;
+  module_.layers()->train();
+  const int64_t first_batch = t.fit_progress_.batch_idx;
+  // Also when resuming mid-epoch, as Lightning does: this process will run the epoch's end.
+  module_.on_train_epoch_start();
+  call_hooks(t.options_.callbacks(), &Callback::on_train_epoch_start, t, module_);
+  if (t.progress_) {
+    t.progress_->start("Epoch " + std::to_string(t.fit_progress_.epoch), data_.train_batches,
+                       first_batch);
+  }
+  batches_ = t.batches(data_.train, t.fit_progress_.epoch, first_batch, data_.train_batches);
+}
+
+bool TrainingEpochLoop::done() const {
+  return stopping_ || trainer_.fit_progress_.batch_idx >= data_.train_batches;
+}
+
+void TrainingEpochLoop::advance() {
+  Trainer& t = trainer_;
+  const TrainerOptions& options = t.options_;
+  const int64_t batch_idx = t.fit_progress_.batch_idx;
+  const Batch batch = t.next_batch(*batches_);
+  call_hooks(options.callbacks(), &Callback::on_train_batch_start, t, module_, batch, batch_idx);
+
+  const int64_t accumulate = options.accumulate_grad_batches();
+  const bool last_batch = batch_idx + 1 == data_.train_batches;
+  const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last_batch;
+  LoggedMetrics step_metrics;
+  at::Tensor loss;
+  try {
+    PrecisionGuard precision(options.precision(), t.world_->device().type());
+    StepOptions step;
+    step.loss_scale =
+        data_.train.share(batch_idx, t.strategy_->batch_shard()) / static_cast<double>(accumulate);
+    step.sync_gradients = steps_optimizer;
+    loss = t.strategy_->training_step(module_, batch, batch_idx, step, step_metrics);
+  } catch (const std::exception& e) {
+    t.world_->publish_error(error_message(e));
+    throw;
+  }
+  window_metrics_.merge(step_metrics);
+  epoch_metrics_.merge(step_metrics);
+
+  if (loss.defined()) {
+    const auto nonfinite = loss.isfinite().logical_not().any().to(at::kDouble);
+    t.window_nonfinite_ =
+        t.window_nonfinite_.defined() ? t.window_nonfinite_ + nonfinite : nonfinite;
+  }
+  // Every rank stops after the same optimizer step: never inside an accumulation window, whose
+  // gradients a resumed run would not have.
+  bool stop_after_step = false;
+  if (steps_optimizer) {
+    const bool logs = (t.fit_progress_.global_step + 1) % options.log_every_n_steps() == 0;
+    // Where the host waits for the device anyway (logging, the epoch's end, the last step):
+    // there a deferred check of the losses costs nothing.
+    const bool host_waits =
+        logs || last_batch ||
+        (options.max_steps() >= 0 && t.fit_progress_.global_step + 1 >= options.max_steps());
+    stop_after_step = t.agree_to_stop(batch_idx, host_waits);
+    t.optimizer_step(module_);
+    if (logs) {
+      const auto row = t.strategy_->reduce_metrics(window_metrics_.step_view(true));
+      t.remember(row);
+      auto values = values_of(row);
+      values["epoch"] = static_cast<double>(t.fit_progress_.epoch);
+      t.log_metrics(values, t.fit_progress_.global_step);
+      if (t.progress_) t.progress_->log_line(batch_idx + 1, t.progress_metrics_);
+    }
+    ++t.fit_progress_.global_step;
+    window_metrics_ = LoggedMetrics();
+  }
+  t.fit_progress_.batch_idx = batch_idx + 1;
+  if (t.progress_) t.progress_->update(batch_idx + 1, t.progress_metrics_);
+  call_hooks(options.callbacks(), &Callback::on_train_batch_end, t, module_, batch, batch_idx);
+
+  // As Lightning: every val_check_interval batches of the epoch (so a fraction of 1.0 means at
+  // the epoch's end), in the epochs check_val_every_n_epoch picks.
+  const bool validation_due =
+      data_.val && data_.val_batches > 0 &&
+      (t.fit_progress_.epoch + 1) % options.check_val_every_n_epoch() == 0 &&
+      (batch_idx + 1) % data_.val_check_batches == 0;
+  if (validation_due) {
+    t.run_evaluation(module_, *data_.val, data_.val_batches, false);
+    call_hooks(options.callbacks(), &Callback::on_validation_end, t, module_);
+    module_.layers()->train();
+    if (t.progress_ && batch_idx + 1 < data_.train_batches) {
+      t.progress_->start("Epoch " + std::to_string(t.fit_progress_.epoch), data_.train_batches,
+                         batch_idx + 1);
+    }
+  }
+
+  // The one place that decides whether fit stops: after an optimizer step, never inside an
+  // accumulation window; a stop asked for (request_stop, EarlyStopping) waits for min_epochs, a
+  // signal or max_time does not.
+  if (!steps_optimizer) return;
+  if (t.stop_requested_ && t.fit_progress_.epoch + 1 < options.min_epochs()) {
+    t.stop_requested_ = false;
+  }
+  if (stop_after_step || t.stop_signal_ != 0) t.stop_requested_ = true;
+  stopping_ = t.stop_requested_ || t.max_steps_reached();
+}
+
+void TrainingEpochLoop::on_run_end() {
+  Trainer& t = trainer_;
+  if (t.progress_) t.progress_->finish();
+  // Stopped mid-epoch: the epoch goes on when the run resumes, and its end with it.
+  if (t.fit_progress_.batch_idx < data_.train_batches) return;
+
+  const auto epoch_row = t.strategy_->reduce_metrics(epoch_metrics_.epoch_view(true));
+  if (!epoch_row.empty()) {
+    t.remember(epoch_row);
+    auto values = values_of(epoch_row);
+    values["epoch"] = static_cast<double>(t.fit_progress_.epoch);
+    t.log_metrics(values, t.fit_progress_.global_step - 1);
+  }
+  t.fit_progress_.epoch_finished = true;
+  for (auto& logger : t.loggers_) logger->save();
+  module_.on_train_epoch_end();
+  call_hooks(t.options_.callbacks(), &Callback::on_train_epoch_end, t, module_);
+  if (t.lr_scheduler_ && t.scheduler_interval_ == "epoch") t.lr_scheduler_->step();
+  t.fit_progress_ = t.fit_progress_.next();
+  if (t.fit_progress_.epoch < t.options_.min_epochs()) t.stop_requested_ = false;
+}
+
+// --- the fit
+// --------------------------------------------------------------------------------------
+
+FitLoop::FitLoop(Trainer& trainer, Module& module, const DataLoader& train, const DataLoader* val)
+    : trainer_(trainer), module_(module), data_(fit_data(trainer, train, val)) {}
+
+FitLoop::~FitLoop() = default;
+
+void FitLoop::run(const std::string& ckpt_path) {
+  Trainer& t = trainer_;
+  reset(ckpt_path);
+  try {
+    while (!done()) advance();
+    t.check_losses_finite();  // a stop between two checks (EarlyStopping, request_stop)
+  } catch (...) {
+    for (auto& logger : t.loggers_) logger->save();  // what was logged up to the failure
+    throw;
+  }
+  on_run_end();
+}
+
+void FitLoop::reset(const std::string& ckpt_path) {
+  Trainer& t = trainer_;
+  const TrainerOptions& options = t.options_;
+  auto config = module_.configure_optimizers();
+  t.optimizer_ = std::move(config.optimizer);
+  t.lr_scheduler_ = std::move(config.lr_scheduler);
+  t.scheduler_interval_ = config.interval;
+  if (t.scheduler_interval_ != "step" && t.scheduler_interval_ != "epoch") {
+    throw std::invalid_argument("lr scheduler interval '" + t.scheduler_interval_ +
+                                "' is unknown: use step or epoch");
+  }
+  // As Lightning: a job restarted before its first checkpoint (--ckpt-path last) starts afresh.
+  const std::string resume_from =
+      ckpt_path == "last" ? t.newest_last_checkpoint() : t.resolve_checkpoint(ckpt_path);
+  if (ckpt_path == "last" && resume_from.empty()) {
+    t.print("Warning: --ckpt-path last: no last.ckpt under " + options.default_root_dir() +
+            "/lightning_logs yet; training from the beginning");
+  }
+  if (!resume_from.empty()) t.restore(module_, resume_from, /*full=*/true);
+  // What ran: the strategy says which of its options it used (single runs one micro-batch).
+  auto hyperparameters = t.strategy_->hyperparameters();
+  hyperparameters.insert({{"strategy", options.strategy()},
+                          {"devices", std::to_string(options.devices())},
+                          {"precision", options.precision()},
+                          {"seed", std::to_string(options.seed())}});
+  for (auto& logger : t.loggers_) logger->log_hyperparams(hyperparameters);
+
+  call_hooks(options.callbacks(), &Callback::on_fit_start, t, module_);
+  if (data_.val && data_.val_batches > 0 && options.num_sanity_val_steps() > 0) {
+    t.run_evaluation(module_, *data_.val,
+                     std::min(options.num_sanity_val_steps(), data_.val_batches), false,
+                     /*record=*/false);
+  }
+
+  t.fit_start_seconds_ = now_seconds();
+  t.stop_requested_ = false;
+  t.stop_signal_ = 0;
+  t.window_nonfinite_ = at::Tensor();  // a fit that failed mid-window leaves nothing behind
+  t.first_nonfinite_step_ = at::Tensor();
+  t.unchecked_steps_.clear();
+  signals_ = std::make_unique<StopSignals>();
+  if (options.pipe().trace()) options.pipe().trace()->start(*t.world_);
+}
+
+bool FitLoop::done() const {
+  const Trainer& t = trainer_;
+  return t.fit_progress_.epoch >= t.options_.max_epochs() || t.stop_requested_ ||
+         t.max_steps_reached();
+}
+
+void FitLoop::advance() { TrainingEpochLoop(trainer_, module_, data_).run(); }
+
+void FitLoop::on_run_end() {
+  Trainer& t = trainer_;
+  const TrainerOptions& options = t.options_;
+  // A fit stopped mid-epoch (max_steps, max_time, a signal, request_stop) has not run the epoch's
+  // end, where checkpoints are saved: ModelCheckpoint saves last.ckpt here, and after a signal
+  // the Trainer saves one itself if nothing did, so a restarted job continues where it stopped.
+  call_hooks(options.callbacks(), &Callback::on_fit_end, t, module_);
+  if (t.stop_signal_ != 0 && options.enable_checkpointing() && options.fast_dev_run() == 0 &&
+      t.last_saved_step_ != t.fit_progress_.global_step) {
+    t.save_checkpoint((std::filesystem::path(t.log_dir_) / "checkpoints" / "last.ckpt").string());
+  }
+  if (t.stop_signal_ != 0) {
+    t.print("pipetrain: stopped by " + signal_name(t.stop_signal_) + " after step " +
+            std::to_string(t.fit_progress_.global_step) +
+            "; resume with --ckpt-path last (ckpt_path=\"last\")");
+  }
+  for (auto& logger : t.loggers_) logger->save();
+  if (!t.loggers_.empty()) {
+    t.print("trained " + std::to_string(t.fit_progress_.global_step) + " steps in " +
+            std::to_string(t.fit_progress_.epoch) + " epochs; metrics and checkpoints in " +
+            t.log_dir_);
+  }
+  t.optimizer_.reset();
+  t.lr_scheduler_.reset();
+  if (options.pipe().trace()) {
+    options.pipe().trace()->write(*t.world_, options.trace());
+    t.print("trace written to " + options.trace() + " (open it in https://ui.perfetto.dev)");
+  }
+  t.world_->barrier();
+}
+
+}  // namespace pipetrain
