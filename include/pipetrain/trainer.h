@@ -101,15 +101,14 @@ class Trainer {
                                        int64_t end) const;
   // The stream's next batch; a failure to read it is published to the other ranks.
   Batch next_batch(BatchStream& batches) const;
-  // fit's loops (src/train/fit_loop.h) run on the Trainer's state, as Lightning's on
-  // `self.trainer`.
+  // The loops (src/train/fit_loop.h, evaluation_loop.h) run on the Trainer's state, as
+  // Lightning's on `self.trainer`.
   friend class FitLoop;
   friend class TrainingEpochLoop;
+  friend class EvaluationLoop;
+  friend class PredictionLoop;
   void setup(Module& module);
   void optimizer_step(Module& module);
-  // `record`: log the metrics and keep them in callback_metrics (not for the sanity check).
-  std::map<std::string, double> run_evaluation(Module& module, const DataLoader& loader,
-                                               int64_t batches, bool test, bool record = true);
   void restore(Module& module, const std::string& ckpt_path, bool full);
   // The newest last.ckpt under default_root_dir, empty if there is none.
   std::string newest_last_checkpoint() const;

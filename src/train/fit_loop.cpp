@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "batch_stream.h"
+#include "evaluation_loop.h"
 #include "pipetrain/callback.h"
 #include "pipetrain/error.h"
 #include "pipetrain/launcher.h"
@@ -146,7 +147,7 @@ void TrainingEpochLoop::advance() {
       (t.fit_progress_.epoch + 1) % options.check_val_every_n_epoch() == 0 &&
       (batch_idx + 1) % data_.val_check_batches == 0;
   if (validation_due) {
-    t.run_evaluation(module_, *data_.val, data_.val_batches, false);
+    EvaluationLoop(t, module_, *data_.val, data_.val_batches, false, /*record=*/true).run();
     call_hooks(options.callbacks(), &Callback::on_validation_end, t, module_);
     module_.layers()->train();
     if (t.progress_ && batch_idx + 1 < data_.train_batches) {
@@ -238,9 +239,10 @@ void FitLoop::reset(const std::string& ckpt_path) {
 
   call_hooks(options.callbacks(), &Callback::on_fit_start, t, module_);
   if (data_.val && data_.val_batches > 0 && options.num_sanity_val_steps() > 0) {
-    t.run_evaluation(module_, *data_.val,
-                     std::min(options.num_sanity_val_steps(), data_.val_batches), false,
-                     /*record=*/false);
+    EvaluationLoop(t, module_, *data_.val,
+                   std::min(options.num_sanity_val_steps(), data_.val_batches), false,
+                   /*record=*/false)
+        .run();
   }
 
   t.fit_start_seconds_ = now_seconds();

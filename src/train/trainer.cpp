@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "batch_stream.h"
+#include "evaluation_loop.h"
 #include "fit_loop.h"
 #include "pipetrain/callback.h"
 #include "pipetrain/checkpoint_io.h"
@@ -417,59 +418,14 @@ void Trainer::throw_nonfinite_loss(int64_t step) const {
 
 // --- validate, test, predict --------------------------------------------------------------------
 
-std::map<std::string, double> Trainer::run_evaluation(Module& module, const DataLoader& loader,
-                                                      int64_t batches, bool test, bool record) {
-  module.layers()->eval();
-  // The sanity check is invisible to callbacks: nothing it measures may count as a validation.
-  const auto& callbacks = record ? options_.callbacks() : std::vector<std::shared_ptr<Callback>>{};
-  test ? module.on_test_epoch_start() : module.on_validation_epoch_start();
-  call_hooks(callbacks,
-             test ? &Callback::on_test_epoch_start : &Callback::on_validation_epoch_start, *this,
-             module);
-  if (progress_) progress_->start(test ? "Testing" : "Validation", batches);
-  LoggedMetrics epoch_metrics;
-  const auto stream = this->batches(loader, 0, 0, batches);
-  for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
-    const Batch batch = next_batch(*stream);
-    try {
-      PrecisionGuard precision(options_.precision(), world_->device().type());
-      strategy_->evaluation_step(
-          module, batch, batch_idx,
-          [&](const Batch& b, int64_t i) {
-            test ? module.test_step(b, i) : module.validation_step(b, i);
-          },
-          epoch_metrics);
-    } catch (const std::exception& e) {
-      world_->publish_error(error_message(e));
-      throw;
-    }
-    if (progress_) progress_->update(batch_idx + 1, {});
-  }
-  const auto reduced = strategy_->reduce_metrics(epoch_metrics.epoch_view(false));
-  if (progress_) {
-    progress_->log_line(batches, values_of(reduced));
-    progress_->finish();
-  }
-  test ? module.on_test_epoch_end() : module.on_validation_epoch_end();
-  call_hooks(callbacks, test ? &Callback::on_test_epoch_end : &Callback::on_validation_epoch_end,
-             *this, module);
-  auto values = values_of(reduced);
-  if (!record) return values;  // Lightning logs nothing from the sanity check
-  remember(reduced);
-  if (!values.empty()) {
-    auto row = values;
-    row["epoch"] = static_cast<double>(fit_progress_.epoch);
-    log_metrics(row, std::max<int64_t>(fit_progress_.global_step - 1, 0));
-  }
-  return values;
-}
-
 std::map<std::string, double> Trainer::validate(Module& module, const DataLoader& loader,
                                                 const std::string& ckpt_path) {
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
-  const auto metrics = run_evaluation(
-      module, loader, options_.limit_val_batches().of(loader.num_batches(replicas())), false);
+  const auto metrics =
+      EvaluationLoop(*this, module, loader,
+                     options_.limit_val_batches().of(loader.num_batches(replicas())), false, true)
+          .run();
   for (auto& logger : loggers_) logger->save();
   return metrics;
 }
@@ -478,8 +434,10 @@ std::map<std::string, double> Trainer::test(Module& module, const DataLoader& lo
                                             const std::string& ckpt_path) {
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
-  const auto metrics = run_evaluation(
-      module, loader, options_.limit_test_batches().of(loader.num_batches(replicas())), true);
+  const auto metrics =
+      EvaluationLoop(*this, module, loader,
+                     options_.limit_test_batches().of(loader.num_batches(replicas())), true, true)
+          .run();
   for (auto& logger : loggers_) logger->save();
   return metrics;
 }
@@ -488,20 +446,9 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
                                          const std::string& ckpt_path) {
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
-  module.layers()->eval();
-  const int64_t batches = options_.limit_predict_batches().of(loader.num_batches(replicas()));
-  if (progress_) progress_->start("Predicting", batches);
-  std::vector<at::Tensor> outputs;
-  const auto stream = this->batches(loader, 0, 0, batches);
-  for (int64_t batch_idx = 0; batch_idx < batches; ++batch_idx) {
-    const Batch batch = next_batch(*stream);
-    PrecisionGuard precision(options_.precision(), world_->device().type());
-    auto output = strategy_->predict_step(module, batch, batch_idx);
-    if (world_->is_global_zero()) outputs.push_back(output);
-    if (progress_) progress_->update(batch_idx + 1, {});
-  }
-  if (progress_) progress_->finish();
-  return outputs;
+  return PredictionLoop(*this, module, loader,
+                        options_.limit_predict_batches().of(loader.num_batches(replicas())))
+      .run();
 }
 
 // --- checkpoint files ----------------------------------------------------------------------------
