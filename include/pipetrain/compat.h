@@ -35,6 +35,11 @@ inline bool autocast_enabled(c10::DeviceType device) {
 #endif
 }
 
+// `t` for an ATen argument that may be absent (a Linear's or LayerNorm's missing bias).
+inline c10::optional<at::Tensor> optional_tensor(const at::Tensor& t) {
+  return t.defined() ? c10::optional<at::Tensor>(t) : c10::optional<at::Tensor>();
+}
+
 // The dtype autocast computes in on `device`.
 inline at::ScalarType autocast_dtype(c10::DeviceType device) {
 #if TORCH_VERSION_MAJOR >= 2

@@ -14,10 +14,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-c10::optional<at::Tensor> optional(const at::Tensor& t) {
-  return t.defined() ? c10::optional<at::Tensor>(t) : c10::optional<at::Tensor>();
-}
-
 // Adds into `parameter`'s gradient, creating it (zeros) the first time.
 at::Tensor& gradient_of(at::Tensor& parameter) {
   if (!parameter.grad().defined()) parameter.mutable_grad() = torch::zeros_like(parameter);
@@ -93,7 +89,7 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
     deferral->queue = state.deferred;
     ctx->saved_data["deferral"] = c10::IValue::make_capsule(std::move(deferral));
     ctx->saved_data["input_is_data"] = state.input_is_data;
-    return at::linear(input, state.compute_weight, optional(state.compute_bias));
+    return at::linear(input, state.compute_weight, optional_tensor(state.compute_bias));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -119,7 +115,7 @@ at::Tensor fused_linear(const at::Tensor& input, const at::Tensor& weight, const
                         const std::shared_ptr<DeferredWeightGradients>& deferred) {
   if (!at::GradMode::is_enabled() || !(input.requires_grad() || weight.requires_grad() ||
                                        (bias.defined() && bias.requires_grad()))) {
-    return at::linear(input, weight, optional(bias));
+    return at::linear(input, weight, optional_tensor(bias));
   }
   LinearState state{weight, bias, weight, bias, deferred};
   at::Tensor x = input;
@@ -173,7 +169,7 @@ thread_local Fusing fusing;
 }  // namespace
 
 at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!fusing.active) return at::linear(input, weight, optional(bias));
+  if (!fusing.active) return at::linear(input, weight, optional_tensor(bias));
   return fused_linear(input, weight, bias, fusing.deferred);
 }
 

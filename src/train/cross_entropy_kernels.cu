@@ -9,10 +9,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
 #include "cross_entropy_kernels.h"
+#include "kernel_launch.cuh"
 
 namespace pipetrain::kernels {
 namespace {
@@ -149,14 +148,6 @@ __global__ void scale_kernel(T* __restrict__ data, int64_t n, const float* __res
   }
   for (int64_t i = pack_count * V + first; i < n; i += stride) {
     data[i] = from_float<T>(to_float(data[i]) * f);
-  }
-}
-
-void check_launch(const char* kernel) {
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) {
-    throw std::runtime_error(std::string("pipetrain: CUDA kernel ") + kernel +
-                             " failed to launch: " + cudaGetErrorString(error));
   }
 }
 

@@ -13,10 +13,6 @@
 namespace pipetrain {
 namespace {
 
-c10::optional<at::Tensor> optional(const at::Tensor& t) {
-  return t.defined() ? c10::optional<at::Tensor>(t) : c10::optional<at::Tensor>();
-}
-
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
 // ATen's forward and input gradient; the weight's and bias's gradients from our kernel.
 struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
@@ -73,7 +69,8 @@ at::Tensor layer_norm(const at::Tensor& input, const at::Tensor& weight, const a
     return LayerNormFunction::apply(x.contiguous(), weight, bias, eps);
   }
 #endif
-  return at::layer_norm(input, {input.size(-1)}, optional(weight), optional(bias), eps);
+  return at::layer_norm(input, {input.size(-1)}, optional_tensor(weight), optional_tensor(bias),
+                        eps);
 }
 
 }  // namespace pipetrain

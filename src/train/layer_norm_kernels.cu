@@ -6,9 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
+#include "kernel_launch.cuh"
 #include "layer_norm_kernels.h"
 
 namespace pipetrain::kernels {
@@ -80,14 +79,6 @@ __global__ void finish_kernel(const float* __restrict__ partial_weight,
   }
   grad_weight[column] = weight;
   grad_bias[column] = bias;
-}
-
-void check_launch(const char* kernel) {
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) {
-    throw std::runtime_error(std::string("pipetrain: CUDA kernel ") + kernel +
-                             " failed to launch: " + cudaGetErrorString(error));
-  }
 }
 
 }  // namespace
