@@ -1,16 +1,44 @@
 // `pipetrain::layer_norm`: at::layer_norm over the last dimension, for the LayerNorms inside a
-// block of one's own. Where pipetrain's CUDA kernels are built, on fp32 (as autocast runs every
-// LayerNorm), the weight and bias gradients come from a kernel of pipetrain's own: ATen's sums
-// each 32 columns over all the rows in one thread block, which for a transformer's [B x T, C]
-// leaves most of a GPU idle (GPT-2 124M at B = 16 on an H200: 79 us a LayerNorm, 5% of a step).
-// The values are ATen's; the sums' order differs (relative differences of about 1e-6).
+// block of one's own. Where pipetrain's CUDA kernels are built, on fp32 rows whose width is a
+// multiple of 4 (autocast runs every LayerNorm in fp32), the forward and both backwards are
+// pipetrain's kernels: ATen's sums the weight and bias gradients each 32 columns over all the
+// rows in one thread block, which for a transformer's [B x T, C] leaves most of a GPU idle (GPT-2
+// 124M at B = 16 on an H200: 79 us a LayerNorm, 5% of a step). The values are ATen's; the sums'
+// order differs (relative differences of about 1e-6).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 namespace pipetrain {
 
+// The dtype pipetrain::layer_norm returns under autocast (without it, both give the input's).
+enum class LayerNormOutput {
+  // fp32, as autocast's own layer_norm.
+  kFloat,
+  // Autocast's dtype (bf16 under bf16-mixed), for a LayerNorm whose readers are all matmuls, as
+  // every LayerNorm in a pre-norm transformer: they would cast the fp32 output to that dtype
+  // anyway. The kernel rounds it once as it writes it, and its backward reads the matmul's
+  // low-precision gradient as it is, so neither the output nor its gradient is copied.
+  kAutocastDtype,
+};
+
 at::Tensor layer_norm(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
-                      double eps = 1e-5);
+                      double eps = 1e-5, LayerNormOutput output = LayerNormOutput::kFloat);
+
+struct AddLayerNormOutputs {
+  at::Tensor sum;         // input + branch
+  at::Tensor normalised;  // layer_norm(sum)
+};
+
+// A residual add and the LayerNorm of its sum, as in the middle of a pre-norm transformer block
+// (h = x + attn(ln_1(x)); then ln_2(h)): {input + branch, layer_norm(input + branch)}. On
+// pipetrain's kernels (input fp32, as the residual stream is under autocast) it is one pass each
+// way: the sum is written as it is normalised, and the backward adds the sum's other gradient and
+// writes the gradient of both terms, the branch's in its own dtype. Elsewhere, exactly
+// `input + branch` and layer_norm of it.
+AddLayerNormOutputs add_layer_norm(const at::Tensor& input, const at::Tensor& branch,
+                                   const at::Tensor& weight, const at::Tensor& bias,
+                                   double eps = 1e-5,
+                                   LayerNormOutput output = LayerNormOutput::kFloat);
 
 }  // namespace pipetrain

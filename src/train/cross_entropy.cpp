@@ -10,32 +10,12 @@
 #include <stdexcept>
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
-#include <c10/cuda/CUDAStream.h>
-
 #include "cross_entropy_kernels.h"
+#include "kernel_call.h"
 #endif
 
 namespace pipetrain {
 namespace {
-
-#ifdef PIPETRAIN_HAS_CUDA_KERNELS
-// The dtypes the CUDA kernels take.
-std::optional<kernels::Dtype> kernel_dtype(const at::Tensor& logits) {
-  if (!logits.is_cuda()) return std::nullopt;
-  switch (logits.scalar_type()) {
-    case at::kFloat:
-      return kernels::Dtype::kFloat;
-    case at::kBFloat16:
-      return kernels::Dtype::kBFloat16;
-    case at::kHalf:
-      return kernels::Dtype::kHalf;
-    default:
-      return std::nullopt;
-  }
-}
-
-void* current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
-#endif
 
 // fp32 elements per block of log-probabilities by default: 128 MB, far below the whole batch's
 // and large enough that each kernel still fills the GPU.
@@ -52,7 +32,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     // does anyway for bf16 (Torch 2.11's CUDA kernel converts in one pass for fp16 alone).
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
-    if (const auto dtype = kernel_dtype(logits)) {
+    if (const auto dtype = kernels::kernel_dtype(logits)) {
       return on_device(ctx, *dtype, logits.contiguous(), target.contiguous(), ignore_index, ignore,
                        keep_grad);
     }
@@ -101,7 +81,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     kernels::cross_entropy_rows(dtype, logits.data_ptr(), rows, logits.size(1),
                                 target.data_ptr<int64_t>(), ignore_index, ignore,
                                 inv_count.data_ptr<float>(), row_loss.data_ptr<float>(),
-                                keep_grad ? grad.data_ptr() : nullptr, current_stream());
+                                keep_grad ? grad.data_ptr() : nullptr, kernels::current_stream());
     if (keep_grad) ctx->save_for_backward({grad});
     ctx->saved_data["on_device"] = true;
     return row_loss.sum() * inv_count;
@@ -117,8 +97,8 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
     if (ctx->saved_data["on_device"].toBool()) {
       const at::Tensor factor = grad_output[0].to(at::kFloat).contiguous();
-      kernels::scale_by(*kernel_dtype(grad), grad.data_ptr(), grad.numel(),
-                        factor.data_ptr<float>(), current_stream());
+      kernels::scale_by(*kernels::kernel_dtype(grad), grad.data_ptr(), grad.numel(),
+                        factor.data_ptr<float>(), kernels::current_stream());
       torch::autograd::impl::bump_version(grad);  // as an in-place op: a second backward fails
       return {grad, {}, {}, {}, {}, {}};
     }

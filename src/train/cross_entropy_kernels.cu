@@ -3,46 +3,16 @@
 // row of GPT-2's 50,304 bf16 logits is 100 KB, so the second pass mostly reads what the first left
 // in L2: the whole loss and gradient cost about one read and one write of the logits, where
 // log_softmax, exp and their fp32 copies cost several.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdint>
 
 #include "cross_entropy_kernels.h"
-#include "kernel_launch.cuh"
+#include "kernel_common.cuh"
 
 namespace pipetrain::kernels {
 namespace {
 
 constexpr int kMaxThreads = 512;
-constexpr int kWarp = 32;
-
-__device__ inline float to_float(float x) { return x; }
-__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_float(__half x) { return __half2float(x); }
-
-template <typename T>
-__device__ inline T from_float(float x);
-template <>
-__device__ inline float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x);
-}
-template <>
-__device__ inline __half from_float<__half>(float x) {
-  return __float2half(x);
-}
-
-// V elements read or written in one access (16 bytes where the row allows).
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
 
 // The larger of two, NaN if either is: fmaxf would drop a NaN logit and give a finite loss.
 __device__ inline float max_or_nan(float a, float b) { return (a != a || a > b) ? a : b; }

@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-namespace pipetrain::kernels {
+#include "kernel_dtype.h"
 
-enum class Dtype { kFloat, kBFloat16, kHalf };
+namespace pipetrain::kernels {
 
 // For each of `rows` rows of `classes` contiguous logits: row_loss[r] = logsumexp(row) -
 // row[target[r]] in fp32, read in one pass over the row, and (where `grad` is not null) the

@@ -25,13 +25,15 @@ at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
 }
 
 // torch::nn::LayerNorm (its parameters, names and initialisation) whose forward is
-// pipetrain::layer_norm: on a GPU its weight and bias gradients come from pipetrain's kernel.
+// pipetrain::layer_norm, on a GPU pipetrain's kernels. Every LayerNorm of GPT-2 feeds a matmul
+// (c_attn, c_fc, the LM head), so under autocast it returns autocast's dtype.
 class Gpt2LayerNormImpl : public torch::nn::LayerNormImpl {
  public:
   explicit Gpt2LayerNormImpl(int64_t width)
       : LayerNormImpl(torch::nn::LayerNormOptions(std::vector<int64_t>{width})) {}
   at::Tensor forward(const at::Tensor& x) {
-    return pipetrain::layer_norm(x, weight, bias, options.eps());
+    return pipetrain::layer_norm(x, weight, bias, options.eps(),
+                                 pipetrain::LayerNormOutput::kAutocastDtype);
   }
 };
 TORCH_MODULE(Gpt2LayerNorm);
@@ -128,8 +130,11 @@ class Gpt2BlockImpl : public torch::nn::Module {
         mlp(register_module("mlp", Gpt2Mlp(config))) {}
 
   at::Tensor forward(const at::Tensor& x) {
-    const auto h = x + attn(ln_1(x));
-    return h + mlp(ln_2(h));
+    // h = x + attn(ln_1(x)) and ln_2(h) in one pass (ln_2 holds the parameters).
+    const auto [h, normalised] =
+        pipetrain::add_layer_norm(x, attn(ln_1(x)), ln_2->weight, ln_2->bias, ln_2->options.eps(),
+                                  pipetrain::LayerNormOutput::kAutocastDtype);
+    return h + mlp(normalised);
   }
 
   Gpt2LayerNorm ln_1;
