@@ -3,7 +3,8 @@
 // MSE against random targets), timed as the peer times it: 5 warm-up steps, then the mean of
 // STEPS steps between two (synchronize + barrier) points. Gradients are set to none before each
 // step, as the peer's zero_grad does (and the Trainer's): zeroing them instead makes each backward
-// add every weight gradient into the zeros, about 1.4 ms a step at B = 1024 on an H200.
+// add every weight gradient into the zeros (8.35 against 7.07 ms a step at B = 1024 on an H200,
+// bench/RESULTS.md).
 //
 //   gpu_bench single   one GPU: a plain libtorch loop, and the same model through pipetrain
 //   gpu_bench pipe     two GPUs (it launches its two ranks itself): GPipe and 1F1B at
