@@ -12,11 +12,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "pipetrain/launcher.h"
 
 namespace pipetrain::bench {
 
@@ -93,6 +96,26 @@ inline std::string env_or(const char* name, const std::string& fallback) {
 inline void zero_grad(const std::vector<at::Tensor>& parameters) {
   for (const auto& p : parameters) {
     if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+// main() of a benchmark whose ranks are pipeline stages: launches `stages` local processes of
+// this program (one thread each) and runs `run_stage` in each. Returns the exit status.
+inline int run_as_local_stages(const char* bench, int64_t stages, void (*run_stage)()) {
+  constexpr const char* kWorkerVariable = "PIPETRAIN_BENCH_WORKER";
+  try {
+    if (std::getenv(kWorkerVariable) != nullptr) {
+      run_stage();
+      return 0;
+    }
+    pipetrain::LaunchOptions options;
+    options.nprocs = stages;
+    options.extra_env = {
+        {kWorkerVariable, "1"}, {"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}};
+    return pipetrain::launch_local_processes(options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s (rank %s): %s\n", bench, env_or("RANK", "-").c_str(), e.what());
+    return 1;
   }
 }
 

@@ -33,15 +33,7 @@
 
 namespace {
 
-using pipetrain::bench::env_or;
-using pipetrain::bench::load_average;
-using pipetrain::bench::machine_busy_seconds;
-using pipetrain::bench::make_mlp;
-using pipetrain::bench::median;
-using pipetrain::bench::process_cpu_seconds;
-using pipetrain::bench::seconds_since;
-using pipetrain::bench::thread_cpu_seconds;
-using pipetrain::bench::use_one_thread;
+using namespace pipetrain::bench;  // the helpers every benchmark here shares
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kStages = 2;
@@ -59,7 +51,6 @@ const std::vector<std::string> kSchedules = {"gpipe",           "1f1b", "zbh1", 
 int64_t virtual_stages(const std::string& schedule) {
   return schedule == "interleaved1f1b" || schedule == "zbv" ? 2 : 1;
 }
-constexpr const char* kWorkerVariable = "PIPETRAIN_BENCH_WORKER";
 
 struct Batch {
   at::Tensor inputs;
@@ -328,19 +319,4 @@ void run_stage() {
 
 }  // namespace
 
-int main() {
-  try {
-    if (std::getenv(kWorkerVariable) != nullptr) {
-      run_stage();
-      return 0;
-    }
-    pipetrain::LaunchOptions options;
-    options.nprocs = kStages;
-    options.extra_env = {
-        {kWorkerVariable, "1"}, {"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}};
-    return pipetrain::launch_local_processes(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "efficiency_bench (rank %s): %s\n", env_or("RANK", "-").c_str(), e.what());
-    return 1;
-  }
-}
+int main() { return run_as_local_stages("efficiency_bench", kStages, run_stage); }

@@ -27,8 +27,7 @@
 
 namespace {
 
-using pipetrain::bench::env_or;
-using pipetrain::bench::make_mlp;
+using namespace pipetrain::bench;  // the helpers every benchmark here shares
 
 constexpr int64_t kStages = 2;
 // Activations, not weights, should dominate: 8 blocks per stage, narrow layers, a large batch.
@@ -38,7 +37,6 @@ constexpr int64_t kBatch = 2048;
 constexpr int64_t kChunks = 8;
 const std::vector<std::string> kSchedules = {"gpipe", "1f1b"};
 const std::vector<std::string> kModes = {"never", "except_last", "always"};
-constexpr const char* kWorkerVariable = "PIPETRAIN_BENCH_WORKER";
 
 // Forwards to the allocator it wraps and counts the bytes of live allocations and their peak.
 // Each DataPtr it returns owns the wrapped allocator's DataPtr in a heap context, so memory is
@@ -200,18 +198,5 @@ void run_stage() {
 int main() {
   // Before any tensor exists, so that every allocation is counted and freed through the wrapper.
   c10::SetCPUAllocator(&counting_allocator(), /*priority=*/UINT8_MAX);
-  try {
-    if (std::getenv(kWorkerVariable) != nullptr) {
-      run_stage();
-      return 0;
-    }
-    pipetrain::LaunchOptions options;
-    options.nprocs = kStages;
-    options.extra_env = {
-        {kWorkerVariable, "1"}, {"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}};
-    return pipetrain::launch_local_processes(options);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "memory_bench (rank %s): %s\n", env_or("RANK", "-").c_str(), e.what());
-    return 1;
-  }
+  return run_as_local_stages("memory_bench", kStages, run_stage);
 }

@@ -19,12 +19,7 @@
 
 namespace {
 
-using pipetrain::bench::load_average;
-using pipetrain::bench::machine_busy_seconds;
-using pipetrain::bench::make_mlp;
-using pipetrain::bench::median;
-using pipetrain::bench::process_cpu_seconds;
-using pipetrain::bench::seconds_since;
+using namespace pipetrain::bench;  // the helpers every benchmark here shares
 using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kBlocks = 8;

@@ -75,6 +75,9 @@ class World {
   bool any(bool value) const { return all_reduce_sum(value ? 1.0 : 0.0) > 0; }
   // `text` as rank `root` has it, on every rank.
   std::string broadcast(const std::string& text, int64_t root = 0) const;
+  // Rank `root`'s values of `tensor` written into every rank's `tensor` (of the same shape and
+  // dtype, on this world's device).
+  void broadcast_into(const at::Tensor& tensor, int64_t root = 0) const;
   // Rank `from`'s `tensor` on rank 0, as a host tensor of its own (whatever shape and dtype it
   // has); undefined on every other rank. Only ranks 0 and `from` take part, each returning once
   // its side is done: how results (weights, predictions) gather where they are saved or printed.

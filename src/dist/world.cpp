@@ -204,6 +204,18 @@ std::string World::broadcast(const std::string& text, int64_t root) const {
   }
 }
 
+void World::broadcast_into(const at::Tensor& tensor, int64_t root) const {
+  if (!process_group_) return;
+  c10d::BroadcastOptions options;
+  options.rootRank = static_cast<int>(root);
+  std::vector<at::Tensor> tensors{tensor};
+  try {
+    wait(process_group_->broadcast(tensors, options));
+  } catch (const std::exception& e) {
+    fail("share a tensor with", e, rank_ == root ? -1 : root);
+  }
+}
+
 at::Tensor World::gather_to_zero(const at::Tensor& tensor, int64_t from) const {
   if (rank_ != 0 && rank_ != from) return {};
   if (from == 0) return tensor.detach().cpu().clone();

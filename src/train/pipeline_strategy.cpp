@@ -12,7 +12,6 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <cstdio>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -29,29 +28,6 @@
 
 namespace pipetrain {
 namespace {
-
-// Metrics travel as "name<TAB>hexfloat<TAB>prog_bar" lines: exact, and no schema to agree on.
-std::string encode(const ReducedMetrics& metrics) {
-  std::ostringstream out;
-  for (const auto& [name, metric] : metrics) {
-    char number[64];
-    std::snprintf(number, sizeof number, "%a", metric.value);
-    out << name << '\t' << number << '\t' << (metric.prog_bar ? 1 : 0) << '\n';
-  }
-  return out.str();
-}
-
-ReducedMetrics decode(const std::string& text) {
-  ReducedMetrics metrics;
-  std::istringstream in(text);
-  std::string name, number;
-  int prog_bar = 0;
-  while (std::getline(in, name, '\t') && std::getline(in, number, '\t') && in >> prog_bar) {
-    in.ignore();
-    metrics[name] = {std::strtod(number.c_str(), nullptr), prog_bar != 0};
-  }
-  return metrics;
-}
 
 // The index of the layer a global name ("3.weight") belongs to.
 int64_t layer_of(const std::string& name) { return std::stoll(name.substr(0, name.find('.'))); }
@@ -200,10 +176,9 @@ class PipelineStrategy : public Strategy {
   }
 
   ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) override {
-    std::string text;
-    if (pipe_->is_last_stage()) text = encode(reduce_over_replicas(metrics));
-    if (stages_ == 1) return decode(text);
-    return decode(pipeline_->broadcast(text, pipe_->rank_of_stage(pipe_->stages() - 1)));
+    ReducedMetrics reduced;
+    if (pipe_->is_last_stage()) reduced = reduce_over_replicas(metrics);
+    return stages_ == 1 ? reduced : share_along_pipeline(reduced);
   }
 
   at::Tensor gradient_norm(Module& module) override {
@@ -423,6 +398,35 @@ class PipelineStrategy : public Strategy {
     return reduced;
   }
 
+  // The last stage's metrics on every stage of the pipeline (callbacks on every rank decide
+  // alike; rank 0 logs them): their names and prog_bar flags as lines of text, their values as
+  // one float64 tensor, exact.
+  ReducedMetrics share_along_pipeline(const ReducedMetrics& metrics) const {
+    const int64_t root = pipe_->rank_of_stage(pipe_->stages() - 1);
+    std::string names;
+    for (const auto& [name, metric] : metrics)
+      names += name + (metric.prog_bar ? "\t1\n" : "\t0\n");
+    std::istringstream lines(pipeline_->broadcast(names, root));
+    std::vector<std::pair<std::string, bool>> order;
+    for (std::string line; std::getline(lines, line);) {
+      const auto tab = line.rfind('\t');
+      order.emplace_back(line.substr(0, tab), line.substr(tab + 1) == "1");
+    }
+    ReducedMetrics shared;
+    if (order.empty()) return shared;
+    auto values = torch::zeros({static_cast<int64_t>(order.size())}, torch::kFloat64);
+    if (pipeline_->rank() == root) {
+      auto value = values.accessor<double, 1>();
+      for (size_t i = 0; i < order.size(); ++i) value[i] = metrics.at(order[i].first).value;
+    }
+    values = values.to(device());
+    pipeline_->broadcast_into(values, root);
+    values = values.cpu();
+    const auto value = values.accessor<double, 1>();
+    for (size_t i = 0; i < order.size(); ++i) shared[order[i].first] = {value[i], order[i].second};
+    return shared;
+  }
+
   c10::Device device() const { return world_->device(); }
 
   // Whether `input` is the step's batch.data (or a view of exactly its elements).
@@ -439,10 +443,7 @@ class PipelineStrategy : public Strategy {
   // broadcast_buffers does, so replicas never drift apart and a checkpoint holds what all hold.
   void broadcast_buffers() {
     torch::NoGradGuard no_grad;
-    for (auto& b : pipe_->stage_module()->buffers()) {
-      std::vector<at::Tensor> one{b};
-      replicas_of_stage_->wait(replicas_of_stage_->process_group()->broadcast(one));
-    }
+    for (const auto& b : pipe_->stage_module()->buffers()) replicas_of_stage_->broadcast_into(b);
   }
 
   // The batch where the model runs, moved once (Lightning's transfer_batch_to_device).
@@ -464,9 +465,9 @@ class PipelineStrategy : public Strategy {
     std::vector<at::Tensor> tensors = module.layers()->parameters();
     for (const auto& b : module.layers()->buffers()) tensors.push_back(b);
     for (auto& t : tensors) {
-      std::vector<at::Tensor> one{t.to(device())};
-      world_->wait(world_->process_group()->broadcast(one));
-      if (!one[0].is_same(t)) t.copy_(one[0]);
+      const at::Tensor here = t.to(device());
+      world_->broadcast_into(here);
+      if (!here.is_same(t)) t.copy_(here);
     }
   }
 
