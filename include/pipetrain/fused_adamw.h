@@ -8,6 +8,8 @@
 
 #include <torch/optim/adamw.h>
 
+#include <ATen/core/Tensor.h>
+
 #include <map>
 #include <utility>
 
@@ -18,10 +20,17 @@ class FusedAdamW : public torch::optim::AdamW {
   using torch::optim::AdamW::AdamW;
   at::Tensor step(LossClosure closure = nullptr) override;
 
+  // The next step divides every gradient by `divisor` (a scalar tensor) first, leaving the
+  // quotients in .grad, as if each had been divided in place before it: on the fused path the
+  // kernel divides as it reads them (its grad_scale), so clipping by norm costs no pass of its own
+  // over the gradients.
+  void divide_gradients_in_next_step(at::Tensor divisor) { divisor_ = std::move(divisor); }
+
  private:
   // Each parameter's step count as the kernel reads it (a float tensor on its device), with the
   // host count it was made for: state loaded from a checkpoint replaces the host count.
   std::map<const void*, std::pair<at::Tensor, int64_t>> device_steps_;
+  at::Tensor divisor_;
 };
 
 }  // namespace pipetrain

@@ -25,10 +25,20 @@ enum class LayerNormOutput {
 at::Tensor layer_norm(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                       double eps = 1e-5, LayerNormOutput output = LayerNormOutput::kFloat);
 
-struct AddLayerNormOutputs {
-  at::Tensor sum;         // input + branch
-  at::Tensor normalised;  // layer_norm(sum)
+// What goes on along a transformer's residual stream, and the LayerNorm of it.
+struct ResidualLayerNorm {
+  at::Tensor residual;
+  at::Tensor normalised;
 };
+
+// {input, layer_norm(input)}, for a LayerNorm whose input also goes on along the residual stream
+// (x beside ln_1(x) in a pre-norm block). Use `residual` in place of `input` from there on: on
+// pipetrain's kernels its gradient comes back through this function, whose backward adds it to
+// the LayerNorm's input gradient in the same pass (autograd would add the two in one of its own).
+// Elsewhere `residual` is `input` itself.
+ResidualLayerNorm residual_layer_norm(const at::Tensor& input, const at::Tensor& weight,
+                                      const at::Tensor& bias, double eps = 1e-5,
+                                      LayerNormOutput output = LayerNormOutput::kFloat);
 
 // A residual add and the LayerNorm of its sum, as in the middle of a pre-norm transformer block
 // (h = x + attn(ln_1(x)); then ln_2(h)): {input + branch, layer_norm(input + branch)}. On
@@ -36,9 +46,9 @@ struct AddLayerNormOutputs {
 // way: the sum is written as it is normalised, and the backward adds the sum's other gradient and
 // writes the gradient of both terms, the branch's in its own dtype. Elsewhere, exactly
 // `input + branch` and layer_norm of it.
-AddLayerNormOutputs add_layer_norm(const at::Tensor& input, const at::Tensor& branch,
-                                   const at::Tensor& weight, const at::Tensor& bias,
-                                   double eps = 1e-5,
-                                   LayerNormOutput output = LayerNormOutput::kFloat);
+ResidualLayerNorm add_layer_norm(const at::Tensor& input, const at::Tensor& branch,
+                                 const at::Tensor& weight, const at::Tensor& bias,
+                                 double eps = 1e-5,
+                                 LayerNormOutput output = LayerNormOutput::kFloat);
 
 }  // namespace pipetrain

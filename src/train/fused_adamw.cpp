@@ -3,12 +3,31 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace pipetrain {
 
+namespace {
+
+// Each gradient divided by `divisor`, in place: what the fused kernel does as it reads them.
+void divide_gradients(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                      const at::Tensor& divisor) {
+  torch::NoGradGuard no_grad;
+  for (const auto& group : groups) {
+    for (const auto& parameter : group.params()) {
+      at::Tensor grad = parameter.grad();
+      if (grad.defined()) grad.div_(divisor.to(grad.device(), grad.scalar_type()));
+    }
+  }
+}
+
+}  // namespace
+
 at::Tensor FusedAdamW::step(LossClosure closure) {
+  const at::Tensor divisor = std::exchange(divisor_, at::Tensor());
 #if TORCH_VERSION_MAJOR >= 2
   bool fusable = true;
   for (const auto& group : param_groups()) {
@@ -16,7 +35,10 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     for (const auto& parameter : group.params()) fusable &= parameter.is_cuda();
     fusable &= !options.amsgrad();
   }
-  if (!fusable) return AdamW::step(std::move(closure));
+  if (!fusable) {
+    if (divisor.defined()) divide_gradients(param_groups(), divisor);
+    return AdamW::step(std::move(closure));
+  }
   at::Tensor loss;
   if (closure) {
     at::AutoGradMode enable_grad(true);
@@ -59,15 +81,18 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
     }
     for (auto& [where, list] : lists) {
       at::_foreach_add_(list.steps, 1);
+      // The kernel reads its divisor as a float on the parameters' device.
+      std::optional<at::Tensor> grad_scale;
+      if (divisor.defined()) grad_scale = divisor.to(list.params[0].device(), at::kFloat);
       at::_fused_adamw_(list.params, list.grads, list.exp_avgs, list.exp_avg_sqs, {}, list.steps,
                         options.lr(), std::get<0>(options.betas()), std::get<1>(options.betas()),
                         options.weight_decay(), options.eps(), /*amsgrad=*/false,
-                        /*maximize=*/false, /*grad_scale=*/std::nullopt,
-                        /*found_inf=*/std::nullopt);
+                        /*maximize=*/false, grad_scale, /*found_inf=*/std::nullopt);
     }
   }
   return loss;
 #else
+  if (divisor.defined()) divide_gradients(param_groups(), divisor);
   return AdamW::step(std::move(closure));
 #endif
 }

@@ -90,6 +90,38 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
   }
 };
 
+// {input, layer_norm(input)}: the first output is input itself, as autograd passes an input
+// returned unchanged (a view of it), so that its gradient reaches this backward.
+struct ResidualLayerNormFunction : torch::autograd::Function<ResidualLayerNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& weight, const at::Tensor& bias, double eps,
+                               at::ScalarType output_type) {
+    at::Tensor mean, rstd;
+    at::Tensor output =
+        forward_rows(input, at::Tensor(), weight, bias, eps, output_type, at::Tensor(), mean, rstd);
+    ctx->save_for_backward({input, weight, mean, rstd});
+    return {input, output};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
+    // Both arrive defined (autograd gives zeros for an output nobody read).
+    const at::Tensor grad_residual = grads[0].contiguous(), grad = grads[1].contiguous();
+    at::Tensor grad_input;
+    if (ctx->needs_input_grad(0)) {
+      grad_input = at::empty_like(input);
+      kernels::layer_norm_input_gradient(
+          *kernels::kernel_dtype(grad), grad.data_ptr(), input.data_ptr<float>(),
+          mean.data_ptr<float>(), rstd.data_ptr<float>(), weight.data_ptr<float>(), rows_of(input),
+          columns_of(input), grad_residual.data_ptr<float>(), grad_input.data_ptr<float>(),
+          kernels::Dtype::kFloat, nullptr, kernels::current_stream());
+    }
+    auto [grad_weight, grad_bias] = weight_gradients(ctx, 1, grad, input, mean, rstd, weight);
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
+  }
+};
+
 // {input + branch, layer_norm(input + branch)}, input fp32.
 struct AddLayerNormFunction : torch::autograd::Function<AddLayerNormFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
@@ -168,9 +200,24 @@ at::Tensor layer_norm(const at::Tensor& input, const at::Tensor& weight, const a
   return cast ? y.to(autocast_dtype(input.device().type())) : y;
 }
 
-AddLayerNormOutputs add_layer_norm(const at::Tensor& input, const at::Tensor& branch,
-                                   const at::Tensor& weight, const at::Tensor& bias, double eps,
-                                   LayerNormOutput output) {
+ResidualLayerNorm residual_layer_norm(const at::Tensor& input, const at::Tensor& weight,
+                                      const at::Tensor& bias, double eps, LayerNormOutput output) {
+#ifdef PIPETRAIN_HAS_CUDA_KERNELS
+  const bool cast = in_autocast_dtype(input, output);
+  const at::ScalarType output_type = cast ? autocast_dtype(input.device().type()) : at::kFloat;
+  if (kernels_take(input, weight, bias, output_type) && input.is_contiguous()) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto outputs = ResidualLayerNormFunction::apply(input, weight.contiguous(),
+                                                          bias.contiguous(), eps, output_type);
+    return {outputs[0], outputs[1]};
+  }
+#endif
+  return {input, layer_norm(input, weight, bias, eps, output)};
+}
+
+ResidualLayerNorm add_layer_norm(const at::Tensor& input, const at::Tensor& branch,
+                                 const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                 LayerNormOutput output) {
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
   const bool cast = in_autocast_dtype(input, output);
   const at::ScalarType output_type = cast ? autocast_dtype(input.device().type()) : at::kFloat;

@@ -22,6 +22,7 @@
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/csv_logger.h"
 #include "pipetrain/error.h"
+#include "pipetrain/fused_adamw.h"
 #include "pipetrain/launcher.h"
 #include "pipetrain/logger.h"
 #include "pipetrain/lr_scheduler.h"
@@ -295,24 +296,31 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
 }
 
 void Trainer::optimizer_step(Module& module) {
+  // As Lightning's: the hook sees the gradients before they are clipped.
+  call_hooks(options_.callbacks(), &Callback::on_before_optimizer_step, *this, module);
   if (options_.gradient_clip_val() > 0) {
     const double clip = options_.gradient_clip_val();
     torch::NoGradGuard no_grad;
     if (options_.gradient_clip_algorithm() == "norm") {
-      // The norm over every stage, as clip_grad_norm_ over the whole model would compute it, and
-      // the scale stay on the device (a factor of 1 leaves a gradient as it is).
-      const auto scale = (clip / (strategy_->gradient_norm(module) + 1e-6)).clamp_max(1.0);
-      std::map<at::ScalarType, std::vector<at::Tensor>> gradients;
-      for (auto& p : module.parameters()) {
-        if (p.grad().defined()) gradients[p.grad().scalar_type()].push_back(p.grad());
-      }
-      for (auto& [dtype, group] : gradients) {
-        const auto factor = scale.to(dtype);
+      // The norm over every stage, as clip_grad_norm_ over the whole model would compute it;
+      // gradients are divided by max(1, norm / clip) (clip_grad_norm_ multiplies them by its
+      // inverse), which stays on the device: a divisor of 1 leaves a gradient as it is.
+      const auto divisor = ((strategy_->gradient_norm(module) + 1e-6) / clip).clamp_min(1.0);
+      if (auto* fused = dynamic_cast<FusedAdamW*>(optimizer_.get())) {
+        fused->divide_gradients_in_next_step(divisor);
+      } else {
+        std::map<at::ScalarType, std::vector<at::Tensor>> gradients;
+        for (auto& p : module.parameters()) {
+          if (p.grad().defined()) gradients[p.grad().scalar_type()].push_back(p.grad());
+        }
+        for (auto& [dtype, group] : gradients) {
+          const auto by = divisor.to(dtype);
 #if TORCH_VERSION_MAJOR >= 2
-        at::_foreach_mul_(group, factor);
+          at::_foreach_div_(group, by);
 #else
-        for (auto& g : group) g.mul_(factor);
+          for (auto& g : group) g.div_(by);
 #endif
+        }
       }
     } else {
       for (auto& p : module.parameters()) {
@@ -320,7 +328,6 @@ void Trainer::optimizer_step(Module& module) {
       }
     }
   }
-  call_hooks(options_.callbacks(), &Callback::on_before_optimizer_step, *this, module);
   Trace::Span span(options_.pipe().trace().get(), "optimizer");
   optimizer_->step();
   optimizer_->zero_grad();

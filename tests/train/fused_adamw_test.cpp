@@ -1,7 +1,8 @@
 // FusedAdamW steps as torch::optim::AdamW does, with per-group options, and goes on from state
 // loaded into it. On a GPU with Torch 2.x this is the fused kernel against LibTorch's loop
 // (fp32: relative 1e-5, absolute 1e-6); elsewhere FusedAdamW takes AdamW's own step, and the test
-// checks only that it does.
+// checks only that it does. A divisor handed to the next step divides the gradients as an in-place
+// division before the step would (the quotients within fp32 rounding: relative 1e-6).
 #include "pipetrain/fused_adamw.h"
 
 #include <gtest/gtest.h>
@@ -98,6 +99,32 @@ TEST(FusedAdamW, GoesOnFromStateLoadedIntoIt) {
     set_gradients(actual, step);
     reference->step();
     resumed->step();
+  }
+  expect_close(expected, actual);
+}
+
+// divide_gradients_in_next_step: the step is AdamW's on the gradients divided first, and .grad
+// holds the quotients afterwards; the step after it divides nothing.
+TEST(FusedAdamW, DividesTheNextStepsGradientsAsAnInPlaceDivisionWould) {
+  const auto expected = make_parameters(), actual = make_parameters();
+  auto reference = make_optimizer<torch::optim::AdamW>(expected);
+  auto fused = make_optimizer<FusedAdamW>(actual);
+  const auto divisor =
+      torch::full({}, 3.5, torch::TensorOptions(torch::kFloat64).device(test_device()));
+  for (int step = 0; step < 4; ++step) {
+    set_gradients(expected, step);
+    set_gradients(actual, step);
+    if (step == 1) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : expected) p.mutable_grad().div_(3.5);
+      fused->divide_gradients_in_next_step(divisor);
+    }
+    reference->step();
+    fused->step();
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(actual[i].grad().cpu(), expected[i].grad().cpu(), 1e-6, 1e-7))
+          << "step " << step << ", gradient " << i;
+    }
   }
   expect_close(expected, actual);
 }

@@ -5,9 +5,12 @@
 // LayerNormOutput::kAutocastDtype under autocast it is at::layer_norm's output cast to bf16, as a
 // matmul reading it would cast it: the output within one bf16 rounding (relative 1e-2), the
 // gradients within fp32 summation order. add_layer_norm is input + branch and at::layer_norm of
-// the sum, within the same tolerances.
+// the sum, and residual_layer_norm its input and at::layer_norm of it, within the same
+// tolerances.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <optional>
 
 #include "pipetrain/compat.h"
 #include "pipetrain/layer_norm.h"
@@ -60,15 +63,17 @@ void expect_as_aten(c10::Device device, bool autocast,
   }
 }
 
-// add_layer_norm against input + branch and at::layer_norm of it, with a gradient arriving at
-// both outputs (the sum's from the residual stream), for an fp32 input and a branch of `branch`'s
-// dtype: outputs and gradients within fp32 summation order, as above (the normalised output
-// within one rounding where it is bf16).
-void expect_add_as_aten(c10::Device device, at::ScalarType branch_type, bool autocast,
-                        LayerNormOutput dtype) {
+// add_layer_norm against input + branch and at::layer_norm of it (with no branch type:
+// residual_layer_norm against input itself and at::layer_norm of it), with a gradient arriving at
+// both outputs (the residual's from further along the stream), for an fp32 input and a branch of
+// `branch_type`: outputs and gradients within fp32 summation order, as above (the normalised
+// output within one rounding where it is bf16).
+void expect_residual_as_aten(c10::Device device, std::optional<at::ScalarType> branch_type,
+                             bool autocast, LayerNormOutput dtype) {
   const bool rounded = autocast && dtype == LayerNormOutput::kAutocastDtype;
   for (const auto& shape : std::vector<std::vector<int64_t>>{{4, 128, 768}, {7, 33}}) {
-    SCOPED_TRACE("shape [" + c10::Join(", ", shape) + "], branch " + c10::toString(branch_type) +
+    SCOPED_TRACE("shape [" + c10::Join(", ", shape) + "], branch " +
+                 (branch_type ? c10::toString(*branch_type) : "none") +
                  (autocast ? ", autocast" : "") + (rounded ? ", bf16 output" : ""));
     std::vector<at::Tensor> expected, actual;
     for (const bool ours : {false, true}) {
@@ -76,7 +81,9 @@ void expect_add_as_aten(c10::Device device, at::ScalarType branch_type, bool aut
       const auto options = torch::TensorOptions().device(device);
       const int64_t columns = shape.back();
       const auto input = torch::randn(shape, options).mul_(2).requires_grad_(true);
-      const auto branch = torch::randn(shape, options).to(branch_type).requires_grad_(true);
+      const at::Tensor branch =
+          branch_type ? torch::randn(shape, options).to(*branch_type).requires_grad_(true)
+                      : at::Tensor();
       const auto weight = torch::randn({columns}, options).requires_grad_(true);
       const auto bias = torch::randn({columns}, options).requires_grad_(true);
       const auto grad_sum = torch::randn(shape, options);
@@ -84,22 +91,24 @@ void expect_add_as_aten(c10::Device device, at::ScalarType branch_type, bool aut
       if (autocast) set_autocast_to_bf16(device.type(), true);
       at::Tensor sum, normalised;
       if (ours) {
-        const auto outputs = pipetrain::add_layer_norm(input, branch, weight, bias, 1e-5, dtype);
-        sum = outputs.sum;
+        const auto outputs =
+            branch_type ? pipetrain::add_layer_norm(input, branch, weight, bias, 1e-5, dtype)
+                        : pipetrain::residual_layer_norm(input, weight, bias, 1e-5, dtype);
+        sum = outputs.residual;
         normalised = outputs.normalised;
       } else {
-        sum = input + branch;
+        sum = branch_type ? input + branch : input;
         normalised = at::layer_norm(sum, {columns}, weight, bias, 1e-5);
         if (rounded) normalised = normalised.to(at::kBFloat16);
       }
       if (autocast) set_autocast_to_bf16(device.type(), false);
       torch::autograd::backward({sum, normalised}, {grad_sum, grad.to(normalised.scalar_type())});
       auto& into = ours ? actual : expected;
-      into = {sum.detach(),  normalised.detach(), input.grad(),
-              branch.grad(), weight.grad(),       bias.grad()};
+      into = {sum.detach(), normalised.detach(), input.grad(), weight.grad(), bias.grad()};
+      if (branch_type) into.push_back(branch.grad());
     }
-    const char* names[] = {"sum",         "normalised",  "input grad",
-                           "branch grad", "weight grad", "bias grad"};
+    const char* names[] = {"residual",    "normalised", "input grad",
+                           "weight grad", "bias grad",  "branch grad"};
     for (size_t i = 0; i < expected.size(); ++i) {
       SCOPED_TRACE(names[i]);
       EXPECT_EQ(actual[i].scalar_type(), expected[i].scalar_type());
@@ -114,8 +123,10 @@ void expect_add_as_aten(c10::Device device, at::ScalarType branch_type, bool aut
 TEST(LayerNorm, OnCpuIsAtensLayerNorm) {
   expect_as_aten(c10::Device(c10::DeviceType::CPU), false);
   expect_as_aten(c10::Device(c10::DeviceType::CPU), false, LayerNormOutput::kAutocastDtype);
-  for (const auto type : {at::kFloat, at::kBFloat16}) {
-    expect_add_as_aten(c10::Device(c10::DeviceType::CPU), type, false, LayerNormOutput::kFloat);
+  for (const auto type :
+       {std::optional<at::ScalarType>(), std::optional(at::kFloat), std::optional(at::kBFloat16)}) {
+    expect_residual_as_aten(c10::Device(c10::DeviceType::CPU), type, false,
+                            LayerNormOutput::kFloat);
   }
 }
 
@@ -127,13 +138,14 @@ TEST(LayerNorm, CudaGradientsEqualAtens) {
   expect_as_aten(c10::Device(c10::DeviceType::CUDA), true, LayerNormOutput::kAutocastDtype);
 }
 
-TEST(LayerNorm, CudaAddLayerNormEqualsAtens) {
+TEST(LayerNorm, CudaResidualAndAddLayerNormEqualAtens) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
   const c10::Device cuda(c10::DeviceType::CUDA);
-  for (const auto type : {at::kFloat, at::kBFloat16}) {
-    expect_add_as_aten(cuda, type, false, LayerNormOutput::kFloat);
-    expect_add_as_aten(cuda, type, true, LayerNormOutput::kFloat);
-    expect_add_as_aten(cuda, type, true, LayerNormOutput::kAutocastDtype);
+  for (const auto type :
+       {std::optional<at::ScalarType>(), std::optional(at::kFloat), std::optional(at::kBFloat16)}) {
+    expect_residual_as_aten(cuda, type, false, LayerNormOutput::kFloat);
+    expect_residual_as_aten(cuda, type, true, LayerNormOutput::kFloat);
+    expect_residual_as_aten(cuda, type, true, LayerNormOutput::kAutocastDtype);
   }
 }
 

@@ -26,7 +26,8 @@ at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
 
 // torch::nn::LayerNorm (its parameters, names and initialisation) whose forward is
 // pipetrain::layer_norm, on a GPU pipetrain's kernels. Every LayerNorm of GPT-2 feeds a matmul
-// (c_attn, c_fc, the LM head), so under autocast it returns autocast's dtype.
+// (c_attn, c_fc, the LM head), so under autocast it returns autocast's dtype. (A block's two
+// call pipetrain's residual forms on their parameters instead.)
 class Gpt2LayerNormImpl : public torch::nn::LayerNormImpl {
  public:
   explicit Gpt2LayerNormImpl(int64_t width)
@@ -130,11 +131,15 @@ class Gpt2BlockImpl : public torch::nn::Module {
         mlp(register_module("mlp", Gpt2Mlp(config))) {}
 
   at::Tensor forward(const at::Tensor& x) {
-    // h = x + attn(ln_1(x)) and ln_2(h) in one pass (ln_2 holds the parameters).
-    const auto [h, normalised] =
-        pipetrain::add_layer_norm(x, attn(ln_1(x)), ln_2->weight, ln_2->bias, ln_2->options.eps(),
-                                  pipetrain::LayerNormOutput::kAutocastDtype);
-    return h + mlp(normalised);
+    // ln_1(x) beside x, then h = x + attn(ln_1(x)) and ln_2(h) in one pass; each LayerNorm's
+    // backward adds the residual stream's gradient (ln_1 and ln_2 hold the parameters).
+    constexpr auto to_matmul = pipetrain::LayerNormOutput::kAutocastDtype;
+    const auto first =
+        pipetrain::residual_layer_norm(x, ln_1->weight, ln_1->bias, ln_1->options.eps(), to_matmul);
+    const auto second =
+        pipetrain::add_layer_norm(first.residual, attn(first.normalised), ln_2->weight, ln_2->bias,
+                                  ln_2->options.eps(), to_matmul);
+    return second.residual + mlp(second.normalised);
   }
 
   Gpt2LayerNorm ln_1;
