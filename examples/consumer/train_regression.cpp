@@ -13,17 +13,19 @@
 #include <iostream>
 #include <string>
 
-// A block of one's own: its LayerNorm and Linear layers go through pipetrain::layer_norm and
-// pipetrain::linear (at::layer_norm and at::linear, which the pipe can fuse and speed up), where
-// it would call norm(x) and fc(x).
+// A block of one's own: its LayerNorm and Linear layers go through pipetrain::residual_layer_norm
+// and pipetrain::linear (x beside at::layer_norm(x), and at::linear, which the pipe can fuse and
+// speed up), where it would call norm(x) and fc(x).
 class ResidualBlockImpl : public torch::nn::Module {
  public:
   explicit ResidualBlockImpl(int64_t width)
       : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
         fc(register_module("fc", torch::nn::Linear(width, width))) {}
   at::Tensor forward(const at::Tensor& x) {
-    const auto h = pipetrain::layer_norm(x, norm->weight, norm->bias);
-    return x + torch::tanh(pipetrain::linear(h, fc->weight, fc->bias));
+    // `residual` is x, its gradient added in the LayerNorm's own backward on a GPU.
+    const auto normed = pipetrain::residual_layer_norm(x, norm->weight, norm->bias);
+    return normed.residual +
+           torch::tanh(pipetrain::linear(normed.normalised, fc->weight, fc->bias));
   }
   torch::nn::LayerNorm norm;
   torch::nn::Linear fc;
