@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
+
 #include "pipetrain/compat.h"
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
@@ -23,6 +25,16 @@ using torch::autograd::variable_list;
 
 int64_t columns_of(const at::Tensor& rows) { return rows.size(-1); }
 int64_t rows_of(const at::Tensor& rows) { return rows.numel() / rows.size(-1); }
+
+// The kernels read 4 elements (up to 16 bytes) at a time.
+bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// A gradient autograd hands over, as the kernels read it: contiguous and aligned (a view at an
+// odd offset is copied).
+at::Tensor for_kernels(const at::Tensor& grad) {
+  at::Tensor rows = grad.contiguous();
+  return aligned(rows) ? rows : rows.clone();
+}
 
 // The LayerNorm's forward on `input` (fp32, contiguous) or, with `branch`, on input + branch,
 // written to `sum`. Returns the output; fills mean and rstd.
@@ -75,7 +87,7 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     // Autograd hands the gradient over in the output's dtype.
-    const at::Tensor grad = grads[0].contiguous();
+    const at::Tensor grad = for_kernels(grads[0]);
     at::Tensor grad_input;
     if (ctx->needs_input_grad(0)) {
       grad_input = at::empty_like(input);
@@ -107,7 +119,7 @@ struct ResidualLayerNormFunction : torch::autograd::Function<ResidualLayerNormFu
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     // Both arrive defined (autograd gives zeros for an output nobody read).
-    const at::Tensor grad_residual = grads[0].contiguous(), grad = grads[1].contiguous();
+    const at::Tensor grad_residual = for_kernels(grads[0]), grad = for_kernels(grads[1]);
     at::Tensor grad_input;
     if (ctx->needs_input_grad(0)) {
       grad_input = at::empty_like(input);
@@ -140,7 +152,7 @@ struct AddLayerNormFunction : torch::autograd::Function<AddLayerNormFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &sum = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     // Both arrive defined (autograd gives zeros for an output nobody read).
-    const at::Tensor grad_sum = grads[0].contiguous(), grad = grads[1].contiguous();
+    const at::Tensor grad_sum = for_kernels(grads[0]), grad = for_kernels(grads[1]);
     at::Tensor grad_input, grad_branch;
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
       grad_input = at::empty_like(sum);
@@ -175,7 +187,8 @@ bool kernels_take(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return fp32_on_gpu(x) && fp32_on_gpu(weight) && fp32_on_gpu(bias) && x.numel() > 0 &&
          weight.dim() == 1 && weight.numel() == x.size(-1) && bias.sizes() == weight.sizes() &&
          kernels::layer_norm_takes_columns(x.size(-1)) &&
-         kernels::kernel_dtype(output_type).has_value();
+         kernels::kernel_dtype(output_type).has_value() && aligned(x) && aligned(weight) &&
+         aligned(bias);
 }
 #endif
 
@@ -223,7 +236,7 @@ ResidualLayerNorm add_layer_norm(const at::Tensor& input, const at::Tensor& bran
   const at::ScalarType output_type = cast ? autocast_dtype(input.device().type()) : at::kFloat;
   if (kernels_take(input, weight, bias, output_type) && branch.is_cuda() &&
       branch.device() == input.device() && branch.sizes() == input.sizes() &&
-      kernels::kernel_dtype(branch).has_value()) {
+      kernels::kernel_dtype(branch).has_value() && aligned(branch)) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto outputs =
         AddLayerNormFunction::apply(input.contiguous(), branch.contiguous(), weight.contiguous(),

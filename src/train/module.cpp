@@ -31,6 +31,11 @@ void LoggedMetrics::add_ratio(const std::string& name, const at::Tensor& sum,
 }
 
 void LoggedMetrics::accumulate(const std::string& name, const Sum& sum, const LogOptions& options) {
+  // Names travel between ranks and into CSV headers as lines of tab-separated fields.
+  if (name.empty() || name.find_first_of("\t\n\r") != std::string::npos) {
+    throw std::invalid_argument("log('" + name +
+                                "'): a metric name must be non-empty, without tabs or line breaks");
+  }
   auto& mine = sums_[name];
   mine.weighted = mine.weighted.defined() ? mine.weighted + sum.weighted : sum.weighted;
   mine.samples += sum.samples;

@@ -45,6 +45,21 @@ TEST(LoggedMetrics, ReducesToTheSampleWeightedMean) {
   EXPECT_THROW(metrics.add("loss", torch::ones({2}), 1), std::invalid_argument);
 }
 
+// Names travel between ranks as tab-separated lines: one that would break them is refused when
+// it is logged, on every rank alike, rather than when the stages share it.
+TEST(LoggedMetrics, RefusesNamesWithTabsOrLineBreaks) {
+  LoggedMetrics metrics;
+  for (const std::string name : {"", "train\tloss", "train\nloss", "loss\r"}) {
+    EXPECT_THROW(metrics.add(name, torch::tensor(1.0), 1), std::invalid_argument) << name;
+    EXPECT_THROW(metrics.add_ratio(name, torch::tensor(1.0), torch::tensor(2.0)),
+                 std::invalid_argument)
+        << name;
+  }
+  EXPECT_TRUE(metrics.empty());
+  metrics.add("train/loss step", torch::tensor(1.0), 1);
+  EXPECT_FALSE(metrics.empty());
+}
+
 TEST(Trainer, SingleStrategyLearnsAndLogsEveryStep) {
   const auto root = testing::make_temp_dir("trainer");
   Trainer trainer(TrainerOptions()
