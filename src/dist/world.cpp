@@ -186,22 +186,16 @@ void World::fail(const std::string& what, const std::exception& error, int64_t p
 
 std::string World::broadcast(const std::string& text, int64_t root) const {
   if (!process_group_) return text;
-  const auto on_device = at::TensorOptions(at::kByte).device(device_);
-  std::vector<at::Tensor> size{at::full({1}, static_cast<int64_t>(text.size()),
-                                        at::TensorOptions(at::kLong).device(device_))};
-  c10d::BroadcastOptions options;
-  options.rootRank = static_cast<int>(root);
-  try {
-    wait(process_group_->broadcast(size, options));
-    at::Tensor bytes = at::empty({size[0].item<int64_t>()}, at::kByte);
-    if (rank_ == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-    std::vector<at::Tensor> tensors{bytes.to(on_device)};
-    wait(process_group_->broadcast(tensors, options));
-    bytes = tensors[0].cpu();
-    return std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
-  } catch (const std::exception& e) {
-    fail("share a message with", e, rank_ == root ? -1 : root);
-  }
+  // Its length first, so every rank can make room for the bytes.
+  const at::Tensor size = at::full({1}, static_cast<int64_t>(text.size()),
+                                   at::TensorOptions(at::kLong).device(device_));
+  broadcast_into(size, root);
+  at::Tensor bytes = at::empty({size.item<int64_t>()}, at::kByte);
+  if (rank_ == root) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  bytes = bytes.to(device_);
+  broadcast_into(bytes, root);
+  bytes = bytes.cpu();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
 }
 
 void World::broadcast_into(const at::Tensor& tensor, int64_t root) const {
