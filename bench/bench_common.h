@@ -1,5 +1,6 @@
-// Small helpers shared by the benchmarks in this folder: the MLP they train, a median, and the
-// "run me as a pipeline stage" dispatch on top of pipetrain's local launcher. Header-only so that
+// Small helpers shared by the benchmarks in this folder: the MLP they train and its SGD step
+// through a Pipe, a median, timers, the one-way transfer time between two stages, and the "run me
+// as a pipeline stage" dispatch on top of pipetrain's local launcher. Header-only so that
 // bench/CMakeLists.txt can keep building one executable per *_bench.cpp.
 #pragma once
 
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +22,9 @@
 #include <vector>
 
 #include "pipetrain/launcher.h"
+#include "pipetrain/p2p.h"
+#include "pipetrain/pipe.h"
+#include "pipetrain/world.h"
 
 namespace pipetrain::bench {
 
@@ -33,6 +38,55 @@ inline torch::nn::Sequential make_mlp(int64_t blocks, int64_t width, uint64_t se
   }
   return mlp;
 }
+
+// "NAME: 8 x (Linear(1024,1024)+ReLU), batch 512, fp32, 2 stages (balance {8, 8} layers)": the
+// first words of a benchmark's header, for make_mlp(blocks, width) cut into `stages` equal stages.
+inline std::string describe_mlp_stages(const char* bench, int64_t blocks, int64_t width,
+                                       int64_t batch, int64_t stages) {
+  std::string balance;
+  for (int64_t s = 0; s < stages; ++s) {
+    balance += (s > 0 ? ", " : "") + std::to_string(2 * blocks / stages);
+  }
+  return std::string(bench) + ": " + std::to_string(blocks) + " x (Linear(" +
+         std::to_string(width) + "," + std::to_string(width) + ")+ReLU), batch " +
+         std::to_string(batch) + ", fp32, " + std::to_string(stages) + " stages (balance {" +
+         balance + "} layers)";
+}
+
+// printf into a std::string.
+inline std::string format(const char* pattern, ...) {
+  va_list args, copy;
+  va_start(args, pattern);
+  va_copy(copy, args);
+  std::string text(static_cast<size_t>(std::vsnprintf(nullptr, 0, pattern, copy)), '\0');
+  va_end(copy);
+  std::vsnprintf(text.data(), text.size() + 1, pattern, args);
+  va_end(args);
+  return text;
+}
+
+// A Pipe and plain SGD: the training step every pipelined benchmark times (mean squared error
+// against `targets`, per micro-batch).
+class SgdPipe {
+ public:
+  SgdPipe(torch::nn::Sequential model, pipetrain::PipeOptions options,
+          std::shared_ptr<pipetrain::World> world, double learning_rate)
+      : pipe_(std::move(model), std::move(options), std::move(world)),
+        optimizer_(pipe_.parameters(), learning_rate) {}
+  // Stage 0 reads `inputs`, the last stage `targets`; the others ignore them.
+  void step(const at::Tensor& inputs, const at::Tensor& targets) {
+    optimizer_.zero_grad();
+    pipe_.forward_backward(pipe_.is_first_stage() ? inputs : at::Tensor(), targets.size(0),
+                           [&](const at::Tensor& out, const pipetrain::MicroBatch& mb) {
+                             return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
+                           });
+    optimizer_.step();
+  }
+
+ private:
+  pipetrain::Pipe pipe_;
+  torch::optim::SGD optimizer_;
+};
 
 inline double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -97,6 +151,28 @@ inline void zero_grad(const std::vector<at::Tensor>& parameters) {
   for (const auto& p : parameters) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
+}
+
+// One-way time of a [rows, width] activation between the two stages of `world` (ping-pong / 2).
+inline double one_way_transfer_seconds(const std::shared_ptr<pipetrain::World>& world, int64_t rows,
+                                       int64_t width) {
+  pipetrain::PeerToPeer p2p(world);
+  const auto tensor = torch::randn({rows, width});
+  const auto trip = [&] {
+    if (world->rank() == 0) {
+      p2p.send(tensor, 1, pipetrain::Flow::kActivation);
+      p2p.recv_tensor(1, pipetrain::Flow::kGradient);
+    } else {
+      p2p.send(p2p.recv_tensor(0, pipetrain::Flow::kActivation), 0, pipetrain::Flow::kGradient);
+    }
+    p2p.wait_for_sends();
+  };
+  for (int i = 0; i < 3; ++i) trip();  // warm-up
+  constexpr int kTrips = 20;
+  world->barrier();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kTrips; ++i) trip();
+  return seconds_since(start) / kTrips / 2;
 }
 
 // main() of a benchmark whose ranks are pipeline stages: launches `stages` local processes of

@@ -26,7 +26,6 @@
 #include "bench_common.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/launcher.h"
-#include "pipetrain/p2p.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/schedule.h"
 #include "pipetrain/world.h"
@@ -81,34 +80,18 @@ class Accumulation {
   torch::optim::SGD optimizer_;
 };
 
-class Pipelined {
- public:
-  Pipelined(int64_t chunks, const std::string& schedule, std::shared_ptr<pipetrain::World> world)
-      : pipe_(make_mlp(kBlocks, kWidth),
-              pipetrain::PipeOptions()
-                  .balance(virtual_stages(schedule) == 1
-                               ? std::vector<int64_t>{kBlocks, kBlocks}
-                               : std::vector<int64_t>{kBlocks / 2, kBlocks / 2, kBlocks / 2,
-                                                      kBlocks / 2})
-                  .chunks(chunks)
-                  .checkpoint("never")
-                  .schedule(schedule)
-                  .virtual_stages(virtual_stages(schedule)),
-              std::move(world)),
-        optimizer_(pipe_.parameters(), kLearningRate) {}
-  void step(const Batch& batch) {
-    optimizer_.zero_grad();
-    pipe_.forward_backward(pipe_.is_first_stage() ? batch.inputs : at::Tensor(), kBatch,
-                           [&](const at::Tensor& out, const pipetrain::MicroBatch& mb) {
-                             return torch::mse_loss(out, batch.targets.slice(0, mb.begin, mb.end));
-                           });
-    optimizer_.step();
-  }
-
- private:
-  pipetrain::Pipe pipe_;
-  torch::optim::SGD optimizer_;
-};
+std::unique_ptr<SgdPipe> make_pipelined(int64_t chunks, const std::string& schedule,
+                                        std::shared_ptr<pipetrain::World> world) {
+  const int64_t stages = kStages * virtual_stages(schedule);
+  return std::make_unique<SgdPipe>(make_mlp(kBlocks, kWidth),
+                                   pipetrain::PipeOptions()
+                                       .balance(std::vector<int64_t>(stages, 2 * kBlocks / stages))
+                                       .chunks(chunks)
+                                       .checkpoint("never")
+                                       .schedule(schedule)
+                                       .virtual_stages(virtual_stages(schedule)),
+                                   std::move(world), kLearningRate);
+}
 
 struct Timing {
   double wall = 0;       // seconds per step, between barriers, so that every stage's work is inside
@@ -127,27 +110,6 @@ Timing time_steps(const pipetrain::World& world, Fn&& step) {
   world.barrier();
   return {seconds_since(start) / kStepsPerTiming, main_cpu / kStepsPerTiming,
           (all_cpu - main_cpu) / kStepsPerTiming};
-}
-
-// One-way time of one micro-batch's activation between the two stages (ping-pong / 2).
-double transfer_seconds(const std::shared_ptr<pipetrain::World>& world, int64_t rows) {
-  pipetrain::PeerToPeer p2p(world);
-  const auto tensor = torch::randn({rows, kWidth});
-  const auto trip = [&] {
-    if (world->rank() == 0) {
-      p2p.send(tensor, 1, pipetrain::Flow::kActivation);
-      p2p.recv_tensor(1, pipetrain::Flow::kGradient);
-    } else {
-      p2p.send(p2p.recv_tensor(0, pipetrain::Flow::kActivation), 0, pipetrain::Flow::kGradient);
-    }
-    p2p.wait_for_sends();
-  };
-  for (int i = 0; i < 3; ++i) trip();  // warm-up
-  constexpr int kTrips = 20;
-  world->barrier();
-  const auto start = Clock::now();
-  for (int i = 0; i < kTrips; ++i) trip();
-  return seconds_since(start) / kTrips / 2;
 }
 
 // Step time the schedule simulator predicts from the single process's cost per micro-batch
@@ -180,18 +142,18 @@ void run_stage() {
   torch::manual_seed(0);
   const Batch batch{torch::randn({kBatch, kWidth}), torch::randn({kBatch, kWidth})};
   std::map<int64_t, std::unique_ptr<Accumulation>> singles;
-  std::map<std::pair<int64_t, std::string>, std::unique_ptr<Pipelined>> pipes;
+  std::map<std::pair<int64_t, std::string>, std::unique_ptr<SgdPipe>> pipes;
   for (int64_t m : kChunks) {
     singles[m] = std::make_unique<Accumulation>(m);
-    for (const auto& s : kSchedules) pipes[{m, s}] = std::make_unique<Pipelined>(m, s, world);
+    for (const auto& s : kSchedules) pipes[{m, s}] = make_pipelined(m, s, world);
   }
   std::map<int64_t, double> transfer;
-  for (int64_t m : kChunks) transfer[m] = transfer_seconds(world, kBatch / m);
+  for (int64_t m : kChunks) transfer[m] = one_way_transfer_seconds(world, kBatch / m, kWidth);
 
   // Warm-up: one step of everything (each rank's own single-process copy included).
   for (int64_t m : kChunks) {
     time_steps(*world, [&] { singles[m]->step(batch); });
-    for (const auto& s : kSchedules) pipes[{m, s}]->step(batch);
+    for (const auto& s : kSchedules) pipes[{m, s}]->step(batch.inputs, batch.targets);
   }
 
   // Rounds: the single-process baseline runs on rank 0 while rank 1 waits in a barrier, then the
@@ -211,7 +173,7 @@ void run_stage() {
       both_s[m].push_back(time_steps(*world, [&] { singles[m]->step(batch); }).wall);
       for (const auto& s : kSchedules) {
         auto& pipe = *pipes[{m, s}];
-        const auto t = time_steps(*world, [&] { pipe.step(batch); });
+        const auto t = time_steps(*world, [&] { pipe.step(batch.inputs, batch.targets); });
         pipe_s[{m, s}].push_back(t.wall);
         main_cpu[{m, s}].push_back(t.main_cpu);
         other_cpu[{m, s}].push_back(t.other_cpu);
@@ -251,13 +213,8 @@ void run_stage() {
   }
   world->barrier();
 
-  std::printf(
-      "efficiency_bench: %lld x (Linear(%lld,%lld)+ReLU), batch %lld, fp32, %lld stages "
-      "(balance {%lld, %lld} layers), 1 thread per process, checkpoint never, SGD\n",
-      static_cast<long long>(kBlocks), static_cast<long long>(kWidth),
-      static_cast<long long>(kWidth), static_cast<long long>(kBatch),
-      static_cast<long long>(kStages), static_cast<long long>(kBlocks),
-      static_cast<long long>(kBlocks));
+  std::printf("%s, 1 thread per process, checkpoint never, SGD\n",
+              describe_mlp_stages("efficiency_bench", kBlocks, kWidth, kBatch, kStages).c_str());
   std::printf(
       "median of %d rounds x %d steps per configuration; OMP_NUM_THREADS=%s, "
       "at::get_num_threads()=%d\n",
@@ -272,15 +229,25 @@ void run_stage() {
   std::printf(
       "|----|----------|-------------|-----------|---------|------------|-----------------|"
       "-----------|\n");
+  std::string where_rows;  // the second table's, filled as the first is printed
   for (int64_t m : kChunks) {
     const double t_single = median(single_s[m]);
     const double bound = static_cast<double>(m) / static_cast<double>(m + kStages - 1);
     for (const auto& s : kSchedules) {
-      const double t_pipe = median(pipe_s[{m, s}]);
+      const Config c{m, s};
+      const double t_pipe = median(pipe_s[c]);
       const double efficiency = t_single / (kStages * t_pipe);
       std::printf("| %2lld | %-8s | %11.1f | %9.1f | %7.2f | %10.3f | %15.3f | %9.3f |\n",
                   static_cast<long long>(m), s.c_str(), 1e3 * t_single, 1e3 * t_pipe,
                   t_single / t_pipe, efficiency, bound, efficiency / bound);
+      const double simulated =
+          t_single / (kStages * simulated_seconds(s, m, t_single, transfer[m])) / bound;
+      where_rows += format(
+          "| %2lld | %-8s | %19.3f | %14.3f | %11.2f | %15.1f | %20.1f + %13.1f | %20.1f + "
+          "%13.1f |\n",
+          static_cast<long long>(m), s.c_str(), simulated, t_single / median(both_s[m]),
+          1e3 * transfer[m], 1e3 * t_single / 2, 1e3 * median(main_cpu[c]),
+          1e3 * median(other_cpu[c]), 1e3 * stage1_main[c], 1e3 * stage1_other[c]);
     }
   }
   std::printf("\ngoal: eff/bound >= 0.85 at m = 8\n\nwhere the time goes:\n\n");
@@ -290,21 +257,7 @@ void run_stage() {
   std::printf(
       "|----|----------|---------------------|----------------|-------------|-----------------|"
       "--------------------------------------|--------------------------------------|\n");
-  for (int64_t m : kChunks) {
-    const double t_single = median(single_s[m]);
-    const double bound = static_cast<double>(m) / static_cast<double>(m + kStages - 1);
-    for (const auto& s : kSchedules) {
-      const Config c{m, s};
-      const double simulated =
-          t_single / (kStages * simulated_seconds(s, m, t_single, transfer[m])) / bound;
-      std::printf(
-          "| %2lld | %-8s | %19.3f | %14.3f | %11.2f | %15.1f | %20.1f + %13.1f | %20.1f + "
-          "%13.1f |\n",
-          static_cast<long long>(m), s.c_str(), simulated, t_single / median(both_s[m]),
-          1e3 * transfer[m], 1e3 * t_single / 2, 1e3 * median(main_cpu[c]),
-          1e3 * median(other_cpu[c]), 1e3 * stage1_main[c], 1e3 * stage1_other[c]);
-    }
-  }
+  std::printf("%s", where_rows.c_str());
   std::printf(
       "\nsimulated: eff/bound the schedule simulator predicts from the measured single-process "
       "cost per micro-batch (half per stage, backward = 2 x forward, W = 1 x forward) and transfer "

@@ -160,13 +160,9 @@ void run_stage() {
   world->barrier();
 
   const int64_t rows = kBatch / kChunks;
-  std::printf(
-      "memory_bench: %lld x (Linear(%lld,%lld)+ReLU), batch %lld, fp32, %lld stages "
-      "(balance {%lld, %lld} layers), chunks %lld\n",
-      static_cast<long long>(kBlocks), static_cast<long long>(kWidth),
-      static_cast<long long>(kWidth), static_cast<long long>(kBatch),
-      static_cast<long long>(kStages), static_cast<long long>(kBlocks),
-      static_cast<long long>(kBlocks), static_cast<long long>(kChunks));
+  std::printf("%s, chunks %lld\n",
+              describe_mlp_stages("memory_bench", kBlocks, kWidth, kBatch, kStages).c_str(),
+              static_cast<long long>(kChunks));
   std::printf("one micro-batch activation (%lld x %lld fp32) = %.2f MiB; whole batch = %.2f MiB\n",
               static_cast<long long>(rows), static_cast<long long>(kWidth), mib(rows * kWidth * 4),
               mib(kBatch * kWidth * 4));

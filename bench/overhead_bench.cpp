@@ -57,20 +57,11 @@ class PipeLoop {
   PipeLoop()
       : pipe_(make_mlp(kBlocks, kWidth),
               pipetrain::PipeOptions().balance({2 * kBlocks}).chunks(1).checkpoint("never"),
-              std::make_shared<pipetrain::World>()),
-        optimizer_(pipe_.parameters(), kLearningRate) {}
-  void step(const Batch& batch) {
-    optimizer_.zero_grad();
-    pipe_.forward_backward(batch.inputs, kBatch,
-                           [&](const at::Tensor& out, const pipetrain::MicroBatch& mb) {
-                             return torch::mse_loss(out, batch.targets.slice(0, mb.begin, mb.end));
-                           });
-    optimizer_.step();
-  }
+              std::make_shared<pipetrain::World>(), kLearningRate) {}
+  void step(const Batch& batch) { pipe_.step(batch.inputs, batch.targets); }
 
  private:
-  pipetrain::Pipe pipe_;
-  torch::optim::SGD optimizer_;
+  SgdPipe pipe_;
 };
 
 struct Timing {
