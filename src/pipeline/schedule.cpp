@@ -10,6 +10,7 @@
 #include <array>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <ostream>
@@ -516,20 +517,31 @@ void check_costs(const ActionCosts& costs, int64_t stages) {
   }
 }
 
+// A schedule of one stage per rank: stage s runs `stage_actions(s)`.
+template <typename StageActions>
+Schedule schedule_per_stage(int64_t stages, int64_t chunks, StageActions stage_actions) {
+  check_shape(stages, chunks);
+  Schedule schedule(stages);
+  for (int64_t s = 0; s < stages; ++s) schedule[s] = stage_actions(s);
+  return schedule;
+}
+
 // 1F1B's order on stage s: min(stages - s - 1, chunks) warm-up forwards, then one forward and one
-// backward while forwards remain, then the remaining backwards; `backward()` appends the stage's
-// next backward.
+// backward while forwards remain, then the remaining backwards; `backward(actions)` appends the
+// stage's next backward.
 template <typename Backward>
-void one_f_one_b_order(int64_t stages, int64_t s, int64_t chunks, std::vector<Action>& actions,
-                       Backward backward) {
+std::vector<Action> one_f_one_b_order(int64_t stages, int64_t s, int64_t chunks,
+                                      Backward backward) {
+  std::vector<Action> actions;
   const int64_t warmup = std::min(stages - s - 1, chunks);
   int64_t f = 0;
   while (f < warmup) actions.push_back({Phase::kForward, f++, s});
   while (f < chunks) {
     actions.push_back({Phase::kForward, f++, s});
-    backward();
+    backward(actions);
   }
-  for (int64_t b = warmup; b > 0; --b) backward();
+  for (int64_t b = warmup; b > 0; --b) backward(actions);
+  return actions;
 }
 
 }  // namespace
@@ -554,34 +566,25 @@ Schedule gpipe_schedule(int64_t stages, int64_t chunks) {
 }
 
 Schedule one_f_one_b_schedule(int64_t stages, int64_t chunks) {
-  check_shape(stages, chunks);
-  Schedule schedule(stages);
-  for (int64_t s = 0; s < stages; ++s) {
-    auto& actions = schedule[s];
-    actions.reserve(2 * chunks);
+  return schedule_per_stage(stages, chunks, [&](int64_t s) {
     int64_t b = 0;
-    one_f_one_b_order(stages, s, chunks, actions, [&] {
+    return one_f_one_b_order(stages, s, chunks, [&](std::vector<Action>& actions) {
       actions.push_back({Phase::kBackward, b++, s});
     });
-  }
-  return schedule;
+  });
 }
 
 Schedule zbh1_schedule(int64_t stages, int64_t chunks) {
-  check_shape(stages, chunks);
-  Schedule schedule(stages);
-  for (int64_t s = 0; s < stages; ++s) {
-    auto& actions = schedule[s];
-    actions.reserve(3 * chunks);
+  return schedule_per_stage(stages, chunks, [&](int64_t s) {
     int64_t i = 0, w = 0;
     // Each I, followed by the W that is `s` micro-batches behind it, if any.
-    one_f_one_b_order(stages, s, chunks, actions, [&] {
-      actions.push_back({Phase::kInputBackward, i++, s});
-      if (i - w > s) actions.push_back({Phase::kWeightBackward, w++, s});
+    auto actions = one_f_one_b_order(stages, s, chunks, [&](std::vector<Action>& order) {
+      order.push_back({Phase::kInputBackward, i++, s});
+      if (i - w > s) order.push_back({Phase::kWeightBackward, w++, s});
     });
     while (w < chunks) actions.push_back({Phase::kWeightBackward, w++, s});
-  }
-  return schedule;
+    return actions;
+  });
 }
 
 Schedule zbh2_schedule(int64_t stages, int64_t chunks) {
@@ -693,46 +696,46 @@ Schedule zbv_schedule(int64_t ranks, int64_t chunks) {
   // The phases below fill the pipeline for at least 2 ranks - 1 micro-batches; with fewer, the
   // actions of micro-batches that do not exist are dropped.
   const int64_t n = std::max(2 * ranks - 1, chunks);
+  // One arm of the V: the rank's stage on it, and how many F, I and W it has taken so far.
+  struct Arm {
+    int64_t stage;
+    int64_t f = 0, i = 0, w = 0;
+  };
+  // The next micro-batch's `phase` on `arm`.
+  struct Step {
+    Phase phase;
+    Arm& arm;
+  };
+  constexpr Phase F = Phase::kForward, I = Phase::kInputBackward, W = Phase::kWeightBackward;
   Schedule schedule(ranks);
   for (int64_t r = 0; r < ranks; ++r) {
     std::vector<Action> actions;
-    const int64_t down = r, up = 2 * ranks - 1 - r;  // the rank's stages on the V's two arms
-    int64_t f0 = 0, f1 = 0, i0 = 0, i1 = 0, w0 = 0, w1 = 0;
-    auto act = [&](Phase phase, int64_t stage, int64_t& counter) {
-      actions.push_back({phase, counter++, stage});
+    Arm down{r}, up{2 * ranks - 1 - r};  // the rank's stages on the V's two arms
+    auto take = [&](std::initializer_list<Step> steps) {
+      for (const Step& step : steps) {
+        Arm& arm = step.arm;
+        int64_t& taken = step.phase == F ? arm.f : step.phase == I ? arm.i : arm.w;
+        actions.push_back({step.phase, taken++, arm.stage});
+      }
+    };
+    auto repeat = [&](int64_t times, std::initializer_list<Step> steps) {
+      for (int64_t k = 0; k < times; ++k) take(steps);
     };
     // Warm-up: forwards down the V, then alternating with forwards up it, then up-arm
     // micro-batches taken through at once.
-    for (int64_t k = 0; k < 2 * (ranks - r) - 1; ++k) act(Phase::kForward, down, f0);
-    for (int64_t k = 0; k < r; ++k) {
-      act(Phase::kForward, up, f1);
-      act(Phase::kForward, down, f0);
-    }
-    for (int64_t k = 0; k < ranks - r; ++k) {
-      act(Phase::kForward, up, f1);
-      act(Phase::kInputBackward, up, i1);
-      act(Phase::kWeightBackward, up, w1);
-    }
+    repeat(2 * (ranks - r) - 1, {{F, down}});
+    repeat(r, {{F, up}, {F, down}});
+    repeat(ranks - r, {{F, up}, {I, up}, {W, up}});
     // Steady state: one micro-batch of each arm through F, I and W.
-    while (f1 < f0 || f0 < n) {
-      if (f0 < n) act(Phase::kForward, down, f0);
-      act(Phase::kInputBackward, down, i0);
-      act(Phase::kWeightBackward, down, w0);
-      act(Phase::kForward, up, f1);
-      act(Phase::kInputBackward, up, i1);
-      act(Phase::kWeightBackward, up, w1);
+    while (up.f < down.f || down.f < n) {
+      if (down.f < n) take({{F, down}});
+      take({{I, down}, {W, down}, {F, up}, {I, up}, {W, up}});
     }
     // Drain: input gradients first, the weight gradients after them.
-    for (int64_t k = 0; k < r; ++k) {
-      act(Phase::kInputBackward, down, i0);
-      act(Phase::kInputBackward, up, i1);
-    }
-    for (int64_t k = 0; k < ranks - r; ++k) {
-      act(Phase::kInputBackward, down, i0);
-      act(Phase::kWeightBackward, down, w0);
-    }
-    while (w1 < i1) act(Phase::kWeightBackward, up, w1);
-    while (w0 < i0) act(Phase::kWeightBackward, down, w0);
+    repeat(r, {{I, down}, {I, up}});
+    repeat(ranks - r, {{I, down}, {W, down}});
+    while (up.w < up.i) take({{W, up}});
+    while (down.w < down.i) take({{W, down}});
     for (const Action& a : actions) {
       if (a.microbatch < chunks) schedule[r].push_back(a);
     }

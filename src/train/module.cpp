@@ -2,7 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <stdexcept>
+#include <string>
 
 #include "pipetrain/tied_parameters.h"
 
@@ -74,37 +76,45 @@ ReducedMetrics LoggedMetrics::reduce() const {
 
 namespace {
 
+// The two rows a logged value can show in: a step's and an epoch's.
+enum class Row { kStep, kEpoch };
+
 // Lightning's defaults: training steps log per step, evaluation steps per epoch.
-bool logs_on_step(const LogOptions& options, bool training) {
-  return options.on_step().value_or(training);
+bool logs_in(Row row, const LogOptions& options, bool training) {
+  return row == Row::kStep ? options.on_step().value_or(training)
+                           : options.on_epoch().value_or(!training);
 }
-bool logs_on_epoch(const LogOptions& options, bool training) {
-  return options.on_epoch().value_or(!training);
+
+// Copies into `view_*` the entries of `sums` that `row` shows; one shown in both rows is named
+// with the row's suffix ("_step", "_epoch"), as Lightning tells them apart.
+// A template because `Sum` is LoggedMetrics' private type, named only by its members.
+template <class Sum>
+void copy_row(Row row, bool training, const std::map<std::string, Sum>& sums,
+              const std::map<std::string, LogOptions>& options,
+              std::map<std::string, Sum>* view_sums,
+              std::map<std::string, LogOptions>* view_options) {
+  const Row other = row == Row::kStep ? Row::kEpoch : Row::kStep;
+  const char* suffix = row == Row::kStep ? "_step" : "_epoch";
+  for (const auto& [name, sum] : sums) {
+    const auto& logged = options.at(name);
+    if (!logs_in(row, logged, training)) continue;
+    const auto key = logs_in(other, logged, training) ? name + suffix : name;
+    (*view_sums)[key] = sum;
+    (*view_options)[key] = logged;
+  }
 }
 
 }  // namespace
 
 LoggedMetrics LoggedMetrics::step_view(bool training) const {
   LoggedMetrics view;
-  for (const auto& [name, sum] : sums_) {
-    const auto& options = options_.at(name);
-    if (!logs_on_step(options, training)) continue;
-    const auto key = logs_on_epoch(options, training) ? name + "_step" : name;
-    view.sums_[key] = sum;
-    view.options_[key] = options;
-  }
+  copy_row(Row::kStep, training, sums_, options_, &view.sums_, &view.options_);
   return view;
 }
 
 LoggedMetrics LoggedMetrics::epoch_view(bool training) const {
   LoggedMetrics view;
-  for (const auto& [name, sum] : sums_) {
-    const auto& options = options_.at(name);
-    if (!logs_on_epoch(options, training)) continue;
-    const auto key = logs_on_step(options, training) ? name + "_epoch" : name;
-    view.sums_[key] = sum;
-    view.options_[key] = options;
-  }
+  copy_row(Row::kEpoch, training, sums_, options_, &view.sums_, &view.options_);
   return view;
 }
 

@@ -159,6 +159,18 @@ std::vector<int64_t> saved_stages_holding(const TrainingState& state, const Modu
   return ranks;
 }
 
+// What validate and test share once the weights are in place: one evaluation run over `limit`
+// of the loader's batches, whose records every logger then saves.
+std::map<std::string, double> evaluate(Trainer& trainer, Module& module, const DataLoader& loader,
+                                       const BatchLimit& limit, bool test,
+                                       const std::vector<std::unique_ptr<Logger>>& loggers) {
+  const int64_t batches = limit.of(loader.num_batches(trainer.replicas()));
+  const auto metrics =
+      EvaluationLoop(trainer, module, loader, batches, test, /*record=*/true).run();
+  for (auto& logger : loggers) logger->save();
+  return metrics;
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainerOptions options)
@@ -429,24 +441,14 @@ std::map<std::string, double> Trainer::validate(Module& module, const DataLoader
                                                 const std::string& ckpt_path) {
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
-  const auto metrics =
-      EvaluationLoop(*this, module, loader,
-                     options_.limit_val_batches().of(loader.num_batches(replicas())), false, true)
-          .run();
-  for (auto& logger : loggers_) logger->save();
-  return metrics;
+  return evaluate(*this, module, loader, options_.limit_val_batches(), /*test=*/false, loggers_);
 }
 
 std::map<std::string, double> Trainer::test(Module& module, const DataLoader& loader,
                                             const std::string& ckpt_path) {
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
-  const auto metrics =
-      EvaluationLoop(*this, module, loader,
-                     options_.limit_test_batches().of(loader.num_batches(replicas())), true, true)
-          .run();
-  for (auto& logger : loggers_) logger->save();
-  return metrics;
+  return evaluate(*this, module, loader, options_.limit_test_batches(), /*test=*/true, loggers_);
 }
 
 std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loader,
