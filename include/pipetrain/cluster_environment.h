@@ -51,6 +51,34 @@ class ClusterEnvironment {
   virtual std::string rendezvous_file() const { return ""; }
 };
 
+// Where this process stands among the ranks and where they meet: the answers of a
+// ClusterEnvironment's rank getters, as one value.
+struct RankLayout {
+  std::string main_address;
+  int main_port = 0;
+  int64_t world_size = 1;
+  int64_t global_rank = 0;
+  int64_t local_rank = 0;
+  int64_t local_world_size = 1;
+  int64_t node_rank = 0;
+};
+
+// An environment whose constructor reads the launcher's variables into a RankLayout once; the
+// getters answer from it.
+class RankLayoutEnvironment : public ClusterEnvironment {
+ public:
+  std::string main_address() const override { return layout_.main_address; }
+  int main_port() const override { return layout_.main_port; }
+  int64_t world_size() const override { return layout_.world_size; }
+  int64_t global_rank() const override { return layout_.global_rank; }
+  int64_t local_rank() const override { return layout_.local_rank; }
+  int64_t local_world_size() const override { return layout_.local_world_size; }
+  int64_t node_rank() const override { return layout_.node_rank; }
+
+ protected:
+  RankLayout layout_;
+};
+
 // Processes started by torchrun (torch.distributed.elastic) or by pipetrain's own launcher,
 // which sets the same variables: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK, and TORCHELASTIC_USE_AGENT_STORE=True when the launcher hosts
@@ -59,7 +87,7 @@ class ClusterEnvironment {
 // detection variables is treated as a single node: LOCAL_RANK defaults to RANK, LOCAL_WORLD_SIZE to
 // WORLD_SIZE and GROUP_RANK to 0. PIPETRAIN_RENDEZVOUS_FILE (set by pipetrain's single-node
 // launcher) stands in for MASTER_PORT: the ranks then meet in that file instead of a TCPStore.
-class TorchElasticEnvironment final : public ClusterEnvironment {
+class TorchElasticEnvironment final : public RankLayoutEnvironment {
  public:
   // Throws std::invalid_argument naming the variable when a value is missing or malformed.
   explicit TorchElasticEnvironment(const EnvironmentVariables& env);
@@ -67,13 +95,6 @@ class TorchElasticEnvironment final : public ClusterEnvironment {
   static bool detect(const EnvironmentVariables& env);
 
   std::string name() const override { return "torchelastic"; }
-  std::string main_address() const override { return main_address_; }
-  int main_port() const override { return main_port_; }
-  int64_t world_size() const override { return world_size_; }
-  int64_t global_rank() const override { return global_rank_; }
-  int64_t local_rank() const override { return local_rank_; }
-  int64_t local_world_size() const override { return local_world_size_; }
-  int64_t node_rank() const override { return node_rank_; }
   bool launcher_hosts_store() const override { return launcher_hosts_store_; }
   std::string store_prefix() const override {
     return "/worker/attempt_" + std::to_string(restart_count_);
@@ -81,13 +102,6 @@ class TorchElasticEnvironment final : public ClusterEnvironment {
   std::string rendezvous_file() const override { return rendezvous_file_; }
 
  private:
-  std::string main_address_;
-  int main_port_ = 0;
-  int64_t world_size_ = 1;
-  int64_t global_rank_ = 0;
-  int64_t local_rank_ = 0;
-  int64_t local_world_size_ = 1;
-  int64_t node_rank_ = 0;
   bool launcher_hosts_store_ = false;
   int64_t restart_count_ = 0;
   std::string rendezvous_file_;
@@ -99,7 +113,7 @@ class TorchElasticEnvironment final : public ClusterEnvironment {
 // 15000 + the last four digits of SLURM_JOB_ID, so that every task of a job derives the same port
 // without talking to the others (Lightning's rule). local_world_size comes from
 // SLURM_NTASKS_PER_NODE (plain "4" or compressed "4(x2),3"), else SLURM_NTASKS / SLURM_NNODES.
-class SLURMEnvironment final : public ClusterEnvironment {
+class SLURMEnvironment final : public RankLayoutEnvironment {
  public:
   // Throws std::invalid_argument naming the variable when a value is missing or malformed.
   explicit SLURMEnvironment(const EnvironmentVariables& env);
@@ -115,40 +129,17 @@ class SLURMEnvironment final : public ClusterEnvironment {
   static std::string first_host(const std::string& nodelist);
 
   std::string name() const override { return "slurm"; }
-  std::string main_address() const override { return main_address_; }
-  int main_port() const override { return main_port_; }
-  int64_t world_size() const override { return world_size_; }
-  int64_t global_rank() const override { return global_rank_; }
-  int64_t local_rank() const override { return local_rank_; }
-  int64_t local_world_size() const override { return local_world_size_; }
-  int64_t node_rank() const override { return node_rank_; }
-
- private:
-  std::string main_address_;
-  int main_port_ = 0;
-  int64_t world_size_ = 1;
-  int64_t global_rank_ = 0;
-  int64_t local_rank_ = 0;
-  int64_t local_world_size_ = 1;
-  int64_t node_rank_ = 0;
 };
 
 // A single process that nobody launched: rank 0 of 1 on 127.0.0.1. Port 0 means "none chosen";
 // a world of one needs no rendezvous.
-class LocalEnvironment final : public ClusterEnvironment {
+class LocalEnvironment final : public RankLayoutEnvironment {
  public:
   explicit LocalEnvironment(const EnvironmentVariables& env = {});
   // Always true: this is the fallback.
   static bool detect(const EnvironmentVariables& env);
 
   std::string name() const override { return "local"; }
-  std::string main_address() const override { return "127.0.0.1"; }
-  int main_port() const override { return 0; }
-  int64_t world_size() const override { return 1; }
-  int64_t global_rank() const override { return 0; }
-  int64_t local_rank() const override { return 0; }
-  int64_t local_world_size() const override { return 1; }
-  int64_t node_rank() const override { return 0; }
 };
 
 // The environment of the current process: torchelastic if detected, else slurm, else local.

@@ -98,32 +98,32 @@ std::string assignment(const std::string& name, int64_t value) {
   return name + "=" + std::to_string(value);
 }
 
-void validate_ranks(const RankVariableNames& names, int64_t world_size, int64_t global_rank,
-                    int64_t local_rank, int64_t local_world_size, int64_t node_rank) {
-  if (world_size < 1) {
-    throw std::invalid_argument("pipetrain: " + assignment(names.world_size, world_size) +
+void validate_ranks(const RankVariableNames& names, const RankLayout& layout) {
+  if (layout.world_size < 1) {
+    throw std::invalid_argument("pipetrain: " + assignment(names.world_size, layout.world_size) +
                                 " must be at least 1; set it to the total number of processes");
   }
-  if (global_rank < 0 || global_rank >= world_size) {
-    throw std::invalid_argument("pipetrain: " + assignment(names.global_rank, global_rank) +
-                                " must be in [0, " + assignment(names.world_size, world_size) +
+  if (layout.global_rank < 0 || layout.global_rank >= layout.world_size) {
+    throw std::invalid_argument("pipetrain: " + assignment(names.global_rank, layout.global_rank) +
+                                " must be in [0, " +
+                                assignment(names.world_size, layout.world_size) +
                                 "); every process needs a distinct rank below the world size");
   }
-  if (local_world_size < 1 || local_world_size > world_size) {
+  if (layout.local_world_size < 1 || layout.local_world_size > layout.world_size) {
     throw std::invalid_argument(
-        "pipetrain: " + assignment(names.local_world_size, local_world_size) + " must be in [1, " +
-        assignment(names.world_size, world_size) +
+        "pipetrain: " + assignment(names.local_world_size, layout.local_world_size) +
+        " must be in [1, " + assignment(names.world_size, layout.world_size) +
         "]; set it to the number of processes on this node");
   }
-  if (local_rank < 0 || local_rank >= local_world_size) {
-    throw std::invalid_argument("pipetrain: " + assignment(names.local_rank, local_rank) +
+  if (layout.local_rank < 0 || layout.local_rank >= layout.local_world_size) {
+    throw std::invalid_argument("pipetrain: " + assignment(names.local_rank, layout.local_rank) +
                                 " must be in [0, " +
-                                assignment(names.local_world_size, local_world_size) +
+                                assignment(names.local_world_size, layout.local_world_size) +
                                 "); set it to this process's index among the processes on its "
                                 "node");
   }
-  if (node_rank < 0) {
-    throw std::invalid_argument("pipetrain: " + assignment(names.node_rank, node_rank) +
+  if (layout.node_rank < 0) {
+    throw std::invalid_argument("pipetrain: " + assignment(names.node_rank, layout.node_rank) +
                                 " must not be negative; set it to this node's index");
   }
 }
@@ -186,7 +186,7 @@ TorchElasticEnvironment::TorchElasticEnvironment(const EnvironmentVariables& env
   const std::string hint =
       "torchrun sets it; when launching by hand, set it to a non-negative "
       "integer";
-  main_address_ = nonempty_address(
+  layout_.main_address = nonempty_address(
       "MASTER_ADDR",
       required_string(env, "MASTER_ADDR", "set it to the host of the rank-0 process"));
   if (const std::string* file = find_variable(env, kRendezvousFileVariable)) {
@@ -197,18 +197,17 @@ TorchElasticEnvironment::TorchElasticEnvironment(const EnvironmentVariables& env
     }
     rendezvous_file_ = *file;
   } else {
-    main_port_ =
+    layout_.main_port =
         parse_master_port("MASTER_PORT", required_string(env, "MASTER_PORT",
                                                          "set it to the rendezvous port of the "
                                                          "rank-0 process"));
   }
-  world_size_ = required_integer(env, "WORLD_SIZE", hint);
-  global_rank_ = required_integer(env, "RANK", hint);
-  local_rank_ = optional_integer(env, "LOCAL_RANK", global_rank_, hint);
-  local_world_size_ = optional_integer(env, "LOCAL_WORLD_SIZE", world_size_, hint);
-  node_rank_ = optional_integer(env, "GROUP_RANK", 0, hint);
-  validate_ranks({"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"},
-                 world_size_, global_rank_, local_rank_, local_world_size_, node_rank_);
+  layout_.world_size = required_integer(env, "WORLD_SIZE", hint);
+  layout_.global_rank = required_integer(env, "RANK", hint);
+  layout_.local_rank = optional_integer(env, "LOCAL_RANK", layout_.global_rank, hint);
+  layout_.local_world_size = optional_integer(env, "LOCAL_WORLD_SIZE", layout_.world_size, hint);
+  layout_.node_rank = optional_integer(env, "GROUP_RANK", 0, hint);
+  validate_ranks({"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}, layout_);
   if (const std::string* agent_store = find_variable(env, "TORCHELASTIC_USE_AGENT_STORE")) {
     if (*agent_store != "True" && *agent_store != "False") {
       throw std::invalid_argument("TORCHELASTIC_USE_AGENT_STORE='" + *agent_store +
@@ -268,51 +267,51 @@ std::string SLURMEnvironment::first_host(const std::string& nodelist) {
 
 SLURMEnvironment::SLURMEnvironment(const EnvironmentVariables& env) {
   const std::string hint = "srun sets it for every task; launch the processes with srun";
-  world_size_ = required_integer(env, "SLURM_NTASKS", hint);
-  global_rank_ = required_integer(env, "SLURM_PROCID", hint);
-  local_rank_ = required_integer(env, "SLURM_LOCALID", hint);
-  node_rank_ = required_integer(env, "SLURM_NODEID", hint);
+  layout_.world_size = required_integer(env, "SLURM_NTASKS", hint);
+  layout_.global_rank = required_integer(env, "SLURM_PROCID", hint);
+  layout_.local_rank = required_integer(env, "SLURM_LOCALID", hint);
+  layout_.node_rank = required_integer(env, "SLURM_NODEID", hint);
 
   std::string local_world_size_name = "SLURM_NTASKS_PER_NODE";
   if (const std::string* per_node = find_variable(env, "SLURM_NTASKS_PER_NODE")) {
     const std::vector<int64_t> counts = expand_tasks_per_node(local_world_size_name, *per_node);
     // One uncompressed value applies to every node; a list has one entry per node.
     if (counts.size() == 1) {
-      local_world_size_ = counts.front();
-    } else if (node_rank_ >= 0 && node_rank_ < static_cast<int64_t>(counts.size())) {
-      local_world_size_ = counts[static_cast<size_t>(node_rank_)];
+      layout_.local_world_size = counts.front();
+    } else if (layout_.node_rank >= 0 && layout_.node_rank < static_cast<int64_t>(counts.size())) {
+      layout_.local_world_size = counts[static_cast<size_t>(layout_.node_rank)];
     } else {
-      throw std::invalid_argument("pipetrain: SLURM_NODEID=" + std::to_string(node_rank_) +
+      throw std::invalid_argument("pipetrain: SLURM_NODEID=" + std::to_string(layout_.node_rank) +
                                   " has no entry in SLURM_NTASKS_PER_NODE='" + *per_node +
                                   "'; the two must describe the same allocation");
     }
   } else {
     local_world_size_name = "SLURM_NTASKS/SLURM_NNODES";
     const int64_t nodes = optional_integer(env, "SLURM_NNODES", 1, hint);
-    if (nodes < 1 || world_size_ % nodes != 0) {
+    if (nodes < 1 || layout_.world_size % nodes != 0) {
       throw std::invalid_argument(
-          "pipetrain: SLURM_NTASKS=" + std::to_string(world_size_) +
+          "pipetrain: SLURM_NTASKS=" + std::to_string(layout_.world_size) +
           " cannot be split evenly over SLURM_NNODES=" + std::to_string(nodes) +
           "; request the tasks with --ntasks-per-node so that each node's count is known");
     }
-    local_world_size_ = world_size_ / nodes;
+    layout_.local_world_size = layout_.world_size / nodes;
   }
   validate_ranks(
       {"SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", local_world_size_name, "SLURM_NODEID"},
-      world_size_, global_rank_, local_rank_, local_world_size_, node_rank_);
+      layout_);
 
   if (const std::string* address = find_variable(env, "MASTER_ADDR")) {
-    main_address_ = nonempty_address("MASTER_ADDR", *address);
+    layout_.main_address = nonempty_address("MASTER_ADDR", *address);
   } else if (const std::string* nodes = find_variable(env, "SLURM_NODELIST")) {
-    main_address_ = first_host(*nodes);
+    layout_.main_address = first_host(*nodes);
   } else if (const std::string* job_nodes = find_variable(env, "SLURM_JOB_NODELIST")) {
-    main_address_ = first_host(*job_nodes);
+    layout_.main_address = first_host(*job_nodes);
   } else {
-    main_address_ = "127.0.0.1";
+    layout_.main_address = "127.0.0.1";
   }
 
   if (const std::string* port = find_variable(env, "MASTER_PORT")) {
-    main_port_ = parse_master_port("MASTER_PORT", *port);
+    layout_.main_port = parse_master_port("MASTER_PORT", *port);
   } else if (const std::string* job_id = find_variable(env, "SLURM_JOB_ID")) {
     // All tasks of a job see the same job id, so they agree on the port without communicating;
     // different jobs sharing a node mostly get different ports. The range 15000-24999 is below
@@ -325,16 +324,18 @@ SLURMEnvironment::SLURMEnvironment(const EnvironmentVariables& env) {
                                   "MASTER_PORT to a free TCP port instead");
     }
     const std::string last_digits = job_id->substr(job_id->size() > 4 ? job_id->size() - 4 : 0);
-    main_port_ = 15000 + std::stoi(last_digits);
+    layout_.main_port = 15000 + std::stoi(last_digits);
   } else {
-    main_port_ = 12910;  // Lightning's default when SLURM gives no job id.
+    layout_.main_port = 12910;  // Lightning's default when SLURM gives no job id.
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // local
 
-LocalEnvironment::LocalEnvironment(const EnvironmentVariables& /*env*/) {}
+LocalEnvironment::LocalEnvironment(const EnvironmentVariables& /*env*/) {
+  layout_.main_address = "127.0.0.1";  // the rest: RankLayout's defaults, rank 0 of 1, no port
+}
 
 bool LocalEnvironment::detect(const EnvironmentVariables& /*env*/) { return true; }
 

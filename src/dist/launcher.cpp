@@ -413,19 +413,21 @@ std::string field(const char* name, int64_t value) {
   return std::string("LaunchOptions::") + name + "=" + std::to_string(value);
 }
 
+// A count of processes or machines: "pipetrain: <name>=<value> must be at least 1; <advice>".
+void require_at_least_one(const std::string& name, int64_t value, const std::string& advice) {
+  if (value < 1) {
+    throw std::invalid_argument("pipetrain: " + name + "=" + std::to_string(value) +
+                                " must be at least 1; " + advice);
+  }
+}
+
 // Everything that can be checked before anything is started, so that a typo on one node fails
 // there at once instead of leaving the other nodes waiting at the rendezvous until they time out.
 void validate_options(const LaunchOptions& options) {
-  if (options.nprocs < 1) {
-    throw std::invalid_argument(
-        "pipetrain: LaunchOptions::nprocs=" + std::to_string(options.nprocs) +
-        " must be at least 1; set it to the number of processes to run");
-  }
-  if (options.nnodes < 1) {
-    throw std::invalid_argument("pipetrain: " + field("nnodes", options.nnodes) +
-                                " must be at least 1; set it to the number of machines, each "
-                                "running one launcher");
-  }
+  require_at_least_one("LaunchOptions::nprocs", options.nprocs,
+                       "set it to the number of processes to run");
+  require_at_least_one("LaunchOptions::nnodes", options.nnodes,
+                       "set it to the number of machines, each running one launcher");
   if (options.nprocs > std::numeric_limits<int64_t>::max() / options.nnodes) {
     throw std::invalid_argument("pipetrain: " + field("nnodes", options.nnodes) + " times " +
                                 field("nprocs", options.nprocs) + " overflows the world size");
@@ -461,14 +463,8 @@ void validate_options(const LaunchOptions& options) {
 
 LaunchOptions multi_node_launch_options(int64_t nprocs, int64_t nnodes,
                                         const EnvironmentVariables& env) {
-  if (nprocs < 1) {
-    throw std::invalid_argument("pipetrain: nprocs=" + std::to_string(nprocs) +
-                                " must be at least 1; pass the number of processes per node");
-  }
-  if (nnodes < 1) {
-    throw std::invalid_argument("pipetrain: nnodes=" + std::to_string(nnodes) +
-                                " must be at least 1; pass the number of machines");
-  }
+  require_at_least_one("nprocs", nprocs, "pass the number of processes per node");
+  require_at_least_one("nnodes", nnodes, "pass the number of machines");
   const bool multi_node = nnodes > 1;
   const std::string nodes = "nnodes=" + std::to_string(nnodes);
   LaunchOptions options;

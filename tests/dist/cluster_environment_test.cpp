@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "support/errors.h"
+
 namespace pipetrain {
 namespace {
 
@@ -25,16 +27,37 @@ EnvironmentVariables srun_env() {
           {"SLURM_JOB_ID", "1234567"}, {"SLURM_JOB_NAME", "train"}};
 }
 
-// Runs `body`, which must throw std::invalid_argument, and returns the message.
-template <typename Body>
-std::string invalid_argument_message(Body body) {
-  try {
-    body();
-  } catch (const std::invalid_argument& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected std::invalid_argument";
-  return "";
+// `env` with some variables set to other values.
+EnvironmentVariables with(EnvironmentVariables env, const EnvironmentVariables& changes) {
+  for (const auto& [name, value] : changes) env[name] = value;
+  return env;
+}
+
+// The message of the std::invalid_argument that reading `env` as an `Environment` throws; anything
+// else is a text in angle brackets, which no test's expected words match.
+template <typename Environment>
+std::string error_reading(const EnvironmentVariables& env) {
+  return testing::error_of<std::invalid_argument>([&] { Environment{env}; });
+}
+
+// The same through select_cluster_environment, which reads `env` as the environment it detects.
+std::string error_selecting(const EnvironmentVariables& env) {
+  return testing::error_of<std::invalid_argument>([&] { select_cluster_environment(env); });
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Every rank getter of `env` against `expected`, each failure naming its field.
+void expect_layout(const ClusterEnvironment& env, const RankLayout& expected) {
+  EXPECT_EQ(env.main_address(), expected.main_address);
+  EXPECT_EQ(env.main_port(), expected.main_port);
+  EXPECT_EQ(env.world_size(), expected.world_size);
+  EXPECT_EQ(env.global_rank(), expected.global_rank);
+  EXPECT_EQ(env.local_rank(), expected.local_rank);
+  EXPECT_EQ(env.local_world_size(), expected.local_world_size);
+  EXPECT_EQ(env.node_rank(), expected.node_rank);
 }
 
 TEST(TorchElasticEnvironmentTest, DetectsOnlyWithAllFourRendezvousVariables) {
@@ -50,13 +73,8 @@ TEST(TorchElasticEnvironmentTest, DetectsOnlyWithAllFourRendezvousVariables) {
 TEST(TorchElasticEnvironmentTest, ReadsTorchrunVariables) {
   const TorchElasticEnvironment env(torchrun_env());
   EXPECT_EQ(env.name(), "torchelastic");
-  EXPECT_EQ(env.main_address(), "10.0.0.5");
-  EXPECT_EQ(env.main_port(), 29500);
-  EXPECT_EQ(env.global_rank(), 5);
-  EXPECT_EQ(env.world_size(), 8);
-  EXPECT_EQ(env.local_rank(), 1);
-  EXPECT_EQ(env.local_world_size(), 4);
-  EXPECT_EQ(env.node_rank(), 1);
+  expect_layout(env, {"10.0.0.5", 29500, /*world_size=*/8, /*global_rank=*/5, /*local_rank=*/1,
+                      /*local_world_size=*/4, /*node_rank=*/1});
 }
 
 TEST(TorchElasticEnvironmentTest, AgentStoreAndRestartCountAsTorchrunSetsThem) {
@@ -70,8 +88,8 @@ TEST(TorchElasticEnvironmentTest, AgentStoreAndRestartCountAsTorchrunSetsThem) {
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   EXPECT_FALSE(TorchElasticEnvironment(env).launcher_hosts_store());
   env["TORCHELASTIC_USE_AGENT_STORE"] = "yes";
-  const std::string message = invalid_argument_message([&] { TorchElasticEnvironment{env}; });
-  EXPECT_NE(message.find("TORCHELASTIC_USE_AGENT_STORE='yes'"), std::string::npos) << message;
+  const std::string message = error_reading<TorchElasticEnvironment>(env);
+  EXPECT_TRUE(contains(message, "TORCHELASTIC_USE_AGENT_STORE='yes'")) << message;
 }
 
 TEST(TorchElasticEnvironmentTest, HandWrittenLaunchIsOneNode) {
@@ -83,59 +101,45 @@ TEST(TorchElasticEnvironmentTest, HandWrittenLaunchIsOneNode) {
 }
 
 TEST(TorchElasticEnvironmentTest, NonIntegerRankNamesVariableAndValue) {
-  EnvironmentVariables env = torchrun_env();
-  env["RANK"] = "abc";
-  const std::string message = invalid_argument_message([&] { TorchElasticEnvironment{env}; });
-  EXPECT_NE(message.find("RANK"), std::string::npos) << message;
-  EXPECT_NE(message.find("abc"), std::string::npos) << message;
+  const std::string message =
+      error_reading<TorchElasticEnvironment>(with(torchrun_env(), {{"RANK", "abc"}}));
+  EXPECT_TRUE(contains(message, "RANK")) << message;
+  EXPECT_TRUE(contains(message, "abc")) << message;
 }
 
 TEST(TorchElasticEnvironmentTest, RejectsTrailingGarbageAndEmptyValues) {
   for (const char* value : {"1x", "", " 1", "0x1"}) {
-    EnvironmentVariables env = torchrun_env();
-    env["WORLD_SIZE"] = value;
-    const std::string message = invalid_argument_message([&] { select_cluster_environment(env); });
-    EXPECT_NE(message.find("WORLD_SIZE"), std::string::npos) << "value '" << value << "'";
+    const std::string message = error_selecting(with(torchrun_env(), {{"WORLD_SIZE", value}}));
+    EXPECT_TRUE(contains(message, "WORLD_SIZE")) << "value '" << value << "': " << message;
   }
 }
 
 TEST(TorchElasticEnvironmentTest, RankMustBeBelowWorldSize) {
-  EnvironmentVariables env = torchrun_env();
-  env["RANK"] = "8";
-  const std::string message = invalid_argument_message([&] { select_cluster_environment(env); });
-  EXPECT_NE(message.find("RANK=8"), std::string::npos) << message;
-  EXPECT_NE(message.find("WORLD_SIZE=8"), std::string::npos) << message;
+  std::string message = error_selecting(with(torchrun_env(), {{"RANK", "8"}}));
+  EXPECT_TRUE(contains(message, "RANK=8")) << message;
+  EXPECT_TRUE(contains(message, "WORLD_SIZE=8")) << message;
 
-  env["RANK"] = "-1";
-  EXPECT_NE(invalid_argument_message([&] { select_cluster_environment(env); }).find("RANK=-1"),
-            std::string::npos);
+  message = error_selecting(with(torchrun_env(), {{"RANK", "-1"}}));
+  EXPECT_TRUE(contains(message, "RANK=-1")) << message;
 }
 
 TEST(TorchElasticEnvironmentTest, WorldSizeMustBePositive) {
-  EnvironmentVariables env = torchrun_env();
-  env["WORLD_SIZE"] = "0";
-  env["RANK"] = "0";
-  EXPECT_NE(invalid_argument_message([&] { select_cluster_environment(env); }).find("WORLD_SIZE=0"),
-            std::string::npos);
+  const std::string message =
+      error_selecting(with(torchrun_env(), {{"WORLD_SIZE", "0"}, {"RANK", "0"}}));
+  EXPECT_TRUE(contains(message, "WORLD_SIZE=0")) << message;
 }
 
 TEST(TorchElasticEnvironmentTest, LocalRankMustBeBelowLocalWorldSize) {
-  EnvironmentVariables env = torchrun_env();
-  env["LOCAL_RANK"] = "4";
-  const std::string message = invalid_argument_message([&] { select_cluster_environment(env); });
-  EXPECT_NE(message.find("LOCAL_RANK=4"), std::string::npos) << message;
-  EXPECT_NE(message.find("LOCAL_WORLD_SIZE=4"), std::string::npos) << message;
+  const std::string message = error_selecting(with(torchrun_env(), {{"LOCAL_RANK", "4"}}));
+  EXPECT_TRUE(contains(message, "LOCAL_RANK=4")) << message;
+  EXPECT_TRUE(contains(message, "LOCAL_WORLD_SIZE=4")) << message;
 }
 
 TEST(TorchElasticEnvironmentTest, RejectsBadPortAndEmptyAddress) {
-  EnvironmentVariables env = torchrun_env();
-  env["MASTER_PORT"] = "70000";
-  EXPECT_NE(invalid_argument_message([&] { select_cluster_environment(env); }).find("MASTER_PORT"),
-            std::string::npos);
-  env = torchrun_env();
-  env["MASTER_ADDR"] = "";
-  EXPECT_NE(invalid_argument_message([&] { select_cluster_environment(env); }).find("MASTER_ADDR"),
-            std::string::npos);
+  std::string message = error_selecting(with(torchrun_env(), {{"MASTER_PORT", "70000"}}));
+  EXPECT_TRUE(contains(message, "MASTER_PORT")) << message;
+  message = error_selecting(with(torchrun_env(), {{"MASTER_ADDR", ""}}));
+  EXPECT_TRUE(contains(message, "MASTER_ADDR")) << message;
 }
 
 TEST(SLURMEnvironmentTest, FirstHostOfCompressedNodeLists) {
@@ -153,45 +157,34 @@ TEST(SLURMEnvironmentTest, FirstHostOfCompressedNodeLists) {
 TEST(SLURMEnvironmentTest, MalformedNodeListsThrow) {
   for (const char* nodelist : {"", "node[01-04", "node]", "node[]", ",node"}) {
     const std::string message =
-        invalid_argument_message([&] { SLURMEnvironment::first_host(nodelist); });
-    EXPECT_NE(message.find("SLURM_NODELIST"), std::string::npos) << "'" << nodelist << "'";
+        testing::error_of<std::invalid_argument>([&] { SLURMEnvironment::first_host(nodelist); });
+    EXPECT_TRUE(contains(message, "SLURM_NODELIST")) << "'" << nodelist << "': " << message;
   }
 }
 
 TEST(SLURMEnvironmentTest, ReadsSrunVariables) {
   const SLURMEnvironment env(srun_env());
   EXPECT_EQ(env.name(), "slurm");
-  EXPECT_EQ(env.main_address(), "node01");
-  EXPECT_EQ(env.main_port(), 15000 + 4567);
-  EXPECT_EQ(env.world_size(), 8);
-  EXPECT_EQ(env.global_rank(), 6);
-  EXPECT_EQ(env.local_rank(), 2);
-  EXPECT_EQ(env.local_world_size(), 4);
-  EXPECT_EQ(env.node_rank(), 1);
+  expect_layout(env, {"node01", 15000 + 4567, /*world_size=*/8, /*global_rank=*/6,
+                      /*local_rank=*/2, /*local_world_size=*/4, /*node_rank=*/1});
 }
 
 TEST(SLURMEnvironmentTest, PortFromShortJobIdKeepsLeadingDigits) {
-  EnvironmentVariables env = srun_env();
-  env["SLURM_JOB_ID"] = "42";
-  EXPECT_EQ(SLURMEnvironment(env).main_port(), 15042);
-  env["SLURM_JOB_ID"] = "990007";
-  EXPECT_EQ(SLURMEnvironment(env).main_port(), 15007);
+  EXPECT_EQ(SLURMEnvironment(with(srun_env(), {{"SLURM_JOB_ID", "42"}})).main_port(), 15042);
+  EXPECT_EQ(SLURMEnvironment(with(srun_env(), {{"SLURM_JOB_ID", "990007"}})).main_port(), 15007);
 }
 
 TEST(SLURMEnvironmentTest, MasterVariablesOverrideDerivedOnes) {
-  EnvironmentVariables env = srun_env();
-  env["MASTER_ADDR"] = "10.1.2.3";
-  env["MASTER_PORT"] = "29400";
-  const SLURMEnvironment slurm(env);
+  const SLURMEnvironment slurm(
+      with(srun_env(), {{"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29400"}}));
   EXPECT_EQ(slurm.main_address(), "10.1.2.3");
   EXPECT_EQ(slurm.main_port(), 29400);
 }
 
 TEST(SLURMEnvironmentTest, NonNumericJobIdNamesVariable) {
-  EnvironmentVariables env = srun_env();
-  env["SLURM_JOB_ID"] = "12ab";
-  const std::string message = invalid_argument_message([&] { SLURMEnvironment{env}; });
-  EXPECT_NE(message.find("SLURM_JOB_ID='12ab'"), std::string::npos) << message;
+  const std::string message =
+      error_reading<SLURMEnvironment>(with(srun_env(), {{"SLURM_JOB_ID", "12ab"}}));
+  EXPECT_TRUE(contains(message, "SLURM_JOB_ID='12ab'")) << message;
 }
 
 TEST(SLURMEnvironmentTest, FallsBackToJobNodeList) {
@@ -216,16 +209,14 @@ TEST(SLURMEnvironmentTest, LocalWorldSizeFromTasksPerNode) {
   EXPECT_EQ(SLURMEnvironment(env).local_world_size(), 3);
 
   env["SLURM_NTASKS_PER_NODE"] = "4(x";
-  EXPECT_NE(invalid_argument_message([&] { SLURMEnvironment{env}; }).find("SLURM_NTASKS_PER_NODE"),
-            std::string::npos);
+  const std::string message = error_reading<SLURMEnvironment>(env);
+  EXPECT_TRUE(contains(message, "SLURM_NTASKS_PER_NODE")) << message;
 }
 
 TEST(SLURMEnvironmentTest, UnevenTasksWithoutPerNodeCountThrow) {
-  EnvironmentVariables env = srun_env();
-  env["SLURM_NTASKS"] = "7";
-  env["SLURM_PROCID"] = "0";
-  const std::string message = invalid_argument_message([&] { SLURMEnvironment{env}; });
-  EXPECT_NE(message.find("SLURM_NNODES=2"), std::string::npos) << message;
+  const std::string message = error_reading<SLURMEnvironment>(
+      with(srun_env(), {{"SLURM_NTASKS", "7"}, {"SLURM_PROCID", "0"}}));
+  EXPECT_TRUE(contains(message, "SLURM_NNODES=2")) << message;
 }
 
 TEST(SLURMEnvironmentTest, DetectionSkipsInteractiveShells) {
@@ -241,16 +232,14 @@ TEST(SLURMEnvironmentTest, DetectionSkipsInteractiveShells) {
 }
 
 TEST(SLURMEnvironmentTest, BadProcIdNamesVariable) {
-  EnvironmentVariables env = srun_env();
-  env["SLURM_PROCID"] = "8";
-  const std::string message = invalid_argument_message([&] { select_cluster_environment(env); });
-  EXPECT_NE(message.find("SLURM_PROCID=8"), std::string::npos) << message;
-  EXPECT_NE(message.find("SLURM_NTASKS=8"), std::string::npos) << message;
+  EnvironmentVariables env = with(srun_env(), {{"SLURM_PROCID", "8"}});
+  std::string message = error_selecting(env);
+  EXPECT_TRUE(contains(message, "SLURM_PROCID=8")) << message;
+  EXPECT_TRUE(contains(message, "SLURM_NTASKS=8")) << message;
 
   env.erase("SLURM_LOCALID");
-  EXPECT_NE(
-      invalid_argument_message([&] { select_cluster_environment(env); }).find("SLURM_LOCALID"),
-      std::string::npos);
+  message = error_selecting(env);
+  EXPECT_TRUE(contains(message, "SLURM_LOCALID")) << message;
 }
 
 TEST(SelectClusterEnvironmentTest, TorchElasticWinsOverSlurm) {
@@ -277,13 +266,8 @@ TEST(SelectClusterEnvironmentTest, InteractiveSlurmShellFallsBackToLocal) {
 TEST(SelectClusterEnvironmentTest, NothingSetIsOneLocalProcess) {
   const auto selected = select_cluster_environment(EnvironmentVariables{{"HOME", "/root"}});
   EXPECT_EQ(selected->name(), "local");
-  EXPECT_EQ(selected->main_address(), "127.0.0.1");
-  EXPECT_EQ(selected->main_port(), 0);
-  EXPECT_EQ(selected->world_size(), 1);
-  EXPECT_EQ(selected->global_rank(), 0);
-  EXPECT_EQ(selected->local_rank(), 0);
-  EXPECT_EQ(selected->local_world_size(), 1);
-  EXPECT_EQ(selected->node_rank(), 0);
+  expect_layout(*selected, {"127.0.0.1", /*main_port=*/0, /*world_size=*/1, /*global_rank=*/0,
+                            /*local_rank=*/0, /*local_world_size=*/1, /*node_rank=*/0});
 }
 
 TEST(CurrentEnvironmentTest, SnapshotsEnviron) {

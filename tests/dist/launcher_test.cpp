@@ -20,6 +20,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <optional>
 #include <set>
@@ -28,6 +29,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/errors.h"
 
 namespace pipetrain {
 namespace {
@@ -193,19 +196,11 @@ ReportedLayout read_layout(const fs::path& file) {
   return layout;
 }
 
-// The message of the std::invalid_argument that `call` throws, or "" (and a failure) if none.
+// The message of the std::invalid_argument that `call` throws; anything else is a text in angle
+// brackets, which no test's expected words match.
 template <typename Call>
 std::string invalid_argument_message(Call&& call) {
-  try {
-    call();
-  } catch (const std::invalid_argument& error) {
-    return error.what();
-  } catch (const std::exception& error) {
-    ADD_FAILURE() << "expected std::invalid_argument, got: " << error.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected std::invalid_argument, nothing was thrown";
-  return "";
+  return testing::error_of<std::invalid_argument>(std::forward<Call>(call));
 }
 
 bool contains(const std::string& text, const std::string& part) {
@@ -221,8 +216,41 @@ bool wait_for_file(const fs::path& path, std::chrono::seconds timeout) {
   return true;
 }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+// What a launch returned, how long it took and what it wrote to stderr.
+struct LaunchResult {
+  int code = -1;
+  double seconds = 0;
+  std::string err;
+};
+
+LaunchResult launch_capturing_stderr(const LaunchOptions& options) {
+  ::testing::internal::CaptureStderr();
+  const auto start = Clock::now();
+  LaunchResult result;
+  result.code = launch_local_processes(options);
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  result.err = ::testing::internal::GetCapturedStderr();
+  return result;
+}
+
+// Shell lines that touch "$DIR/<ready_file>" once their SIGTERM trap is in place (so whoever
+// waits for that file cannot signal too early), then sleep until SIGTERM comes and run
+// `on_sigterm`. Without the signal they go on after a minute.
+std::string sleep_until_sigterm(const std::string& on_sigterm, const std::string& ready_file) {
+  const std::string trap = "trap 'kill $pid 2>/dev/null; " + on_sigterm + "' TERM\n";
+  const std::string touch = "touch \"$DIR/" + ready_file + "\"\n";
+  return trap + "sleep 60 >/dev/null 2>&1 &\npid=$!\n" + touch + "wait\n";
+}
+
+// A script in which rank `stays` runs `stay_script`, which touches "$DIR/ready" once it may be
+// stopped, and every other rank exits with `exit_code` as soon as that file exists (at the latest
+// after ten seconds).
+std::string fail_once_ready(int stays, const std::string& stay_script, int exit_code) {
+  const std::string wait_for_ready =
+      "i=0\n"
+      "while [ ! -f \"$DIR/ready\" ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done\n";
+  return "if [ \"$RANK\" = " + std::to_string(stays) + " ]; then\n" + stay_script + "else\n" +
+         wait_for_ready + "exit " + std::to_string(exit_code) + "\nfi\n";
 }
 
 // On one node the ranks meet in a file in a private directory, never at a TCP port (which Torch
@@ -268,67 +296,40 @@ TEST(LaunchLocalProcessesTest, FirstFailureStopsTheOthersQuickly) {
   TempDir dir;
   // Rank 1 fails only once rank 0 has installed its SIGTERM trap, so that the trap (and not
   // a SIGTERM that beat it) is what ends rank 0.
-  const std::string script = R"(
-    if [ "$RANK" = 0 ]; then
-      trap 'kill $pid 2>/dev/null; echo stopped > "$DIR/stopped"; exit 143' TERM
-      sleep 60 >/dev/null 2>&1 &
-      pid=$!
-      touch "$DIR/ready"
-      wait
-      echo finished > "$DIR/finished"
-    else
-      i=0
-      while [ ! -f "$DIR/ready" ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done
-      exit 3
-    fi)";
-  testing::internal::CaptureStderr();
-  const auto start = Clock::now();
-  const int code = launch_local_processes(shell_launch(2, script, dir));
-  const double elapsed = seconds_since(start);
-  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string script =
+      fail_once_ready(0,
+                      sleep_until_sigterm("echo stopped > \"$DIR/stopped\"; exit 143", "ready") +
+                          "echo finished > \"$DIR/finished\"\n",
+                      3);
+  const LaunchResult result = launch_capturing_stderr(shell_launch(2, script, dir));
 
-  EXPECT_EQ(code, 3);
-  EXPECT_LT(elapsed, 10.0);
+  EXPECT_EQ(result.code, 3);
+  EXPECT_LT(result.seconds, 10.0);
   EXPECT_TRUE(fs::exists(dir.path() / "stopped")) << "rank 0 never saw SIGTERM";
   EXPECT_FALSE(fs::exists(dir.path() / "finished"));
-  EXPECT_NE(err.find("pipetrain: rank 1 failed with exit code 3; stopping the other 1 rank\n"),
-            std::string::npos)
-      << err;
+  EXPECT_TRUE(contains(result.err,
+                       "pipetrain: rank 1 failed with exit code 3; stopping the other 1 rank\n"))
+      << result.err;
 }
 
 TEST(LaunchLocalProcessesTest, RankIgnoringSigtermIsKilledAfterGracePeriod) {
   TempDir dir;
-  const std::string script = R"(
-    if [ "$RANK" = 0 ]; then
-      trap '' TERM
-      touch "$DIR/ready"
-      exec sleep 60
-    else
-      i=0
-      while [ ! -f "$DIR/ready" ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done
-      exit 5
-    fi)";
-  LaunchOptions options = shell_launch(2, script, dir);
+  const std::string ignore_sigterm = "trap '' TERM\ntouch \"$DIR/ready\"\nexec sleep 60\n";
+  LaunchOptions options = shell_launch(2, fail_once_ready(0, ignore_sigterm, 5), dir);
   options.grace_period = std::chrono::milliseconds(300);
-  testing::internal::CaptureStderr();
-  const auto start = Clock::now();
-  const int code = launch_local_processes(options);
-  const double elapsed = seconds_since(start);
-  const std::string err = testing::internal::GetCapturedStderr();
+  const LaunchResult result = launch_capturing_stderr(options);
 
-  EXPECT_EQ(code, 5);
-  EXPECT_LT(elapsed, 5.0);
-  EXPECT_NE(err.find("sending SIGKILL"), std::string::npos) << err;
+  EXPECT_EQ(result.code, 5);
+  EXPECT_LT(result.seconds, 5.0);
+  EXPECT_TRUE(contains(result.err, "sending SIGKILL")) << result.err;
 }
 
 TEST(LaunchLocalProcessesTest, ChildKilledBySignalReturns128PlusSignal) {
   TempDir dir;
-  testing::internal::CaptureStderr();
-  const int code = launch_local_processes(
+  const LaunchResult result = launch_capturing_stderr(
       shell_launch(2, "if [ \"$RANK\" = 1 ]; then kill -KILL $$; fi; exit 0", dir));
-  const std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(code, 128 + SIGKILL);
-  EXPECT_NE(err.find("pipetrain: rank 1 was killed by signal SIGKILL"), std::string::npos) << err;
+  EXPECT_EQ(result.code, 128 + SIGKILL);
+  EXPECT_TRUE(contains(result.err, "pipetrain: rank 1 was killed by signal SIGKILL")) << result.err;
 }
 
 TEST(LaunchLocalProcessesTest, FirstFailureWinsOverLaterOnes) {
@@ -379,12 +380,8 @@ TEST(LaunchLocalProcessesTest, SetsOmpNumThreadsOnlyWhenAbsent) {
 
 TEST(LaunchLocalProcessesTest, ForwardsSigtermToChildrenAndRestoresHandlers) {
   TempDir dir;
-  const std::string script = R"(
-    trap 'kill $pid 2>/dev/null; echo got > "$DIR/term_$RANK"; exit 0' TERM
-    sleep 60 >/dev/null 2>&1 &
-    pid=$!
-    touch "$DIR/ready_$RANK"
-    wait)";
+  const std::string script =
+      sleep_until_sigterm("echo got > \"$DIR/term_$RANK\"; exit 0", "ready_$RANK");
   std::thread signaller([&] {
     // The ready files exist only after the launcher installed its handlers, so the signal
     // cannot hit this test process's default SIGTERM action.
@@ -393,19 +390,15 @@ TEST(LaunchLocalProcessesTest, ForwardsSigtermToChildrenAndRestoresHandlers) {
       kill(getpid(), SIGTERM);
     }
   });
-  testing::internal::CaptureStderr();
-  const auto start = Clock::now();
-  const int code = launch_local_processes(shell_launch(2, script, dir));
-  const double elapsed = seconds_since(start);
-  const std::string err = testing::internal::GetCapturedStderr();
+  const LaunchResult result = launch_capturing_stderr(shell_launch(2, script, dir));
   signaller.join();
 
   // The children exited 0 after the forwarded signal, yet the run was interrupted.
-  EXPECT_EQ(code, 128 + SIGTERM);
-  EXPECT_LT(elapsed, 10.0);
+  EXPECT_EQ(result.code, 128 + SIGTERM);
+  EXPECT_LT(result.seconds, 10.0);
   EXPECT_TRUE(fs::exists(dir.path() / "term_0"));
   EXPECT_TRUE(fs::exists(dir.path() / "term_1"));
-  EXPECT_NE(err.find("received SIGTERM"), std::string::npos) << err;
+  EXPECT_TRUE(contains(result.err, "received SIGTERM")) << result.err;
 
   struct sigaction current {};
   sigaction(SIGTERM, nullptr, &current);
@@ -433,24 +426,16 @@ TEST(LaunchLocalProcessesTest, ResolvesProgramThroughPath) {
 
 TEST(LaunchLocalProcessesTest, RejectsBadOptionsBeforeStartingAnything) {
   LaunchOptions options;
+  auto launch = [&] { launch_local_processes(options); };
   options.nprocs = 0;
   options.argv = {"/bin/true"};
-  try {
-    launch_local_processes(options);
-    ADD_FAILURE() << "expected std::invalid_argument";
-  } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("nprocs=0"), std::string::npos) << error.what();
-  }
+  std::string message = invalid_argument_message(launch);
+  EXPECT_TRUE(contains(message, "nprocs=0")) << message;
 
   options.nprocs = 2;
   options.argv = {"pipetrain-no-such-program-xyz"};
-  try {
-    launch_local_processes(options);
-    ADD_FAILURE() << "expected std::runtime_error";
-  } catch (const std::runtime_error& error) {
-    EXPECT_NE(std::string(error.what()).find("pipetrain-no-such-program-xyz"), std::string::npos)
-        << error.what();
-  }
+  message = testing::error_of<std::runtime_error>(launch);
+  EXPECT_TRUE(contains(message, "pipetrain-no-such-program-xyz")) << message;
 
   options.argv = {"/nonexistent/dir/program"};
   EXPECT_THROW(launch_local_processes(options), std::runtime_error);
@@ -506,32 +491,18 @@ TEST(LaunchLocalProcessesTest, SingleNodeUsesGivenAddressAndPort) {
 TEST(LaunchLocalProcessesTest, FailureOnOneOfSeveralNodesNamesTheGlobalRank) {
   TempDir dir;
   // This is node 1 of 2 with ranks 2 and 3; rank 3 fails once rank 2 traps SIGTERM.
-  const std::string script = R"(
-    if [ "$RANK" = 2 ]; then
-      trap 'kill $pid 2>/dev/null; exit 143' TERM
-      sleep 60 >/dev/null 2>&1 &
-      pid=$!
-      touch "$DIR/ready"
-      wait
-    else
-      i=0
-      while [ ! -f "$DIR/ready" ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done
-      exit 4
-    fi)";
-  LaunchOptions options = shell_launch(2, script, dir);
+  LaunchOptions options =
+      shell_launch(2, fail_once_ready(2, sleep_until_sigterm("exit 143", "ready"), 4), dir);
   options.nnodes = 2;
   options.node_rank = 1;
   options.main_address = "127.0.0.1";
   options.main_port = find_free_port();
-  testing::internal::CaptureStderr();
-  const int code = launch_local_processes(options);
-  const std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(code, 4);
-  EXPECT_TRUE(
-      contains(err,
-               "pipetrain: rank 3 failed with exit code 4; stopping the other 1 rank on this "
-               "node\n"))
-      << err;
+  const LaunchResult result = launch_capturing_stderr(options);
+  EXPECT_EQ(result.code, 4);
+  EXPECT_TRUE(contains(result.err,
+                       "pipetrain: rank 3 failed with exit code 4; stopping the other 1 rank on "
+                       "this node\n"))
+      << result.err;
 }
 
 TEST(LaunchLocalProcessesTest, RejectsBadNodeLayoutBeforeStartingAnything) {
@@ -544,44 +515,33 @@ TEST(LaunchLocalProcessesTest, RejectsBadNodeLayoutBeforeStartingAnything) {
     options.main_port = 29500;
     return options;
   }();
-  auto launch_with = [](LaunchOptions options) {
-    return invalid_argument_message([&] { launch_local_processes(options); });
+  struct Case {
+    std::function<void(LaunchOptions&)> spoil;  // what turns `good` into a bad layout
+    std::vector<std::string> words;             // what its error must say
   };
-
-  LaunchOptions options = good;
-  options.node_rank = 2;
-  std::string message = launch_with(options);
-  EXPECT_TRUE(contains(message, "node_rank=2 must be in [0, nnodes=2)")) << message;
-  EXPECT_TRUE(contains(message, "NODE_RANK")) << message;
-
-  options.node_rank = -1;
-  message = launch_with(options);
-  EXPECT_TRUE(contains(message, "node_rank=-1")) << message;
-
-  options = good;
-  options.nnodes = 0;
-  options.node_rank = 0;
-  message = launch_with(options);
-  EXPECT_TRUE(contains(message, "nnodes=0 must be at least 1")) << message;
-
-  options = good;
-  options.main_address.clear();
-  message = launch_with(options);
-  EXPECT_TRUE(contains(message, "MASTER_ADDR")) << message;
-  EXPECT_TRUE(contains(message, "nnodes=2")) << message;
-  EXPECT_TRUE(contains(message, "node 0")) << message;
-
-  options = good;
-  options.main_port = 0;
-  message = launch_with(options);
-  EXPECT_TRUE(contains(message, "MASTER_PORT")) << message;
-  EXPECT_TRUE(contains(message, "nnodes=2")) << message;
-  EXPECT_TRUE(contains(message, "the same on every node")) << message;
-
-  options = good;
-  options.main_port = 65536;
-  message = launch_with(options);
-  EXPECT_TRUE(contains(message, "main_port=65536")) << message;
+  const std::vector<Case> cases = {
+      {[](LaunchOptions& o) { o.node_rank = 2; },
+       {"node_rank=2 must be in [0, nnodes=2)", "NODE_RANK"}},
+      {[](LaunchOptions& o) { o.node_rank = -1; }, {"node_rank=-1"}},
+      {[](LaunchOptions& o) {
+         o.nnodes = 0;
+         o.node_rank = 0;
+       },
+       {"nnodes=0 must be at least 1"}},
+      {[](LaunchOptions& o) { o.main_address.clear(); }, {"MASTER_ADDR", "nnodes=2", "node 0"}},
+      {[](LaunchOptions& o) { o.main_port = 0; },
+       {"MASTER_PORT", "nnodes=2", "the same on every node"}},
+      {[](LaunchOptions& o) { o.main_port = 65536; }, {"main_port=65536"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    LaunchOptions options = good;
+    cases[i].spoil(options);
+    const std::string message = invalid_argument_message([&] { launch_local_processes(options); });
+    for (const std::string& words : cases[i].words) {
+      EXPECT_TRUE(contains(message, words)) << message;
+    }
+  }
 
   EXPECT_FALSE(fs::exists(dir.path() / "started"));
 }
