@@ -28,4 +28,27 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 #endif
 }
 
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOptions& options)
+    : options_(options),
+      qkv_(register_module(options.names.qkv,
+                           torch::nn::Linear(options.n_embd, 3 * options.n_embd))),
+      proj_(register_module(options.names.proj, torch::nn::Linear(options.n_embd, options.n_embd))),
+      resid_dropout_(
+          register_module(options.names.resid_dropout, torch::nn::Dropout(options.dropout))) {}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
+  const int64_t n_head = options_.n_head;
+  // [B, T, 3C] -> q, k, v of [B, H, T, hs]. Split, not indexed: the backward of a split is one
+  // concatenation, where each index's would zero-fill and add a whole [B, T, 3C] gradient.
+  auto heads = [&](const at::Tensor& t) {
+    return t.view({batch, time, n_head, channels / n_head}).transpose(1, 2);
+  };
+  const auto qkv = options_.linear(x, qkv_->weight, qkv_->bias).split(channels, 2);
+  const auto y = options_.attend(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                 is_training() ? options_.dropout : 0.0);
+  const auto merged = y.transpose(1, 2).reshape({batch, time, channels});
+  return resid_dropout_(options_.linear(merged, proj_->weight, proj_->bias));
+}
+
 }  // namespace pipetrain::cli

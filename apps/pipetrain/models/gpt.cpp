@@ -4,6 +4,7 @@
 #include "models/gpt.h"
 
 #include "models/attention.h"
+#include "models/token_embedding.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -60,71 +61,14 @@ std::string read_default_corpus() {
   return text;
 }
 
-// Token plus learned position embedding; the first layer, so it takes the ids themselves.
-class EmbeddingImpl : public torch::nn::Module {
- public:
-  explicit EmbeddingImpl(const GptConfig& config)
-      : block_size_(config.block_size),
-        token_(register_module("token", torch::nn::Embedding(config.vocab_size, config.n_embd))),
-        position_(
-            register_module("position", torch::nn::Embedding(config.block_size, config.n_embd))),
-        dropout_(register_module("dropout", torch::nn::Dropout(config.dropout))) {}
-
-  at::Tensor forward(const at::Tensor& ids) {
-    if (ids.dim() != 2 || ids.scalar_type() != torch::kInt64) {
-      std::ostringstream message;
-      message << "the GPT takes token ids (int64) of shape [batch, time], got a "
-              << ids.scalar_type() << " tensor of shape " << ids.sizes();
-      throw std::invalid_argument(message.str());
-    }
-    const int64_t time = ids.size(1);
-    if (time > block_size_) {
-      throw std::invalid_argument("a sequence of " + std::to_string(time) +
-                                  " tokens is longer than the GPT's block_size " +
-                                  std::to_string(block_size_));
-    }
-    const auto positions = torch::arange(time, ids.options());
-    return dropout_(token_(ids) + position_(positions));
-  }
-
-  int64_t block_size() const { return block_size_; }
-
- private:
-  int64_t block_size_;
-  torch::nn::Embedding token_;
-  torch::nn::Embedding position_;
-  torch::nn::Dropout dropout_;
-};
-TORCH_MODULE(Embedding);
-
-class CausalSelfAttentionImpl : public torch::nn::Module {
- public:
-  explicit CausalSelfAttentionImpl(const GptConfig& config)
-      : n_head_(config.n_head),
-        dropout_(config.dropout),
-        qkv_(register_module("qkv", torch::nn::Linear(config.n_embd, 3 * config.n_embd))),
-        proj_(register_module("proj", torch::nn::Linear(config.n_embd, config.n_embd))),
-        resid_dropout_(register_module("resid_dropout", torch::nn::Dropout(config.dropout))) {}
-
-  at::Tensor forward(const at::Tensor& x) {
-    const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
-    const int64_t head_size = channels / n_head_;
-    // [B, T, 3C] -> three [B, H, T, hs]
-    auto qkv = qkv_(x).view({batch, time, 3, n_head_, head_size}).permute({2, 0, 3, 1, 4});
-    const auto y = causal_attention_explicit(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0)
-                       .transpose(1, 2)
-                       .reshape({batch, time, channels});
-    return resid_dropout_(proj_(y));
-  }
-
- private:
-  int64_t n_head_;
-  double dropout_;
-  torch::nn::Linear qkv_;
-  torch::nn::Linear proj_;
-  torch::nn::Dropout resid_dropout_;
-};
-TORCH_MODULE(CausalSelfAttention);
+// Written out (causal_attention_explicit): the same numbers on every Torch.
+CausalSelfAttentionOptions attention_options(const GptConfig& config) {
+  return {config.n_embd,
+          config.n_head,
+          config.dropout,
+          {"qkv", "proj", "resid_dropout"},
+          causal_attention_explicit};
+}
 
 // Pre-norm transformer block; residual connections keep it one tensor in, one tensor out, so that
 // a stage boundary between blocks carries a single [B, T, C] activation.
@@ -133,7 +77,7 @@ class BlockImpl : public torch::nn::Module {
   explicit BlockImpl(const GptConfig& config)
       : ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions(
                                         std::vector<int64_t>{config.n_embd})))),
-        attn_(register_module("attn", CausalSelfAttention(config))),
+        attn_(register_module("attn", CausalSelfAttention(attention_options(config)))),
         ln2_(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions(
                                         std::vector<int64_t>{config.n_embd})))),
         mlp_(register_module(
@@ -173,7 +117,9 @@ void validate(const GptConfig& config) {
 // The model's block_size, read from its embedding (the first layer).
 int64_t block_size_of(const torch::nn::Sequential& gpt) {
   if (gpt->size() > 0) {
-    if (auto* embedding = gpt->ptr(0)->as<EmbeddingImpl>()) return embedding->block_size();
+    if (auto* embedding = gpt->ptr(0)->as<TokenPositionEmbeddingImpl>()) {
+      return embedding->block_size();
+    }
   }
   throw std::invalid_argument("generate() needs a Sequential built by make_gpt()");
 }
@@ -262,7 +208,9 @@ torch::nn::Sequential make_gpt(const GptConfig& config) {
   // the small weights kept the model near its unigram plateau for most of the demo's steps
   // (val_loss 2.66 after 300 steps, against 1.84 with the defaults).
   torch::nn::Sequential gpt;
-  gpt->push_back(Embedding(config));
+  gpt->push_back(TokenPositionEmbedding(
+      TokenPositionEmbeddingOptions{"the GPT", config.vocab_size, config.block_size, config.n_embd,
+                                    config.dropout, "token", "position", "dropout"}));
   for (int64_t i = 0; i < config.n_layer; ++i) gpt->push_back(Block(config));
   gpt->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
   // No weight tying between head and token embedding: under `pipe` they live on different stages.
@@ -272,22 +220,12 @@ torch::nn::Sequential make_gpt(const GptConfig& config) {
 }
 
 GptModel::GptModel(const GptConfig& config, double lr)
-    : Module(make_gpt(config)), config_(config), lr_(lr) {}
+    : LanguageModel(make_gpt(config), config, lr) {}
 
 at::Tensor GptModel::loss(const Batch& batch) {
   const auto logits = forward(batch.data);  // [B, T, V]
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                               batch.target.reshape({-1}));
-}
-
-at::Tensor GptModel::training_step(const Batch& batch, int64_t) {
-  auto value = loss(batch);
-  log("train_loss", value, LogOptions().prog_bar(true));
-  return value;
-}
-
-void GptModel::validation_step(const Batch& batch, int64_t) {
-  log("val_loss", loss(batch), LogOptions().prog_bar(true));
 }
 
 OptimizerConfig GptModel::configure_optimizers() {
@@ -296,7 +234,7 @@ OptimizerConfig GptModel::configure_optimizers() {
   // tokens, which makes the squared-gradient average noisy.
   std::vector<at::Tensor> matrices, others;
   for (const auto& p : parameters()) (p.dim() >= 2 ? matrices : others).push_back(p);
-  const auto options = torch::optim::AdamWOptions(lr_).betas(std::make_tuple(0.9, 0.99));
+  const auto options = torch::optim::AdamWOptions(lr()).betas(std::make_tuple(0.9, 0.99));
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!matrices.empty()) {
     groups.emplace_back(matrices, std::make_unique<torch::optim::AdamWOptions>(

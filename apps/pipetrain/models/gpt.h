@@ -10,6 +10,8 @@
 #include <pipetrain/data.h>
 #include <pipetrain/module.h>
 
+#include "models/language_model.h"
+
 namespace pipetrain::cli {
 
 // The defaults are tuned for 2 CPU cores: as a 2-stage pipeline at batch 32 (windows of stride
@@ -70,21 +72,14 @@ TensorDataset make_char_windows(const at::Tensor& tokens, int64_t block_size, in
 torch::nn::Sequential make_gpt(const GptConfig& config);
 
 // Next-character prediction: cross-entropy of every position, AdamW.
-class GptModel : public Module {
+class GptModel : public LanguageModel<GptConfig> {
  public:
   explicit GptModel(const GptConfig& config, double lr = 3e-3);
 
-  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override;
-  void validation_step(const Batch& batch, int64_t batch_idx) override;
   OptimizerConfig configure_optimizers() override;
 
-  const GptConfig& config() const { return config_; }
-
  private:
-  at::Tensor loss(const Batch& batch);
-
-  GptConfig config_;
-  double lr_;
+  at::Tensor loss(const Batch& batch) override;
 };
 
 // Continues `prompt` by `max_new_tokens` characters sampled from the whole Sequential on this

@@ -1,9 +1,10 @@
 #include "models/gpt2.h"
 
+#include "models/token_embedding.h"
+
 #include <algorithm>
 #include <cmath>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include <pipetrain/cross_entropy.h>
@@ -39,71 +40,6 @@ class Gpt2LayerNormImpl : public torch::nn::LayerNormImpl {
 };
 TORCH_MODULE(Gpt2LayerNorm);
 
-class Gpt2EmbeddingImpl : public torch::nn::Module {
- public:
-  explicit Gpt2EmbeddingImpl(const Gpt2Config& config)
-      : block_size_(config.block_size),
-        wte(register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd))),
-        wpe(register_module("wpe", torch::nn::Embedding(config.block_size, config.n_embd))),
-        drop_(register_module("drop", torch::nn::Dropout(config.dropout))) {}
-
-  at::Tensor forward(const at::Tensor& ids) {
-    if (ids.dim() != 2 || ids.scalar_type() != torch::kInt64) {
-      std::ostringstream message;
-      message << "GPT-2 takes token ids (int64) of shape [batch, time], got a " << ids.scalar_type()
-              << " tensor of shape " << ids.sizes();
-      throw std::invalid_argument(message.str());
-    }
-    if (ids.size(1) > block_size_) {
-      throw std::invalid_argument("a sequence of " + std::to_string(ids.size(1)) +
-                                  " tokens is longer than GPT-2's block size " +
-                                  std::to_string(block_size_) + " (--block-size)");
-    }
-    return drop_(wte(ids) + wpe(torch::arange(ids.size(1), ids.options())));
-  }
-
-  int64_t block_size_;
-  torch::nn::Embedding wte, wpe;
-
- private:
-  torch::nn::Dropout drop_;
-};
-TORCH_MODULE(Gpt2Embedding);
-
-class Gpt2AttentionImpl : public torch::nn::Module {
- public:
-  explicit Gpt2AttentionImpl(const Gpt2Config& config)
-      : n_head_(config.n_head),
-        dropout_(config.dropout),
-        c_attn(register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd))),
-        c_proj(register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd))),
-        resid_drop_(register_module("resid_drop", torch::nn::Dropout(config.dropout))) {}
-
-  at::Tensor forward(const at::Tensor& x) {
-    const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
-    // [B, T, 3C] -> q, k, v of [B, H, T, hs]. Split, not indexed: the backward of a split is one
-    // concatenation, where each index's would zero-fill and add a whole [B, T, 3C] gradient.
-    auto heads = [&](const at::Tensor& t) {
-      return t.view({batch, time, n_head_, channels / n_head_}).transpose(1, 2);
-    };
-    const auto qkv = linear(c_attn, x).split(channels, 2);
-    const auto y = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                    is_training() ? dropout_ : 0.0);
-    return resid_drop_(linear(c_proj, y.transpose(1, 2).reshape({batch, time, channels})));
-  }
-
- private:
-  int64_t n_head_;
-  double dropout_;
-
- public:
-  torch::nn::Linear c_attn, c_proj;
-
- private:
-  torch::nn::Dropout resid_drop_;
-};
-TORCH_MODULE(Gpt2Attention);
-
 class Gpt2MlpImpl : public torch::nn::Module {
  public:
   explicit Gpt2MlpImpl(const Gpt2Config& config)
@@ -122,11 +58,17 @@ class Gpt2MlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Gpt2Mlp);
 
+// GPT-2's names (those of its released weights), its projections through pipetrain::linear.
+CausalSelfAttentionOptions attention_options(const Gpt2Config& config) {
+  return {config.n_embd,    config.n_head,    config.dropout, {"c_attn", "c_proj", "resid_drop"},
+          causal_attention, pipetrain::linear};
+}
+
 class Gpt2BlockImpl : public torch::nn::Module {
  public:
   explicit Gpt2BlockImpl(const Gpt2Config& config)
       : ln_1(register_module("ln_1", Gpt2LayerNorm(config.n_embd))),
-        attn(register_module("attn", Gpt2Attention(config))),
+        attn(register_module("attn", CausalSelfAttention(attention_options(config)))),
         ln_2(register_module("ln_2", Gpt2LayerNorm(config.n_embd))),
         mlp(register_module("mlp", Gpt2Mlp(config))) {}
 
@@ -143,7 +85,7 @@ class Gpt2BlockImpl : public torch::nn::Module {
   }
 
   Gpt2LayerNorm ln_1;
-  Gpt2Attention attn;
+  CausalSelfAttention attn;
   Gpt2LayerNorm ln_2;
   Gpt2Mlp mlp;
 };
@@ -205,11 +147,13 @@ torch::nn::Sequential make_gpt2(const Gpt2Config& config) {
   validate(config);
   torch::NoGradGuard no_grad;
   torch::nn::Sequential gpt2;
-  Gpt2Embedding embedding(config);
+  TokenPositionEmbedding embedding(
+      TokenPositionEmbeddingOptions{"GPT-2", config.vocab_size, config.block_size, config.n_embd,
+                                    config.dropout, "wte", "wpe", "drop"});
   gpt2->push_back(embedding);
   for (int64_t i = 0; i < config.n_layer; ++i) gpt2->push_back(Gpt2Block(config));
   gpt2->push_back(Gpt2LayerNorm(config.n_embd));
-  gpt2->push_back(Gpt2Head(embedding->wte));
+  gpt2->push_back(Gpt2Head(embedding->token()));
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   const std::string final_norm = std::to_string(config.n_layer + 1) + ".";
   std::set<const void*> drawn;  // the head's tensor is wte's: drawn once, with it
@@ -236,22 +180,12 @@ torch::nn::Sequential make_gpt2(const Gpt2Config& config) {
 }
 
 Gpt2Model::Gpt2Model(const Gpt2Config& config, double lr)
-    : Module(make_gpt2(config)), config_(config), lr_(lr) {}
+    : LanguageModel(make_gpt2(config), config, lr) {}
 
 at::Tensor Gpt2Model::loss(const Batch& batch) {
   // Never holds fp32 logits (3.3 GB at B=16, T=1024 under bf16-mixed); every position is a
   // target, so no ignore_index.
   return chunked_cross_entropy(forward(batch.data), batch.target, std::nullopt);
-}
-
-at::Tensor Gpt2Model::training_step(const Batch& batch, int64_t) {
-  auto loss_value = loss(batch);
-  log("train_loss", loss_value, LogOptions().prog_bar(true));
-  return loss_value;
-}
-
-void Gpt2Model::validation_step(const Batch& batch, int64_t) {
-  log("val_loss", loss(batch), LogOptions().prog_bar(true));
 }
 
 void PerplexityLogger::on_validation_end(Trainer& trainer, Module&) {
@@ -267,11 +201,11 @@ OptimizerConfig Gpt2Model::configure_optimizers() {
   std::vector<at::Tensor> decayed, kept;
   for (const auto& parameter : parameters())
     (parameter.dim() >= 2 ? decayed : kept).push_back(parameter);
-  const auto options = torch::optim::AdamWOptions(lr_).betas({0.9, 0.95}).eps(1e-8);
+  const auto options = torch::optim::AdamWOptions(lr()).betas({0.9, 0.95}).eps(1e-8);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decayed,
                       std::make_unique<torch::optim::AdamWOptions>(
-                          torch::optim::AdamWOptions(options).weight_decay(config_.weight_decay)));
+                          torch::optim::AdamWOptions(options).weight_decay(config().weight_decay)));
   groups.emplace_back(kept, std::make_unique<torch::optim::AdamWOptions>(
                                 torch::optim::AdamWOptions(options).weight_decay(0)));
   return std::make_unique<FusedAdamW>(std::move(groups), options);

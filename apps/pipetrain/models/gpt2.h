@@ -1,6 +1,6 @@
 // GPT-2 (Radford et al. 2019, as nanoGPT and Hugging Face's GPT2LMHeadModel build it) as a
 // Sequential a pipeline can cut between any two of its n_layer + 3 layers:
-//   0          Gpt2Embedding: token (wte) + learned position (wpe) embedding, dropout
+//   0          TokenPositionEmbedding: token (wte) + learned position (wpe) embedding, dropout
 //   1..n_layer Gpt2Block: x + attn(ln_1(x)), then x + mlp(ln_2(x)); causal self-attention through
 //              one c_attn projection to q, k, v; MLP of 4 n_embd with tanh-approximated GELU
 //   n_layer+1  ln_f, the final LayerNorm
@@ -20,6 +20,7 @@
 #include <pipetrain/module.h>
 
 #include "models/attention.h"
+#include "models/language_model.h"
 
 namespace pipetrain::cli {
 
@@ -49,21 +50,14 @@ torch::nn::Sequential make_gpt2(const Gpt2Config& config);
 
 // Next-token prediction: mean cross-entropy over every position; AdamW (betas 0.9, 0.95) with
 // weight decay on matrices and embeddings alone.
-class Gpt2Model : public Module {
+class Gpt2Model : public LanguageModel<Gpt2Config> {
  public:
   explicit Gpt2Model(const Gpt2Config& config, double lr = 6e-4);
 
-  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override;
-  void validation_step(const Batch& batch, int64_t batch_idx) override;
   OptimizerConfig configure_optimizers() override;
 
-  const Gpt2Config& config() const { return config_; }
-
  private:
-  at::Tensor loss(const Batch& batch);
-
-  Gpt2Config config_;
-  double lr_;
+  at::Tensor loss(const Batch& batch) override;
 };
 
 // Logs val_ppl, the validation perplexity exp(val_loss), beside val_loss after every validation of
