@@ -12,11 +12,11 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "pipetrain/safetensors.h"
 #include "pipetrain/trainer.h"
 #include "support/command.h"
+#include "support/fit_run.h"
 #include "support/multiprocess.h"
 #include "support/trainer_run.h"
 
@@ -100,75 +100,36 @@ TensorDataset token_windows() {
   return {tokens.slice(1, 0, 8), tokens.slice(1, 1, 9)};
 }
 
-struct Gpt2Run {
-  std::string root, strategy = "single", schedule = "gpipe", checkpoint = "except_last", resume;
-  int64_t devices = 1, chunks = 1, max_steps = -1, virtual_stages = 1;
+struct Gpt2Run : FitRun {
+  int64_t virtual_stages = 1;
   bool fused = false;  // fuse_gradient_accumulation: the blocks' Linear layers too
-  std::map<std::string, std::string> env() const {
-    return {{"ROOT", root},
-            {"STRATEGY", strategy},
-            {"SCHEDULE", schedule},
-            {"CHECKPOINT", checkpoint},
-            {"RESUME", resume},
-            {"DEVICES", std::to_string(devices)},
-            {"CHUNKS", std::to_string(chunks)},
-            {"MAX_STEPS", std::to_string(max_steps)},
-            {"VIRTUAL_STAGES", std::to_string(virtual_stages)},
-            {"FUSED", fused ? "1" : "0"}};
+
+  template <typename Visit>
+  void fields(Visit&& visit) {
+    FitRun::fields(visit);
+    PIPETRAIN_VISIT_FIELDS(visit, virtual_stages, fused);
   }
-  static Gpt2Run from_env() {
-    Gpt2Run run;
-    run.root = env_or("ROOT", "");
-    run.strategy = env_or("STRATEGY", "single");
-    run.schedule = env_or("SCHEDULE", "gpipe");
-    run.checkpoint = env_or("CHECKPOINT", "except_last");
-    run.resume = env_or("RESUME", "");
-    run.devices = std::stoll(env_or("DEVICES", "1"));
-    run.chunks = std::stoll(env_or("CHUNKS", "1"));
-    run.max_steps = std::stoll(env_or("MAX_STEPS", "-1"));
-    run.virtual_stages = std::stoll(env_or("VIRTUAL_STAGES", "1"));
-    run.fused = env_or("FUSED", "0") == "1";
-    return run;
-  }
-  std::string weights() const { return root + "/checkpoints/last.ckpt/model.safetensors"; }
 };
 
 // Two epochs of 6 batches of 8 windows, shuffled, gradients clipped at 1 (the recipe's).
 void train(const Gpt2Run& run) {
-  Trainer trainer(logged_run_options(run.root)
-                      .strategy(run.strategy)
-                      .devices(run.devices)
-                      .max_epochs(2)
-                      .max_steps(run.max_steps)
-                      .gradient_clip_val(1.0)
-                      .pipe(PipeOptions()
-                                .chunks(run.chunks)
-                                .schedule(run.schedule)
-                                .virtual_stages(run.virtual_stages)
-                                .checkpoint(run.checkpoint)
-                                .fuse_gradient_accumulation(run.fused)));
+  const auto pipe =
+      PipeOptions().virtual_stages(run.virtual_stages).fuse_gradient_accumulation(run.fused);
+  Trainer trainer(run.trainer_options(pipe).max_epochs(2).gradient_clip_val(1.0));
   torch::manual_seed(5);
   cli::Gpt2Model model(small_config(), 3e-3);
   const DataLoader loader(token_windows(), DataLoaderOptions().batch_size(8).shuffle(true).seed(2));
   trainer.fit(model, loader, nullptr, run.resume);
 }
 
-PIPETRAIN_WORKER(gpt2_worker) {
-  const auto run = Gpt2Run::from_env();
-  try {
-    train(run);
-  } catch (const std::exception& e) {
-    std::ofstream(run.root + "/error-" + env_or("RANK", "0") + ".txt") << e.what();
-    throw;
-  }
-}
+PIPETRAIN_WORKER(gpt2_worker) { train_from_env(train); }
 
 class Gpt2Pipe : public ::testing::Test {
  protected:
   void TearDown() override { fs::remove_all(dir); }
   void train_in_ranks(const Gpt2Run& run) const {
     fs::create_directories(run.root);
-    ASSERT_EQ(run_ranks(static_cast<int>(run.devices), "gpt2_worker", run.env()), 0) << run.root;
+    ASSERT_EQ(run_ranks(static_cast<int>(run.devices), "gpt2_worker", to_env(run)), 0) << run.root;
   }
   std::string dir = make_temp_dir("gpt2");
 };
@@ -217,7 +178,7 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
     pipe.fused = layout.fused;
     train_in_ranks(pipe);
     expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"));
-    expect_same_weights(single.weights(), pipe.weights(), 1e-5);
+    expect_same_weights(single.final_weights(), pipe.final_weights(), 1e-5);
   }
 }
 
@@ -234,13 +195,13 @@ TEST_F(Gpt2Pipe, ACheckpointOfTwoStagesResumesInOneProcess) {
   train_in_ranks(pipe);
   Gpt2Run resumed;
   resumed.root = dir + "/resumed";
-  resumed.resume = pipe.root + "/checkpoints/last.ckpt";
+  resumed.resume = pipe.last_checkpoint();
   train(resumed);
   auto seen = read_csv_column(metrics_csv(pipe.root), "train_loss");
   const auto rest = read_csv_column(metrics_csv(resumed.root), "train_loss");
   seen.insert(seen.end(), rest.begin(), rest.end());
   expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"), seen);
-  expect_same_weights(single.weights(), resumed.weights(), 1e-5);
+  expect_same_weights(single.final_weights(), resumed.final_weights(), 1e-5);
 }
 
 // Through the command: validation logs the perplexity of the epoch's mean loss.

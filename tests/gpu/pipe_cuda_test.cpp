@@ -18,6 +18,7 @@
 #include "support/carrying_model.h"
 #include "support/multiprocess.h"
 #include "support/reference.h"
+#include "support/small_models.h"
 
 namespace pipetrain::testing {
 namespace {
@@ -35,6 +36,36 @@ std::string run_name(const std::string& schedule, const std::string& mode, c10::
 
 std::string result_path(const std::string& dir, const std::string& run, int64_t rank) {
   return dir + "/" + run + "_rank" + std::to_string(rank) + ".pt";
+}
+
+// kSteps of SGD through `pipe` on the reference batches in `dtype`, MSE loss against the targets
+// on `device`. With `bf16_autocast`, each step's forward and backward run under autocast to bf16
+// (its cache cleared after, as the Trainer does) and the loss is taken in fp32. [losses,
+// parameters...] of this rank; its losses where it runs the last stage, else zeros.
+std::vector<at::Tensor> train_reference_steps(Pipe& pipe, c10::Device device,
+                                              c10::ScalarType dtype = torch::kFloat,
+                                              bool bf16_autocast = false) {
+  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
+  std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const auto [inputs, targets] = reference_batch(step);
+    const auto on_gpu = targets.to(device, dtype);
+    optimizer.zero_grad();
+    if (bf16_autocast) set_autocast_to_bf16(c10::DeviceType::CUDA, true);
+    auto loss = pipe.forward_backward(
+        inputs.to(dtype), kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
+          return torch::mse_loss(bf16_autocast ? out.to(torch::kFloat) : out,
+                                 on_gpu.slice(0, mb.begin, mb.end));
+        });
+    if (bf16_autocast) {
+      set_autocast_to_bf16(c10::DeviceType::CUDA, false);
+      at::autocast::clear_cache();
+    }
+    optimizer.step();
+    if (loss.defined()) saved[0][step] = loss.item<double>();
+  }
+  for (const auto& p : pipe.parameters()) saved.push_back(p.detach().cpu());
+  return saved;
 }
 
 PIPETRAIN_WORKER(cuda_pipe_worker) {
@@ -60,22 +91,9 @@ PIPETRAIN_WORKER(cuda_pipe_worker) {
                       .cuda_graphs(graphs)
                       .fuse_gradient_accumulation(fused),
                   world);
-        torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
-        std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
-        for (int64_t step = 0; step < kSteps; ++step) {
-          const auto [inputs, targets] = reference_batch(step);
-          const auto on_gpu = targets.to(world->device(), dtype);
-          optimizer.zero_grad();
-          auto loss = pipe.forward_backward(
-              inputs.to(dtype), kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
-                return torch::mse_loss(out, on_gpu.slice(0, mb.begin, mb.end));
-              });
-          optimizer.step();
-          if (loss.defined()) saved[0][step] = loss.item<double>();
-        }
-        for (const auto& p : pipe.parameters()) saved.push_back(p.detach().cpu());
         torch::save(
-            saved, result_path(dir, run_name(schedule, mode, dtype, graphs, fused), world->rank()));
+            train_reference_steps(pipe, world->device(), dtype),
+            result_path(dir, run_name(schedule, mode, dtype, graphs, fused), world->rank()));
       }
     }
   }
@@ -136,21 +154,8 @@ PIPETRAIN_WORKER(cuda_carrying_worker) {
                                           : std::vector<int64_t>{2, kCarryingLayers - 2};
   Pipe pipe(carrying_model(),
             PipeOptions().balance(balance).chunks(4).checkpoint("never").cuda_graphs(true), world);
-  torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
-  std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
-  for (int64_t step = 0; step < kSteps; ++step) {
-    const auto [inputs, targets] = reference_batch(step);
-    const auto on_gpu = targets.to(world->device());
-    optimizer.zero_grad();
-    auto loss =
-        pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
-          return torch::mse_loss(out, on_gpu.slice(0, mb.begin, mb.end));
-        });
-    optimizer.step();
-    if (loss.defined()) saved[0][step] = loss.item<double>();
-  }
-  for (const auto& p : pipe.parameters()) saved.push_back(p.detach().cpu());
-  torch::save(saved, result_path(env_or("RESULT_DIR", "."), "carrying", world->rank()));
+  torch::save(train_reference_steps(pipe, world->device()),
+              result_path(env_or("RESULT_DIR", "."), "carrying", world->rank()));
 }
 
 // fp32 on one GPU: relative 1e-5 on losses, 1e-5 / 1e-6 on parameters (summation order only).
@@ -202,29 +207,10 @@ PIPETRAIN_WORKER(cuda_autocast_graphs_worker) {
     Pipe pipe(make_reference_model(kSeed),
               PipeOptions().chunks(4).checkpoint("never").schedule("1f1b").cuda_graphs(graphs),
               world);
-    torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
-    std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
-    for (int64_t step = 0; step < kSteps; ++step) {
-      const auto [inputs, targets] = reference_batch(step);
-      const auto on_gpu = targets.to(world->device());
-      optimizer.zero_grad();
-      at::Tensor loss;
-      {
-        set_autocast_to_bf16(c10::DeviceType::CUDA, true);
-        loss = pipe.forward_backward(
-            inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
-              return torch::mse_loss(out.to(torch::kFloat), on_gpu.slice(0, mb.begin, mb.end));
-            });
-        set_autocast_to_bf16(c10::DeviceType::CUDA, false);
-        at::autocast::clear_cache();
-      }
-      optimizer.step();
-      saved[0][step] = loss.item<double>();
-    }
+    const auto saved = train_reference_steps(pipe, world->device(), torch::kFloat, true);
     if (graphs && pipe.execution() != "CUDA graphs") {
       throw std::runtime_error("expected CUDA graphs, ran " + pipe.execution());
     }
-    for (const auto& p : pipe.parameters()) saved.push_back(p.detach().cpu());
     torch::save(saved, result_path(env_or("RESULT_DIR", "."), graphs ? "graphs" : "eager", 0));
   }
 }
@@ -246,18 +232,13 @@ TEST(CudaPipe, CudaGraphsUnderBf16MixedTrainAsEager) {
   }
 }
 
-class Regression : public Module {
+class Regression : public SgdModule {
  public:
-  Regression()
-      : Module(torch::nn::Sequential(torch::nn::Linear(3, 32), torch::nn::Tanh(),
-                                     torch::nn::Linear(32, 1))) {}
+  Regression() : SgdModule(tanh_mlp({3, 32, 1}), 0.05) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     auto loss = torch::mse_loss(forward(batch.data).to(torch::kFloat), batch.target);
     log("train_loss", loss);
     return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.05));
   }
 };
 

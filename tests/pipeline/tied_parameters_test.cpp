@@ -16,7 +16,9 @@
 #include "pipetrain/safetensors.h"
 #include "pipetrain/trainer.h"
 #include "support/command.h"
+#include "support/fit_run.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 #include "support/trainer_run.h"
 
 namespace pipetrain::testing {
@@ -45,20 +47,16 @@ torch::nn::Sequential tied_sequential() {
                                TiedHead(embedding));
 }
 
-class TiedLanguageModel : public Module {
+// SGD with momentum, which has per-parameter state: a checkpoint must carry it across layouts.
+class TiedLanguageModel : public SgdModule {
  public:
-  TiedLanguageModel() : Module(tied_sequential()) {}
+  TiedLanguageModel() : SgdModule(tied_sequential(), 0.2, 0.9) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     auto logits = forward(batch.data);
     auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, kVocabulary}),
                                                      batch.target.reshape(-1));
     log("train_loss", loss);
     return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    // Momentum has per-parameter state: a checkpoint must carry it across layouts.
-    return std::make_unique<torch::optim::SGD>(parameters(),
-                                               torch::optim::SGDOptions(0.2).momentum(0.9));
   }
 };
 
@@ -69,54 +67,28 @@ TensorDataset token_data() {
 }
 
 // How one run trains, from the environment in workers.
-struct TiedRun {
-  std::string root;
-  std::string strategy = "single";
-  int64_t devices = 1;
-  int64_t stages = 0;
-  int64_t chunks = 1;
+struct TiedRun : FitRun {
+  int64_t stages = 0;  // under ddp_pipe
   int64_t max_epochs = 2;
-  std::string resume;  // a checkpoint to resume from
-  double clip = 0;     // gradient_clip_val
+  double clip = 0;  // gradient_clip_val
 
-  std::map<std::string, std::string> env() const {
-    return {{"ROOT", root},
-            {"STRATEGY", strategy},
-            {"DEVICES", std::to_string(devices)},
-            {"STAGES", std::to_string(stages)},
-            {"CHUNKS", std::to_string(chunks)},
-            {"MAX_EPOCHS", std::to_string(max_epochs)},
-            {"RESUME", resume},
-            {"CLIP", std::to_string(clip)}};
-  }
-  static TiedRun from_env() {
-    TiedRun run;
-    run.root = env_or("ROOT", "");
-    run.strategy = env_or("STRATEGY", "single");
-    run.devices = std::stoll(env_or("DEVICES", "1"));
-    run.stages = std::stoll(env_or("STAGES", "0"));
-    run.chunks = std::stoll(env_or("CHUNKS", "1"));
-    run.max_epochs = std::stoll(env_or("MAX_EPOCHS", "2"));
-    run.resume = env_or("RESUME", "");
-    run.clip = std::stod(env_or("CLIP", "0"));
-    return run;
+  template <typename Visit>
+  void fields(Visit&& visit) {
+    FitRun::fields(visit);
+    PIPETRAIN_VISIT_FIELDS(visit, stages, max_epochs, clip);
   }
   int64_t replicas() const {
     if (strategy == "ddp") return devices;
     return strategy == "ddp_pipe" ? devices / stages : 1;
   }
-  std::string last_checkpoint() const { return root + "/checkpoints/last.ckpt"; }
 };
 
 // Trains the tied model (4 batches of 8 an epoch) and writes each rank's parameters, named in the
 // whole model, to <root>/rank-<r>.safetensors. Rank 0 also checks that writing a checkpoint
 // changes none of its tensors.
 void train(const TiedRun& run) {
-  Trainer trainer(logged_run_options(run.root)
-                      .strategy(run.strategy)
-                      .devices(run.devices)
+  Trainer trainer(run.trainer_options()
                       .stages(run.stages)
-                      .pipe(PipeOptions().chunks(run.chunks))
                       .max_epochs(run.max_epochs)
                       .gradient_clip_val(run.clip));
   TiedLanguageModel model;
@@ -132,17 +104,13 @@ void train(const TiedRun& run) {
       throw std::runtime_error("saving a checkpoint changed parameter " + std::to_string(i));
     }
   }
-  save_local_tensors(model, run.root + "/rank-" + env_or("RANK", "0") + ".safetensors");
+  save_local_tensors(model, run.rank_tensors(worker_rank()));
 }
 
-PIPETRAIN_WORKER(tied_worker) { train(TiedRun::from_env()); }
+PIPETRAIN_WORKER(tied_worker) { train(from_env<TiedRun>()); }
 
 void train_in_ranks(const TiedRun& run, int ranks) {
-  ASSERT_EQ(run_ranks(ranks, "tied_worker", run.env()), 0);
-}
-
-TensorMap final_weights(const TiedRun& run) {
-  return load_safetensors(run.last_checkpoint() + "/model.safetensors");
+  ASSERT_EQ(run_ranks(ranks, "tied_worker", to_env(run)), 0);
 }
 
 // `actual` logged the losses `expected` did, step by step, and saved the same weights.
@@ -150,8 +118,7 @@ void expect_same_training(const TiedRun& expected, const TiedRun& actual) {
   expect_same_train_losses(expected.root, actual.root);
   EXPECT_EQ(read_csv_column(metrics_csv(actual.root), "train_loss").size(),
             4u * static_cast<size_t>(actual.max_epochs));
-  expect_same_weights(expected.last_checkpoint() + "/model.safetensors",
-                      actual.last_checkpoint() + "/model.safetensors", 1e-5);
+  expect_same_weights(expected.final_weights(), actual.final_weights(), 1e-5);
 }
 
 class TiedParameters : public ::testing::Test {
@@ -208,10 +175,9 @@ TEST_F(TiedParameters, PipeOverTwoAndThreeStagesTrainsAsSingleWithBitIdenticalCo
     train_in_ranks(pipe, static_cast<int>(stages));
     expect_same_training(single, pipe);
     // Stored once, under its first name.
-    EXPECT_EQ(final_weights(pipe).count("5.weight"), 0u);
-    const auto first = load_safetensors(pipe.root + "/rank-0.safetensors");
-    const auto last =
-        load_safetensors(pipe.root + "/rank-" + std::to_string(stages - 1) + ".safetensors");
+    EXPECT_EQ(load_safetensors(pipe.final_weights()).count("5.weight"), 0u);
+    const auto first = load_safetensors(pipe.rank_tensors(0));
+    const auto last = load_safetensors(pipe.rank_tensors(stages - 1));
     ASSERT_TRUE(first.count("0.weight") && last.count("5.weight"));
     EXPECT_TRUE(torch::equal(first.at("0.weight"), last.at("5.weight")));
   }
@@ -237,8 +203,8 @@ TEST_F(TiedParameters, DdpPipeTwoByTwoTrainsAsSingle) {
   parallel.chunks = 2;
   train_in_ranks(parallel, 4);
   expect_same_training(single, parallel);
-  const auto replica0_last = load_safetensors(parallel.root + "/rank-1.safetensors");
-  const auto replica1_first = load_safetensors(parallel.root + "/rank-2.safetensors");
+  const auto replica0_last = load_safetensors(parallel.rank_tensors(1));
+  const auto replica1_first = load_safetensors(parallel.rank_tensors(2));
   EXPECT_TRUE(torch::equal(replica0_last.at("5.weight"), replica1_first.at("0.weight")));
 }
 
@@ -272,8 +238,7 @@ TEST_F(TiedParameters, CheckpointsResumeAcrossLayouts) {
     for (size_t i = 0; i < losses.size(); ++i) {
       EXPECT_NEAR(losses[i], expected[8 + i], 1e-5 * std::abs(expected[8 + i])) << "step " << 8 + i;
     }
-    expect_same_weights(straight.last_checkpoint() + "/model.safetensors",
-                        resumed->last_checkpoint() + "/model.safetensors", 1e-5);
+    expect_same_weights(straight.final_weights(), resumed->final_weights(), 1e-5);
   }
 }
 

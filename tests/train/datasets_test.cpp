@@ -18,7 +18,10 @@
 #include "pipetrain/torch_dataset.h"
 #include "pipetrain/trainer.h"
 #include "support/command.h"
+#include "support/errors.h"
+#include "support/fit_run.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 #include "support/trainer_run.h"
 
 namespace pipetrain::testing {
@@ -78,12 +81,9 @@ class FailingRows : public TensorDataset {
   }
 };
 
-class Regression : public Module {
+class Regression : public SgdModule {
  public:
-  Regression()
-      : Module(torch::nn::Sequential(torch::nn::Linear(2, 8), torch::nn::Tanh(),
-                                     torch::nn::Linear(8, 8), torch::nn::Tanh(),
-                                     torch::nn::Linear(8, 1))) {}
+  Regression() : SgdModule(tanh_mlp({2, 8, 8, 1}), 0.1, 0.9) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     const auto error = (forward(batch.data).squeeze(1) - batch.target.select(1, 0)).pow(2);
     at::Tensor loss;
@@ -103,10 +103,6 @@ class Regression : public Module {
     log("train_loss", loss);
     return loss;
   }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(),
-                                               torch::optim::SGDOptions(0.1).momentum(0.9));
-  }
   std::vector<int64_t> seen_ids;  // the rows trained on, in order
 };
 
@@ -121,50 +117,21 @@ std::shared_ptr<const Dataset> make_data(const std::string& kind) {
       std::map<std::string, at::Tensor>{{"weight", (1 + r % 3).to(torch::kFloat32)}, {"id", r}});
 }
 
-struct DataRun {
-  std::string root, data = "tensor", strategy = "single", ckpt_path;
-  int64_t devices = 1, chunks = 1, batch_size = 8, workers = 1, max_steps = -1, seed = 11;
+struct DataRun : FitRun {
+  std::string data = "tensor";  // make_data's kind
+  int64_t batch_size = 8, workers = 1, seed = 11;
 
-  std::map<std::string, std::string> env() const {
-    return {{"TEST_ROOT", root},
-            {"TEST_DATA", data},
-            {"TEST_STRATEGY", strategy},
-            {"TEST_CKPT", ckpt_path},
-            {"TEST_DEVICES", std::to_string(devices)},
-            {"TEST_CHUNKS", std::to_string(chunks)},
-            {"TEST_BATCH", std::to_string(batch_size)},
-            {"TEST_WORKERS", std::to_string(workers)},
-            {"TEST_MAX_STEPS", std::to_string(max_steps)},
-            {"TEST_SEED", std::to_string(seed)}};
-  }
-  static DataRun from_env() {
-    DataRun run;
-    run.root = env_or("TEST_ROOT", "");
-    run.data = env_or("TEST_DATA", "");
-    run.strategy = env_or("TEST_STRATEGY", "");
-    run.ckpt_path = env_or("TEST_CKPT", "");
-    run.devices = std::stoll(env_or("TEST_DEVICES", "1"));
-    run.chunks = std::stoll(env_or("TEST_CHUNKS", "1"));
-    run.batch_size = std::stoll(env_or("TEST_BATCH", "8"));
-    run.workers = std::stoll(env_or("TEST_WORKERS", "1"));
-    run.max_steps = std::stoll(env_or("TEST_MAX_STEPS", "-1"));
-    run.seed = std::stoll(env_or("TEST_SEED", "11"));
-    return run;
-  }
-  std::string weights(int64_t rank = 0) const {
-    return root + "/rank-" + std::to_string(rank) + ".safetensors";
+  template <typename Visit>
+  void fields(Visit&& visit) {
+    FitRun::fields(visit);
+    PIPETRAIN_VISIT_FIELDS(visit, data, batch_size, workers, seed);
   }
   std::string losses_csv(int64_t version = 0) const { return metrics_csv(root, version); }
 };
 
 // Three epochs, shuffled; every rank writes its layers and what it read.
 void train(const DataRun& run) {
-  Trainer trainer(logged_run_options(run.root)
-                      .strategy(run.strategy)
-                      .devices(run.devices)
-                      .max_epochs(3)
-                      .max_steps(run.max_steps)
-                      .pipe(PipeOptions().chunks(run.chunks)));
+  Trainer trainer(run.trainer_options().max_epochs(3));
   Regression model;
   const auto data = make_data(run.data);
   const DataLoader loader(data, DataLoaderOptions()
@@ -172,10 +139,10 @@ void train(const DataRun& run) {
                                     .shuffle(true)
                                     .seed(static_cast<uint64_t>(run.seed))
                                     .num_workers(run.workers));
-  trainer.fit(model, loader, nullptr, run.ckpt_path);
-  const std::string rank = env_or("RANK", "0");
-  save_local_tensors(model, run.weights(std::stoll(rank)));
-  std::ofstream ids(run.root + "/ids-" + rank + (run.ckpt_path.empty() ? "" : "-resumed") + ".txt");
+  trainer.fit(model, loader, nullptr, run.resume);
+  const std::string rank = std::to_string(worker_rank());
+  save_local_tensors(model, run.rank_tensors(worker_rank()));
+  std::ofstream ids(run.root + "/ids-" + rank + (run.resume.empty() ? "" : "-resumed") + ".txt");
   for (const int64_t id : model.seen_ids) ids << id << "\n";
   if (const auto* counting = dynamic_cast<const CountingRows*>(data.get())) {
     std::ofstream(run.root + "/reads-" + rank + ".txt")
@@ -183,15 +150,7 @@ void train(const DataRun& run) {
   }
 }
 
-PIPETRAIN_WORKER(data_run_worker) {
-  const auto run = DataRun::from_env();
-  try {
-    train(run);
-  } catch (const std::exception& e) {
-    std::ofstream(run.root + "/error-" + env_or("RANK", "0") + ".txt") << e.what();
-    throw;
-  }
-}
+PIPETRAIN_WORKER(data_run_worker) { train_from_env(train); }
 
 class Datasets : public ::testing::Test {
  protected:
@@ -209,7 +168,7 @@ class Datasets : public ::testing::Test {
   }
   void train_in_ranks(const DataRun& r) const {
     fs::create_directories(r.root);
-    ASSERT_EQ(run_ranks(static_cast<int>(r.devices), "data_run_worker", r.env()), 0);
+    ASSERT_EQ(run_ranks(static_cast<int>(r.devices), "data_run_worker", to_env(r)), 0);
   }
   std::string dir = make_temp_dir("datasets");
 };
@@ -240,7 +199,7 @@ TEST_F(Datasets, ALibTorchDatasetWithATransformTrainsAsTheSameRowsInATensorDatas
     }
     expect_same_losses(tensors, adapted, 0);
     for (int64_t rank = 0; rank < (strategy == "pipe" ? 2 : 1); ++rank) {
-      expect_same_weights(tensors.weights(rank), adapted.weights(rank), 0);
+      expect_same_weights(tensors.rank_tensors(rank), adapted.rank_tensors(rank), 0);
     }
   }
 }
@@ -255,7 +214,7 @@ TEST_F(Datasets, ExtraFieldsReachTheLastStageWithTheirRowsInEveryMicroBatch) {
   train_in_ranks(ddp);
   expect_same_losses(single, pipe, 1e-5);
   expect_same_losses(single, ddp, 1e-5);
-  expect_same_weights(single.weights(), ddp.weights(), 1e-5);
+  expect_same_weights(single.rank_tensors(0), ddp.rank_tensors(0), 1e-5);
 }
 
 TEST_F(Datasets, OnlyTheStagesThatUseAFieldReadIt) {
@@ -281,19 +240,14 @@ TEST_F(Datasets, PrefetchingWorkersChangeNothingAndPassOnTheDatasetsErrors) {
   three.workers = 3;
   train(three);
   expect_same_losses(synchronous, three, 0);
-  expect_same_weights(synchronous.weights(), three.weights(), 0);
+  expect_same_weights(synchronous.rank_tensors(0), three.rank_tensors(0), 0);
 
   auto failing = run("failing", "failing");
   failing.workers = 2;
-  try {
-    train(failing);
-    FAIL() << "trained past an unreadable row";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("reading example 30 of the dataset failed: row 30 is "
-                                         "unreadable"),
-              std::string::npos)
-        << e.what();
-  }
+  const auto error = error_of<std::runtime_error>([&] { train(failing); });
+  EXPECT_NE(error.find("reading example 30 of the dataset failed: row 30 is unreadable"),
+            std::string::npos)
+      << error;
 }
 
 TEST_F(Datasets, AnAdaptedDatasetResumedMidEpochSeesTheBatchesOfAnUninterruptedRun) {
@@ -304,14 +258,14 @@ TEST_F(Datasets, AnAdaptedDatasetResumedMidEpochSeesTheBatchesOfAnUninterruptedR
   train(stopped);
   auto resumed = stopped;
   resumed.max_steps = -1;
-  resumed.ckpt_path = stopped.root + "/checkpoints/last.ckpt";
+  resumed.resume = stopped.last_checkpoint();
   train(resumed);
   const auto expected = read_csv_column(whole.losses_csv(), "train_loss");
   auto seen = read_csv_column(stopped.losses_csv(0), "train_loss");
   const auto rest = read_csv_column(stopped.losses_csv(1), "train_loss");
   seen.insert(seen.end(), rest.begin(), rest.end());
   EXPECT_EQ(seen, expected);
-  expect_same_weights(whole.weights(), resumed.weights(), 0);
+  expect_same_weights(whole.rank_tensors(0), resumed.rank_tensors(0), 0);
 }
 
 std::vector<int64_t> read_ids(const std::string& path) {
@@ -332,7 +286,7 @@ TEST_F(Datasets, AResumeWithAnotherNumberOfReplicasContinuesAtTheSameSample) {
   single.strategy = "single";
   single.devices = 1;
   single.max_steps = 9;  // 6 batches of 4: the rest of epoch 0
-  single.ckpt_path = ddp.root + "/checkpoints/last.ckpt";
+  single.resume = ddp.last_checkpoint();
   // Resuming where the rest of the epoch cannot be cut the same way, or is ordered otherwise, is
   // refused.
   auto uneven = single;
@@ -346,15 +300,9 @@ TEST_F(Datasets, AResumeWithAnotherNumberOfReplicasContinuesAtTheSameSample) {
             "a global batch here is 5 samples (batch size 5 x 1 replicas), which does not "
             "divide it"},
            {reseeded, "shuffle on, seed 11 and this loader's from shuffle on, seed 12"}}) {
-    try {
-      train(bad);
-      ADD_FAILURE() << "resumed at another sample: " << message;
-    } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("stopped mid-epoch 0 after 24 samples"),
-                std::string::npos)
-          << e.what();
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
+    const auto error = error_of<std::invalid_argument>([&run = bad] { train(run); });
+    EXPECT_NE(error.find("stopped mid-epoch 0 after 24 samples"), std::string::npos) << error;
+    EXPECT_NE(error.find(message), std::string::npos) << error;
   }
   train(single);
 

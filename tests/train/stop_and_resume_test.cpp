@@ -17,8 +17,9 @@
 #include "pipetrain/safetensors.h"
 #include "pipetrain/trainer.h"
 #include "support/command.h"
+#include "support/fit_run.h"
 #include "support/multiprocess.h"
-#include "support/trainer_run.h"
+#include "support/small_models.h"
 
 namespace pipetrain::testing {
 namespace {
@@ -27,23 +28,16 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kRows = 64, kBatchSize = 8;  // 8 batches an epoch
 
-// A regression whose loss turns NaN at global step NAN_AT_STEP (if set).
-class Regression : public Module {
+// A regression whose loss turns NaN at global step `nan_at_step` (-1: never).
+class Regression : public SgdModule {
  public:
   explicit Regression(int64_t nan_at_step)
-      : Module(torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::Tanh(),
-                                     torch::nn::Linear(16, 16), torch::nn::Tanh(),
-                                     torch::nn::Linear(16, 2))),
-        nan_at_step_(nan_at_step) {}
+      : SgdModule(tanh_mlp({4, 16, 16, 2}), 0.05, 0.9), nan_at_step_(nan_at_step) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     auto loss = torch::mse_loss(forward(batch.data), batch.target);
     if (trainer_step_ == nan_at_step_) loss = loss * std::numeric_limits<double>::quiet_NaN();
     log("train_loss", loss);
     return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(),
-                                               torch::optim::SGDOptions(0.05).momentum(0.9));
   }
   int64_t trainer_step_ = 0;  // set by StepCounter
 
@@ -82,60 +76,40 @@ TensorDataset regression_data() {
   return {x, torch::stack({x.sum(1), x.slice(1, 0, 2).prod(1)}, 1)};
 }
 
-// One fit in ranks, configured by the environment (see Run::env).
-PIPETRAIN_WORKER(stop_worker) {
-  const std::string root = env_or("ROOT", "");
-  const int64_t rank = std::stoll(env_or("RANK", "0"));
-  // Only rank 0 is signalled: the others must stop after the same step anyway.
-  const int64_t signal_at = rank == 0 ? std::stoll(env_or("SIGNAL_AT", "-1")) : -1;
-  auto options = logged_run_options(root);
-  auto callbacks = options.callbacks();
-  callbacks.push_back(
-      std::make_shared<StepCounter>(signal_at, env_or("SIGNO", "15") == "10" ? SIGUSR1 : SIGTERM,
-                                    root + "/hooks-" + std::to_string(rank) + ".txt"));
-  Trainer trainer(options.callbacks(callbacks)
-                      .strategy(env_or("STRATEGY", "single"))
-                      .devices(std::stoll(env_or("DEVICES", "1")))
-                      .pipe(PipeOptions().chunks(env_or("STRATEGY", "single") == "pipe" ? 2 : 1))
-                      .max_epochs(3)
-                      .max_steps(std::stoll(env_or("MAX_STEPS", "-1")))
-                      .stop_on_nonfinite_loss(env_or("PERMISSIVE", "0") == "0"));
-  Regression model(std::stoll(env_or("NAN_AT", "-1")));
-  // Replicas share each global batch of kBatchSize rows: 8 steps an epoch under every strategy.
-  const int64_t replicas = env_or("STRATEGY", "single") == "ddp" ? 2 : 1;
-  const DataLoader loader(regression_data(), DataLoaderOptions().batch_size(kBatchSize / replicas));
-  const bool resume = env_or("RESUME", "0") == "1";
-  try {
-    trainer.fit(model, loader, nullptr, resume ? root + "/checkpoints/last.ckpt" : "");
-  } catch (const std::exception& e) {
-    std::ofstream(root + "/error-" + std::to_string(rank) + ".txt") << e.what();
-    throw;
+// A fit in ranks (run by stop_worker), stopped by max_steps, a signal or a NaN loss.
+struct StopRun : FitRun {
+  int64_t signal_at = -1;  // raise `signo` on rank 0 after this global step
+  int signo = SIGTERM;
+  int64_t nan_at = -1;      // the loss of this global step is NaN
+  bool permissive = false;  // stop_on_nonfinite_loss off
+
+  template <typename Visit>
+  void fields(Visit&& visit) {
+    FitRun::fields(visit);
+    PIPETRAIN_VISIT_FIELDS(visit, signal_at, signo, nan_at, permissive);
   }
-  std::ofstream(root + "/stopped-by-" + std::to_string(rank) + ".txt")
+  int start() const { return run_ranks(static_cast<int>(devices), "stop_worker", to_env(*this)); }
+};
+
+PIPETRAIN_WORKER(stop_worker) {
+  const auto run = from_env<StopRun>();
+  const int64_t rank = worker_rank();
+  // Only rank 0 is signalled: the others must stop after the same step anyway.
+  const int64_t signal_at = rank == 0 ? run.signal_at : -1;
+  auto options = run.trainer_options();
+  auto callbacks = options.callbacks();
+  callbacks.push_back(std::make_shared<StepCounter>(
+      signal_at, run.signo, run.root + "/hooks-" + std::to_string(rank) + ".txt"));
+  Trainer trainer(
+      options.callbacks(callbacks).max_epochs(3).stop_on_nonfinite_loss(!run.permissive));
+  Regression model(run.nan_at);
+  // Replicas share each global batch of kBatchSize rows: 8 steps an epoch under every strategy.
+  const int64_t replicas = run.strategy == "ddp" ? 2 : 1;
+  const DataLoader loader(regression_data(), DataLoaderOptions().batch_size(kBatchSize / replicas));
+  run.record_error_of([&] { trainer.fit(model, loader, nullptr, run.resume); });
+  std::ofstream(run.root + "/stopped-by-" + std::to_string(rank) + ".txt")
       << trainer.stopped_by_signal();
 }
-
-struct StopRun {
-  std::string root, strategy = "single";
-  int devices = 1;
-  int64_t max_steps = -1, signal_at = -1, nan_at = -1;
-  int signo = SIGTERM;
-  bool resume = false;
-  bool permissive = false;
-
-  int start() const {
-    return run_ranks(devices, "stop_worker",
-                     {{"ROOT", root},
-                      {"STRATEGY", strategy},
-                      {"DEVICES", std::to_string(devices)},
-                      {"MAX_STEPS", std::to_string(max_steps)},
-                      {"SIGNAL_AT", std::to_string(signal_at)},
-                      {"SIGNO", std::to_string(signo)},
-                      {"NAN_AT", std::to_string(nan_at)},
-                      {"RESUME", resume ? "1" : "0"},
-                      {"PERMISSIVE", permissive ? "1" : "0"}});
-  }
-};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
@@ -150,6 +124,7 @@ class StopAndResume : public ::testing::TestWithParam<std::string> {
     r.root = dir + "/" + name;
     r.strategy = GetParam();
     r.devices = GetParam() == "single" ? 1 : 2;
+    r.chunks = GetParam() == "pipe" ? 2 : 1;
     fs::create_directories(r.root);
     return r;
   }
@@ -182,7 +157,7 @@ TEST_P(StopAndResume, MaxStepsMidEpochResumesMidEpochAndAFinishedRunTrainsNothin
   stopped.max_steps = 11;  // in the second epoch
   ASSERT_EQ(stopped.start(), 0);
   stopped.max_steps = -1;
-  stopped.resume = true;
+  stopped.resume = stopped.last_checkpoint();
   ASSERT_EQ(stopped.start(), 0);
   expect_continues(expected, stopped.root, 11);
   // Epoch 1's end ran once, in the run that finished it, which also started it again.
@@ -208,7 +183,7 @@ TEST_P(StopAndResume, ASignalToOneRankStopsEveryRankAfterTheSameStepWithLastCkpt
                 std::to_string(signo));
     }
     stopped.signal_at = -1;
-    stopped.resume = true;
+    stopped.resume = stopped.last_checkpoint();
     ASSERT_EQ(stopped.start(), 0);
     expect_continues(expected, stopped.root, 13);
   }
@@ -218,15 +193,13 @@ TEST_P(StopAndResume, ANanLossStopsEveryRankBeforeItsOptimizerStep) {
   auto failed = run("nan");
   failed.nan_at = 10;  // after epoch 0's last.ckpt (step 8)
   EXPECT_NE(failed.start(), 0);
-  const auto error =
-      read_text(failed.root + "/error-" + std::to_string(failed.devices - 1) + ".txt");
+  const auto error = failed.recorded_error(failed.devices - 1);
   EXPECT_NE(error.find("the loss of step 10 (epoch 1, batch 2) is NaN or infinite"),
             std::string::npos)
       << error;
   EXPECT_NE(error.find("last.ckpt (step 8)"), std::string::npos) << error;
   EXPECT_NE(error.find("--stop-on-nonfinite-loss false"), std::string::npos) << error;
-  for (const auto& [name, tensor] :
-       load_safetensors(failed.root + "/checkpoints/last.ckpt/model.safetensors")) {
+  for (const auto& [name, tensor] : load_safetensors(failed.final_weights())) {
     EXPECT_TRUE(tensor.isfinite().all().item<bool>()) << name;
   }
   EXPECT_EQ(read_csv_column(metrics_csv(failed.root, 0), "train_loss").size(), 10u);

@@ -16,21 +16,16 @@
 #include "pipetrain/trainer.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 
 namespace pipetrain::testing {
 namespace {
 
-class Regression : public Module {
+class Regression : public MseRegression {
  public:
-  Regression() : Module(torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::Linear(4, 1))) {}
-  at::Tensor training_step(const Batch& batch, int64_t) override {
-    auto loss = torch::mse_loss(forward(batch.data), batch.target);
-    log("train_loss", loss);
-    return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01));
-  }
+  Regression()
+      : MseRegression(torch::nn::Sequential(torch::nn::Linear(3, 4), torch::nn::Linear(4, 1)),
+                      0.01) {}
 };
 
 void expect_ratio(const std::vector<double>& numerator, const std::vector<double>& denominator,

@@ -12,7 +12,9 @@
 #include "pipetrain/module.h"
 #include "pipetrain/trainer.h"
 #include "support/command.h"
+#include "support/errors.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 
 namespace pipetrain {
 namespace {
@@ -20,9 +22,7 @@ namespace {
 // Records which hooks ran; its validation "loss" follows a script so callbacks can be tested.
 class Recorder : public Module {
  public:
-  Recorder()
-      : Module(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(),
-                                     torch::nn::Linear(8, 1))) {}
+  Recorder() : Module(testing::tanh_mlp({3, 8, 1})) {}
 
   at::Tensor training_step(const Batch& batch, int64_t) override {
     ++train_steps;
@@ -197,20 +197,15 @@ TEST_F(TrainerLoops, ValidateTestAndPredictReturnResultsInOrder) {
 }
 
 // Debian's CPU libtorch has no bf16 mse_loss: the step takes its loss in fp32, as users must there.
-class Bf16Regression : public Module {
+class Bf16Regression : public testing::SgdModule {
  public:
-  Bf16Regression()
-      : Module(torch::nn::Sequential(torch::nn::Linear(3, 16), torch::nn::Tanh(),
-                                     torch::nn::Linear(16, 1))) {}
+  Bf16Regression() : SgdModule(testing::tanh_mlp({3, 16, 1}), 0.1) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     EXPECT_EQ(batch.data.scalar_type(), torch::kBFloat16);
     auto loss =
         torch::mse_loss(forward(batch.data).to(torch::kFloat), batch.target.to(torch::kFloat));
     log("train_loss", loss, LogOptions().on_step(false).on_epoch(true));
     return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
   }
 };
 
@@ -264,18 +259,15 @@ namespace pipetrain {
 namespace {
 
 // Its loss is NaN at one batch: in one process the check waits for the next logging step.
-class NanAt : public Module {
+class NanAt : public testing::SgdModule {
  public:
   explicit NanAt(int64_t bad_batch)
-      : Module(torch::nn::Sequential(torch::nn::Linear(3, 1))), bad_batch_(bad_batch) {}
+      : SgdModule(torch::nn::Sequential(torch::nn::Linear(3, 1)), 0.01), bad_batch_(bad_batch) {}
   at::Tensor training_step(const Batch& batch, int64_t batch_idx) override {
     auto loss = torch::mse_loss(forward(batch.data), batch.target);
     if (batch_idx == bad_batch_) loss = loss * std::numeric_limits<double>::quiet_NaN();
     log("train_loss", loss);
     return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01));
   }
 
  private:
@@ -285,18 +277,13 @@ class NanAt : public Module {
 TEST_F(TrainerLoops, ANanLossInOneProcessStopsAtTheNextLoggingStepNamingItsStep) {
   Trainer trainer(options().log_every_n_steps(5).max_epochs(1).num_sanity_val_steps(0));
   NanAt model(7);
-  try {
-    trainer.fit(model, train);
-    FAIL() << "fit trained on over a NaN loss";
-  } catch (const std::runtime_error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("the loss of step 7 (epoch 0, batch 7) is NaN or infinite"),
-              std::string::npos)
-        << message;
-    EXPECT_NE(message.find("training stopped at step 9, before any checkpoint held an update"),
-              std::string::npos)
-        << message;
-  }
+  const auto error = testing::error_of<std::runtime_error>([&] { trainer.fit(model, train); });
+  EXPECT_NE(error.find("the loss of step 7 (epoch 0, batch 7) is NaN or infinite"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("training stopped at step 9, before any checkpoint held an update"),
+            std::string::npos)
+      << error;
   // Step 4's row only: step 9's is not written.
   EXPECT_EQ(testing::read_csv_column(trainer.log_dir() + "/metrics.csv", "train_loss").size(), 1u);
 }

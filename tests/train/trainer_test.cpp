@@ -10,24 +10,21 @@
 #include "pipetrain/strategy.h"
 #include "pipetrain/world.h"
 #include "support/command.h"
+#include "support/errors.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 
 namespace pipetrain {
 namespace {
 
-class Regression : public Module {
+// Logs each batch's rows beside its loss.
+class Regression : public testing::MseRegression {
  public:
-  Regression()
-      : Module(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(),
-                                     torch::nn::Linear(8, 1))) {}
-  at::Tensor training_step(const Batch& batch, int64_t) override {
-    auto loss = torch::mse_loss(forward(batch.data), batch.target);
-    log("train_loss", loss);
+  Regression() : MseRegression(testing::tanh_mlp({3, 8, 1}), 0.1) {}
+  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override {
+    auto loss = MseRegression::training_step(batch, batch_idx);
     log("rows", static_cast<double>(batch.data.size(0)));
     return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
   }
 };
 
@@ -135,14 +132,8 @@ class CountingStrategy : public Strategy {
 // first (the command and the example project do, through launch_ranks; their tests run it).
 TEST(Trainer, TwoDevicesInALoneProcessAskForLaunchRanks) {
   const auto options = TrainerOptions().strategy("pipe").devices(2).loggers({});
-  try {
-    Trainer trainer(options);
-    FAIL() << "a Trainer of 2 devices started alone";
-  } catch (const std::logic_error& e) {
-    EXPECT_NE(std::string(e.what()).find("call pipetrain::launch_ranks(options)"),
-              std::string::npos)
-        << e.what();
-  }
+  const auto error = testing::error_of<std::logic_error>([&] { Trainer trainer(options); });
+  EXPECT_NE(error.find("call pipetrain::launch_ranks(options)"), std::string::npos) << error;
   EXPECT_FALSE(launch_ranks(TrainerOptions()).has_value());  // one process: this one trains
 }
 
@@ -167,15 +158,11 @@ TEST(StrategyRegistry, UserStrategiesAreChosenByName) {
 }
 
 TEST(StrategyRegistry, UnknownNameListsTheRegisteredOnes) {
-  try {
-    Trainer trainer(TrainerOptions().strategy("dpp"));
-    FAIL();
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown strategy 'dpp': registered strategies are "),
-              std::string::npos)
-        << e.what();
-    EXPECT_NE(std::string(e.what()).find("pipe, single"), std::string::npos) << e.what();
-  }
+  const auto error = testing::error_of<std::invalid_argument>(
+      [] { Trainer trainer(TrainerOptions().strategy("dpp")); });
+  EXPECT_NE(error.find("unknown strategy 'dpp': registered strategies are "), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("pipe, single"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "pipetrain/module.h"
 #include "pipetrain/pipe.h"
@@ -17,7 +16,10 @@
 #include "pipetrain/trainer.h"
 #include "pipetrain/world.h"
 #include "support/command.h"
+#include "support/errors.h"
+#include "support/fit_run.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 #include "support/trainer_run.h"
 
 namespace pipetrain::testing {
@@ -27,20 +29,14 @@ namespace fs = std::filesystem;
 
 // Regression onto 3 outputs of which a per-row mask keeps 0 to 3: the loss is the mean over the
 // kept entries, so rows weigh differently and a mean of per-micro-batch means would be wrong.
-class MaskedRegression : public Module {
+class MaskedRegression : public SgdModule {
  public:
-  MaskedRegression()
-      : Module(torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::Tanh(),
-                                     torch::nn::Linear(16, 16), torch::nn::Tanh(),
-                                     torch::nn::Linear(16, 3))) {}
+  MaskedRegression() : SgdModule(tanh_mlp({4, 16, 16, 3}), 0.1) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     const auto y = batch.target.slice(1, 0, 3), mask = batch.target.slice(1, 3, 6);
     auto loss = sum_over(((forward(batch.data) - y).pow(2) * mask).sum(), mask.sum());
     log("train_loss", loss);
     return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
   }
 };
 
@@ -54,93 +50,48 @@ TensorDataset masked_data() {
 }
 
 // Preprocesses the input inside the step: the Trainer has no way to run that through the stages.
-class PreprocessingInTheStep : public Module {
+class PreprocessingInTheStep : public SgdModule {
  public:
-  PreprocessingInTheStep()
-      : Module(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(),
-                                     torch::nn::Linear(8, 6))) {}
+  PreprocessingInTheStep() : SgdModule(tanh_mlp({4, 8, 6}), 0.1) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     return torch::mse_loss(forward((batch.data - 100.0) * 0.0), batch.target);
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
   }
 };
 
 // BatchNorm inside each half of the model.
-class Normalised : public Module {
+class Normalised : public MseRegression {
  public:
   Normalised()
-      : Module(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8),
-                                     torch::nn::Tanh(), torch::nn::Linear(8, 8),
-                                     torch::nn::BatchNorm1d(8), torch::nn::Tanh(),
-                                     torch::nn::Linear(8, 6))) {}
-  at::Tensor training_step(const Batch& batch, int64_t) override {
-    auto loss = torch::mse_loss(forward(batch.data), batch.target);
-    log("train_loss", loss);
-    return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
-  }
+      : MseRegression(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8),
+                                            torch::nn::Tanh(), torch::nn::Linear(8, 8),
+                                            torch::nn::BatchNorm1d(8), torch::nn::Tanh(),
+                                            torch::nn::Linear(8, 6)),
+                      0.1) {}
 };
 
-struct UserRun {
-  std::string model;  // masked | preprocessing | normalised
-  std::string root;
-  std::string strategy = "single";
-  int64_t devices = 1;
+struct UserRun : FitRun {
+  std::string model;  // masked | preprocessing | normalised | input_normalised
   int64_t batch_size = 16;
-  int64_t chunks = 1;
   int64_t accumulate = 1;
-  std::string checkpoint = "except_last";
-  std::string schedule = "gpipe";
   bool deferred_batch_norm = false;
 
-  std::map<std::string, std::string> env() const {
-    return {{"MODEL", model},
-            {"ROOT", root},
-            {"STRATEGY", strategy},
-            {"DEVICES", std::to_string(devices)},
-            {"BATCH_SIZE", std::to_string(batch_size)},
-            {"CHUNKS", std::to_string(chunks)},
-            {"ACCUMULATE", std::to_string(accumulate)},
-            {"CHECKPOINT", checkpoint},
-            {"SCHEDULE", schedule},
-            {"DEFERRED_BATCH_NORM", deferred_batch_norm ? "1" : "0"}};
-  }
-  static UserRun from_env() {
-    UserRun run;
-    run.model = env_or("MODEL", "");
-    run.root = env_or("ROOT", "");
-    run.strategy = env_or("STRATEGY", "single");
-    run.devices = std::stoll(env_or("DEVICES", "1"));
-    run.batch_size = std::stoll(env_or("BATCH_SIZE", "16"));
-    run.chunks = std::stoll(env_or("CHUNKS", "1"));
-    run.accumulate = std::stoll(env_or("ACCUMULATE", "1"));
-    run.checkpoint = env_or("CHECKPOINT", "except_last");
-    run.schedule = env_or("SCHEDULE", "gpipe");
-    run.deferred_batch_norm = env_or("DEFERRED_BATCH_NORM", "0") == "1";
-    return run;
-  }
-  std::string weights() const { return root + "/checkpoints/last.ckpt/model.safetensors"; }
-  std::string rank_file(int64_t rank) const {
-    return root + "/rank-" + std::to_string(rank) + ".safetensors";
+  template <typename Visit>
+  void fields(Visit&& visit) {
+    FitRun::fields(visit);
+    PIPETRAIN_VISIT_FIELDS(visit, model, batch_size, accumulate, deferred_batch_norm);
   }
 };
 
 // BatchNorm of the inputs first: its running statistics depend on the data alone, not on how
 // training went (micro-batches are normalised by their own statistics, so weights differ).
-class InputNormalised : public Module {
+class InputNormalised : public SgdModule {
  public:
   InputNormalised()
-      : Module(torch::nn::Sequential(torch::nn::BatchNorm1d(4), torch::nn::Linear(4, 8),
-                                     torch::nn::Tanh(), torch::nn::Linear(8, 6))) {}
+      : SgdModule(torch::nn::Sequential(torch::nn::BatchNorm1d(4), torch::nn::Linear(4, 8),
+                                        torch::nn::Tanh(), torch::nn::Linear(8, 6)),
+                  0.1) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     return torch::mse_loss(forward(batch.data), batch.target);
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
   }
 };
 
@@ -154,14 +105,7 @@ std::unique_ptr<Module> make_model(const std::string& name) {
 // Two epochs of 64 rows, validated on the same rows; every rank writes its layers' parameters and
 // buffers to rank-<r>.
 void train(const UserRun& run) {
-  Trainer trainer(logged_run_options(run.root)
-                      .strategy(run.strategy)
-                      .devices(run.devices)
-                      .pipe(PipeOptions()
-                                .chunks(run.chunks)
-                                .checkpoint(run.checkpoint)
-                                .schedule(run.schedule)
-                                .deferred_batch_norm(run.deferred_batch_norm))
+  Trainer trainer(run.trainer_options(PipeOptions().deferred_batch_norm(run.deferred_batch_norm))
                       .accumulate_grad_batches(run.accumulate)
                       .max_epochs(2));
   auto model = make_model(run.model);
@@ -172,23 +116,15 @@ void train(const UserRun& run) {
   // Validation (the sanity check and each epoch's end) must leave BatchNorm's statistics alone.
   const DataLoader loader(data, DataLoaderOptions().batch_size(run.batch_size));
   trainer.fit(*model, loader, &loader);
-  save_local_tensors(*model, run.rank_file(std::stoll(env_or("RANK", "0"))));
+  save_local_tensors(*model, run.rank_tensors(worker_rank()));
 }
 
-// Runs `train` in ranks; a rank that fails writes its error to <root>/error-<rank>.txt.
-PIPETRAIN_WORKER(user_model_worker) {
-  const auto run = UserRun::from_env();
-  try {
-    train(run);
-  } catch (const std::exception& e) {
-    std::ofstream(run.root + "/error-" + env_or("RANK", "0") + ".txt") << e.what();
-    throw;
-  }
-}
+// Runs `train` in ranks; a rank that fails records its error (recorded_error).
+PIPETRAIN_WORKER(user_model_worker) { train_from_env(train); }
 
 void train_in_ranks(const UserRun& run, int ranks) {
   fs::create_directories(run.root);
-  ASSERT_EQ(run_ranks(ranks, "user_model_worker", run.env()), 0);
+  ASSERT_EQ(run_ranks(ranks, "user_model_worker", to_env(run)), 0);
 }
 
 class UserModels : public ::testing::Test {
@@ -227,22 +163,16 @@ TEST_F(UserModels, SumOverNormalisesByTheGlobalCountUnderPipeDdpAndAccumulation)
   for (const auto* other : {&pipe, &ddp, &accumulated}) {
     SCOPED_TRACE(other->root);
     expect_same_train_losses(single.root, other->root);
-    expect_same_weights(single.weights(), other->weights(), 1e-5);
+    expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
   }
 }
 
 TEST_F(UserModels, ForwardOnAnythingButTheStepsBatchIsRefusedUnderEveryStrategy) {
   auto single = run("preprocessing", "single");
   fs::create_directories(single.root);
-  try {
-    train(single);
-    FAIL() << "forward() of a preprocessed input trained";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("not the step's batch.data"), std::string::npos)
-        << e.what();
-    EXPECT_NE(std::string(e.what()).find("layer at the front of the Sequential"), std::string::npos)
-        << e.what();
-  }
+  const auto error = error_of<std::invalid_argument>([&] { train(single); });
+  EXPECT_NE(error.find("not the step's batch.data"), std::string::npos) << error;
+  EXPECT_NE(error.find("layer at the front of the Sequential"), std::string::npos) << error;
   for (const std::string strategy : {"pipe", "ddp"}) {
     SCOPED_TRACE(strategy);
     auto parallel = run("preprocessing", strategy);
@@ -250,10 +180,8 @@ TEST_F(UserModels, ForwardOnAnythingButTheStepsBatchIsRefusedUnderEveryStrategy)
     parallel.devices = 2;
     parallel.chunks = strategy == "pipe" ? 2 : 1;
     fs::create_directories(parallel.root);
-    EXPECT_NE(run_ranks(2, "user_model_worker", parallel.env()), 0);
-    std::ifstream error(parallel.root + "/error-1.txt");
-    const std::string message((std::istreambuf_iterator<char>(error)),
-                              std::istreambuf_iterator<char>());
+    EXPECT_NE(run_ranks(2, "user_model_worker", to_env(parallel)), 0);
+    const std::string message = parallel.recorded_error(1);
     EXPECT_NE(message.find("not the step's batch.data"), std::string::npos) << message;
   }
 }
@@ -276,11 +204,11 @@ TEST_F(UserModels, BatchNormTrainsAlikeInEveryCheckpointModeAndSchedule) {
       EXPECT_EQ(read_csv_column(metrics_csv(runs[mode].root), "train_loss"),
                 read_csv_column(metrics_csv(runs["never"].root), "train_loss"));
       for (const int64_t rank : {0, 1}) {
-        expect_same_weights(runs["never"].rank_file(rank), runs[mode].rank_file(rank), 0);
+        expect_same_weights(runs["never"].rank_tensors(rank), runs[mode].rank_tensors(rank), 0);
       }
     }
     // 4 micro-batches a batch, 4 batches an epoch, 2 epochs: each micro-batch counted once.
-    const auto buffers = load_safetensors(runs["always"].rank_file(0));
+    const auto buffers = load_safetensors(runs["always"].rank_tensors(0));
     EXPECT_EQ(buffers.at("1.num_batches_tracked").item<int64_t>(), 32);
   }
 }
@@ -288,7 +216,7 @@ TEST_F(UserModels, BatchNormTrainsAlikeInEveryCheckpointModeAndSchedule) {
 TEST_F(UserModels, DeferredBatchNormKeepsTheWholeBatchsRunningStatistics) {
   auto single = run("input_normalised", "single");
   train(single);
-  const auto expected = load_safetensors(single.rank_file(0));
+  const auto expected = load_safetensors(single.rank_tensors(0));
   for (const bool deferred : {true, false}) {
     SCOPED_TRACE(deferred ? "deferred" : "per micro-batch");
     auto pipe = run("input_normalised", deferred ? "deferred" : "immediate");
@@ -299,7 +227,7 @@ TEST_F(UserModels, DeferredBatchNormKeepsTheWholeBatchsRunningStatistics) {
     pipe.schedule = "1f1b";
     pipe.deferred_batch_norm = deferred;
     train_in_ranks(pipe, 2);
-    const auto actual = load_safetensors(pipe.rank_file(0));
+    const auto actual = load_safetensors(pipe.rank_tensors(0));
     const bool same_mean =
         torch::allclose(actual.at("0.running_mean"), expected.at("0.running_mean"), 1e-5, 1e-6);
     const bool same_var =
@@ -343,9 +271,9 @@ TEST_F(UserModels, DdpReplicasHoldReplicaZerosBatchNormStatistics) {
   ddp.devices = 2;
   ddp.batch_size = 8;
   train_in_ranks(ddp, 2);
-  expect_same_weights(ddp.rank_file(0), ddp.rank_file(1), 0);
-  const auto saved = load_safetensors(ddp.weights());
-  const auto replica0 = load_safetensors(ddp.rank_file(0));
+  expect_same_weights(ddp.rank_tensors(0), ddp.rank_tensors(1), 0);
+  const auto saved = load_safetensors(ddp.final_weights());
+  const auto replica0 = load_safetensors(ddp.rank_tensors(0));
   EXPECT_TRUE(torch::equal(saved.at("4.running_mean"), replica0.at("4.running_mean")));
 }
 

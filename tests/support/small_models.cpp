@@ -1,0 +1,28 @@
+#include "support/small_models.h"
+
+namespace pipetrain::testing {
+
+torch::nn::Sequential tanh_mlp(const std::vector<int64_t>& widths) {
+  torch::nn::Sequential mlp;
+  for (size_t i = 1; i < widths.size(); ++i) {
+    if (i > 1) mlp->push_back(torch::nn::Tanh());
+    mlp->push_back(torch::nn::Linear(widths[i - 1], widths[i]));
+  }
+  return mlp;
+}
+
+SgdModule::SgdModule(torch::nn::Sequential layers, double learning_rate, double momentum)
+    : Module(std::move(layers)), learning_rate_(learning_rate), momentum_(momentum) {}
+
+OptimizerConfig SgdModule::configure_optimizers() {
+  return std::make_unique<torch::optim::SGD>(
+      parameters(), torch::optim::SGDOptions(learning_rate_).momentum(momentum_));
+}
+
+at::Tensor MseRegression::training_step(const Batch& batch, int64_t) {
+  auto loss = torch::mse_loss(forward(batch.data), batch.target);
+  log("train_loss", loss);
+  return loss;
+}
+
+}  // namespace pipetrain::testing
