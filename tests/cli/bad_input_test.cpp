@@ -18,17 +18,11 @@ namespace {
 
 constexpr auto kLimit = std::chrono::seconds(60);
 
-CommandResult fit(std::vector<std::string> flags) {
-  std::vector<std::string> argv{PIPETRAIN_CLI,
-                                "fit",
-                                "--model",
-                                "mlp",
-                                "--max-steps",
-                                "3",
-                                "--default-root-dir",
-                                make_temp_dir("bad-input")};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  return run_command(argv, {}, kLimit);
+CommandResult fit(const std::vector<std::string>& flags) {
+  return run_command(pipetrain_command({"fit", "--model", "mlp", "--max-steps", "3",
+                                        "--default-root-dir", make_temp_dir("bad-input")},
+                                       flags),
+                     {}, kLimit);
 }
 
 void expect_failure_mentioning(const CommandResult& result, const std::vector<std::string>& parts) {
@@ -161,22 +155,9 @@ TEST(BadInput, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
 // Two ranks started as torchrun would start them; rank 1 is killed mid-run.
 TEST(BadInput, PeerKilledMidStep) {
   const auto root = make_temp_dir("killed-peer");
-  const std::vector<std::string> argv{PIPETRAIN_CLI,
-                                      "fit",
-                                      "--model",
-                                      "mlp",
-                                      "--strategy",
-                                      "pipe",
-                                      "--devices",
-                                      "2",
-                                      "--chunks",
-                                      "4",
-                                      "--max-epochs",
-                                      "100000",
-                                      "--log-every-n-steps",
-                                      "1",
-                                      "--default-root-dir",
-                                      root};
+  const auto argv = pipetrain_command({"fit", "--model", "mlp", "--strategy", "pipe", "--devices",
+                                       "2", "--chunks", "4", "--max-epochs", "100000",
+                                       "--log-every-n-steps", "1", "--default-root-dir", root});
   std::map<std::string, std::string> env{{"MASTER_ADDR", "127.0.0.1"},
                                          {"MASTER_PORT", std::to_string(find_free_port())},
                                          {"WORLD_SIZE", "2"},

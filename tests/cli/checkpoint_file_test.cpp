@@ -201,8 +201,17 @@ CommandResult fit_with_file_size_limit(const std::string& root, int kilobytes,
   return run_command(argv);
 }
 
-// Nothing half-written is left: no .partial checkpoint, no temporary file.
-void expect_no_partial_files(const std::string& root) {
+// The run under `root` ended on a refused write as it should: exit status 1, the reason ("File too
+// large") and every one of `words` (what it was writing) said, no crash through std::terminate,
+// and nothing half-written left (no .partial checkpoint, no temporary file).
+void expect_clean_write_failure(const CommandResult& result, const std::string& root,
+                                const std::vector<std::string>& words) {
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  for (const auto& word : words) {
+    EXPECT_NE(result.output.find(word), std::string::npos) << word << " in:\n" << result.output;
+  }
+  EXPECT_NE(result.output.find("File too large"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
   for (const auto& entry : fs::recursive_directory_iterator(root)) {
     const std::string name = entry.path().filename().string();
     EXPECT_EQ(name.find(".partial"), std::string::npos) << entry.path();
@@ -213,24 +222,16 @@ void expect_no_partial_files(const std::string& root) {
 TEST(WriteErrors, AFailedCheckpointWriteSaysWhyAndLeavesNoPartialFolder) {
   const auto root = make_temp_dir("write-error-checkpoint");
   // rank-0.pt is ~8 KB; metrics.csv stays under 6 KB in epoch 0.
-  const auto result = fit_with_file_size_limit(root, 6, "csv");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
-  EXPECT_NE(result.output.find("cannot write"), std::string::npos) << result.output;
-  EXPECT_NE(result.output.find("rank-0.pt"), std::string::npos) << result.output;
-  EXPECT_NE(result.output.find("File too large"), std::string::npos) << result.output;
-  EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
-  expect_no_partial_files(root);
+  expect_clean_write_failure(fit_with_file_size_limit(root, 6, "csv"), root,
+                             {"cannot write", "rank-0.pt"});
   fs::remove_all(root);
 }
 
 TEST(WriteErrors, AFailedLogWriteKeepsThePreviousLastCkptIntact) {
   const auto root = make_temp_dir("write-error-log");
   // The events outgrow 12 KB in epoch 1.
-  const auto result = fit_with_file_size_limit(root, 12, "csv,tensorboard");
-  EXPECT_EQ(result.exit_code, 1) << result.output;
-  EXPECT_NE(result.output.find("events.out.tfevents"), std::string::npos) << result.output;
-  EXPECT_NE(result.output.find("File too large"), std::string::npos) << result.output;
-  expect_no_partial_files(root);
+  expect_clean_write_failure(fit_with_file_size_limit(root, 12, "csv,tensorboard"), root,
+                             {"events.out.tfevents"});
   // Epoch 0's last.ckpt is whole: it resumes.
   const auto last = root + "/lightning_logs/version_0/checkpoints/last.ckpt";
   std::ifstream state(last + "/trainer_state.json");

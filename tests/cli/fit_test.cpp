@@ -11,14 +11,24 @@
 namespace pipetrain::testing {
 namespace {
 
-TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
-  const auto root = make_temp_dir("fit-cli");
+// Fits the MLP as one process into ROOT/single, then with `pipe_flags` into ROOT/pipe, asserting
+// that both succeed (under ASSERT_NO_FATAL_FAILURE); `pipe` gets what the second run printed.
+void fit_single_then_pipe(const std::string& root, const std::vector<std::string>& pipe_flags,
+                          CommandResult* pipe) {
   const auto single = run_command(mlp_fit_command(root + "/single", {"--strategy", "single"}));
   ASSERT_EQ(single.exit_code, 0) << single.output;
-  const auto pipe = run_command(
-      mlp_fit_command(root + "/pipe", {"--strategy", "pipe", "--devices", "2", "--chunks", "3",
-                                       "--schedule", "1f1b", "--checkpoint", "always"}));
-  ASSERT_EQ(pipe.exit_code, 0) << pipe.output;
+  *pipe = run_command(mlp_fit_command(root + "/pipe", pipe_flags));
+  ASSERT_EQ(pipe->exit_code, 0) << pipe->output;
+}
+
+TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
+  const auto root = make_temp_dir("fit-cli");
+  CommandResult pipe;
+  ASSERT_NO_FATAL_FAILURE(
+      fit_single_then_pipe(root,
+                           {"--strategy", "pipe", "--devices", "2", "--chunks", "3", "--schedule",
+                            "1f1b", "--checkpoint", "always"},
+                           &pipe));
 
   ASSERT_EQ(read_csv_column(metrics_csv(root + "/single"), "train_loss").size(), 12u);
   expect_same_train_losses(root + "/single", root + "/pipe");
@@ -44,12 +54,11 @@ TEST(FitCommand, ScheduleAutoPrintsItsCandidatesAndTrainsAsSingle) {
   GTEST_SKIP() << "this libtorch has no Gloo for CPU ranks";
 #endif
   const auto root = make_temp_dir("fit-cli");
-  const auto single = run_command(mlp_fit_command(root + "/single", {"--strategy", "single"}));
-  ASSERT_EQ(single.exit_code, 0) << single.output;
-  const auto pipe = run_command(
-      mlp_fit_command(root + "/pipe", {"--strategy", "pipe", "--devices", "2", "--chunks", "4",
-                                       "--schedule", "auto", "--max-memory", "2"}));
-  ASSERT_EQ(pipe.exit_code, 0) << pipe.output;
+  CommandResult pipe;
+  ASSERT_NO_FATAL_FAILURE(fit_single_then_pipe(root,
+                                               {"--strategy", "pipe", "--devices", "2", "--chunks",
+                                                "4", "--schedule", "auto", "--max-memory", "2"},
+                                               &pipe));
   EXPECT_NE(pipe.output.find("pipetrain: schedule auto: per micro-batch F/I/W ms by stage: 0: "),
             std::string::npos)
       << pipe.output;
@@ -201,23 +210,14 @@ TEST(FitCommand, ConfigFileEnvironmentAndFlagsInThatOrderOfStrength) {
 
 TEST(PredictCommand, PipeReturnsTheSamePredictionsInTheSameOrderAsSingle) {
   const auto root = make_temp_dir("predict");
-  const std::vector<std::string> base{PIPETRAIN_CLI,
-                                      "predict",
-                                      "--model",
-                                      "mlp",
-                                      "--seed",
-                                      "4",
-                                      "--default-root-dir",
-                                      root,
-                                      "--logger",
-                                      "none",
-                                      "--limit-predict-batches",
-                                      "3"};
-  auto single = base;
-  const auto one = run_command(single);
-  auto pipe = base;
-  pipe.insert(pipe.end(), {"--strategy", "pipe", "--devices", "3", "--chunks", "5"});
-  const auto three = run_command(pipe);
+  auto predict = [&](const std::vector<std::string>& strategy) {
+    return run_command(
+        pipetrain_command({"predict", "--model", "mlp", "--seed", "4", "--default-root-dir", root,
+                           "--logger", "none", "--limit-predict-batches", "3"},
+                          strategy));
+  };
+  const auto one = predict({});
+  const auto three = predict({"--strategy", "pipe", "--devices", "3", "--chunks", "5"});
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(three.exit_code, 0) << three.output;
   auto predictions = [](const std::string& output) {

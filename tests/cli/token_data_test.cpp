@@ -23,34 +23,19 @@ class TokenData : public ::testing::Test {
     EXPECT_NE(result.output.find("wrote "), std::string::npos) << result.output;
   }
   void TearDown() override { fs::remove_all(dir); }
-  // `pipetrain fit --model gpt` on the prepared files into `root`, a loss logged every step.
+  // `pipetrain fit --model gpt` on the prepared files into `root`: a loss logged to CSV every step,
+  // 2 validation batches, no progress bar, then `extra`.
   std::vector<std::string> fit(const std::string& root, int64_t max_steps,
                                std::vector<std::string> extra = {},
                                const std::string& train_data = "") const {
-    std::vector<std::string> argv{PIPETRAIN_CLI,
-                                  "fit",
-                                  "--model",
-                                  "gpt",
-                                  "--train-data",
-                                  train_data.empty() ? dir + "/data/train.bin" : train_data,
-                                  "--max-steps",
-                                  std::to_string(max_steps),
-                                  "--batch-size",
-                                  "8",
-                                  "--block-size",
-                                  "16",
-                                  "--log-every-n-steps",
-                                  "1",
-                                  "--limit-val-batches",
-                                  "2",
-                                  "--enable-progress-bar",
-                                  "false",
-                                  "--logger",
-                                  "csv",
-                                  "--default-root-dir",
-                                  root};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return argv;
+    // The logging flags go before `extra`, which has the last word.
+    extra.insert(extra.begin(), {"--log-every-n-steps", "1", "--limit-val-batches", "2",
+                                 "--enable-progress-bar", "false", "--logger", "csv"});
+    return pipetrain_command({"fit", "--model", "gpt", "--train-data",
+                              train_data.empty() ? dir + "/data/train.bin" : train_data,
+                              "--max-steps", std::to_string(max_steps), "--batch-size", "8",
+                              "--block-size", "16", "--default-root-dir", root},
+                             extra);
   }
   std::string dir = make_temp_dir("token-data");
 };

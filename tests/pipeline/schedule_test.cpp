@@ -442,20 +442,16 @@ TEST(ScheduleTest, RejectsCostsThatDoNotMatchTheSchedule) {
   EXPECT_THROW(simulate(Schedule{}, ActionCosts{}), std::invalid_argument);
 }
 
-TEST(ScheduleTest, FormatGPipeGrid) {
-  const std::string expected =
-      "        0    1    2    3    4    5\n"
-      "stage 0 0F0  0F1  .    .    0B1  0B0\n"
-      "stage 1 .    1F0  1F1  1B1  1B0  .\n";
-  EXPECT_EQ(format_schedule(gpipe_schedule(2, 2)), expected);
-}
-
-TEST(ScheduleTest, FormatOneFOneBGrid) {
-  const std::string expected =
-      "        0    1    2    3    4    5    6    7\n"
-      "stage 0 0F0  0F1  .    0B0  0F2  0B1  .    0B2\n"
-      "stage 1 .    1F0  1B0  1F1  1B1  1F2  1B2  .\n";
-  EXPECT_EQ(format_schedule(one_f_one_b_schedule(2, 3)), expected);
+// A row a stage, a column a time step, '.' where the stage idles: GPipe's grid, then 1F1B's.
+TEST(ScheduleTest, FormatGPipeAndOneFOneBGrids) {
+  EXPECT_EQ(format_schedule(gpipe_schedule(2, 2)),
+            "        0    1    2    3    4    5\n"
+            "stage 0 0F0  0F1  .    .    0B1  0B0\n"
+            "stage 1 .    1F0  1F1  1B1  1B0  .\n");
+  EXPECT_EQ(format_schedule(one_f_one_b_schedule(2, 3)),
+            "        0    1    2    3    4    5    6    7\n"
+            "stage 0 0F0  0F1  .    0B0  0F2  0B1  .    0B2\n"
+            "stage 1 .    1F0  1B0  1F1  1B1  1F2  1B2  .\n");
 }
 
 TEST(ScheduleTest, FormatWidensCellsForLongNames) {

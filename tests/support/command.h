@@ -39,51 +39,37 @@ CommandResult run_command(const std::vector<std::string>& argv,
 std::vector<double> read_csv_column(const std::string& path, const std::string& name);
 
 #ifdef PIPETRAIN_CLI
+// The pipetrain CLI's command line: `args` (a subcommand and its flags), then `extra`, a test's own
+// flags. (Inline, as are the commands below: PIPETRAIN_CLI is defined for the test executables
+// alone.)
+inline std::vector<std::string> pipetrain_command(std::vector<std::string> args,
+                                                  const std::vector<std::string>& extra = {}) {
+  args.insert(args.begin(), PIPETRAIN_CLI);
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 // `pipetrain SUBCOMMAND --model MODEL` into `root`, logging every step to CSV, with no sanity
 // validation and `val_batches` validation batches, then `extra` (seed, batch size, steps...).
 inline std::vector<std::string> csv_logged_command(const std::string& subcommand,
                                                    const std::string& model,
                                                    const std::string& root, int64_t val_batches,
-                                                   std::vector<std::string> extra) {
-  std::vector<std::string> argv{PIPETRAIN_CLI,
-                                subcommand,
-                                "--model",
-                                model,
-                                "--default-root-dir",
-                                root,
-                                "--log-every-n-steps",
-                                "1",
-                                "--num-sanity-val-steps",
-                                "0",
-                                "--limit-val-batches",
-                                std::to_string(val_batches),
-                                "--logger",
-                                "csv"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
+                                                   const std::vector<std::string>& extra) {
+  return pipetrain_command({subcommand, "--model", model, "--default-root-dir", root,
+                            "--log-every-n-steps", "1", "--num-sanity-val-steps", "0",
+                            "--limit-val-batches", std::to_string(val_batches), "--logger", "csv"},
+                           extra);
 }
 
 // `pipetrain fit` of the built-in MLP (batch 24, seed 3, a loss logged every step) into `root`,
-// with `extra` flags. (Inline: PIPETRAIN_CLI is defined for the test executables alone.)
+// with `extra` flags.
 inline std::vector<std::string> mlp_fit_command(const std::string& root,
-                                                std::vector<std::string> extra,
+                                                const std::vector<std::string>& extra,
                                                 int64_t max_steps = 12) {
-  std::vector<std::string> argv{PIPETRAIN_CLI,
-                                "fit",
-                                "--model",
-                                "mlp",
-                                "--max-steps",
-                                std::to_string(max_steps),
-                                "--batch-size",
-                                "24",
-                                "--seed",
-                                "3",
-                                "--default-root-dir",
-                                root,
-                                "--log-every-n-steps",
-                                "1"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
+  return pipetrain_command(
+      {"fit", "--model", "mlp", "--max-steps", std::to_string(max_steps), "--batch-size", "24",
+       "--seed", "3", "--default-root-dir", root, "--log-every-n-steps", "1"},
+      extra);
 }
 
 // `pipetrain fit` of a GPT-2 of 2 layers, 2 heads, width 16 on 8-token windows of byte tokens

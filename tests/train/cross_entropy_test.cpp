@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 namespace pipetrain {
 namespace {
@@ -35,11 +36,22 @@ at::Tensor make_target(int64_t rows, int64_t classes, bool with_ignored) {
   return target;
 }
 
-// A bf16 gradient against the fp32 path's: within one bf16 rounding (relative 2^-7).
-void expect_within_one_bf16_rounding(const at::Tensor& actual, const at::Tensor& expected) {
-  EXPECT_EQ(actual.scalar_type(), torch::kBFloat16);
-  const auto error = (actual.to(torch::kFloat) - expected).abs();
-  EXPECT_TRUE(error.le(expected.abs() * (1.0 / 128) + 1e-9).all().item<bool>())
+// chunked_cross_entropy of bf16 `logits` against the unfused path on them upcast to fp32 (as
+// autocast runs it): the loss to a relative `loss_tolerance`, the gradient, bf16, within one bf16
+// rounding of the fp32 path's (relative 2^-7).
+void expect_bf16_within_one_rounding_of_fp32_path(const at::Tensor& logits,
+                                                  const at::Tensor& target,
+                                                  std::optional<int64_t> ignore_index,
+                                                  int64_t block_rows, double loss_tolerance) {
+  const auto expected = run(
+      logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
+  const auto actual = run(logits, [&](const at::Tensor& x) {
+    return chunked_cross_entropy(x, target, ignore_index, block_rows);
+  });
+  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, loss_tolerance, 0));
+  EXPECT_EQ(actual.grad.scalar_type(), torch::kBFloat16);
+  const auto error = (actual.grad.to(torch::kFloat) - expected.grad).abs();
+  EXPECT_TRUE(error.le(expected.grad.abs() * (1.0 / 128) + 1e-9).all().item<bool>())
       << "largest error " << error.max().item<double>();
 }
 
@@ -82,13 +94,9 @@ TEST(ChunkedCrossEntropy, TakesSequencesOfLogitsAsCrossEntropyOverTheirRows) {
 TEST(ChunkedCrossEntropy, KeepsBf16GradientsWithinOneRoundingOfTheFp32Path) {
   torch::manual_seed(2);
   const auto logits = (torch::randn({64, 301}) * 3).to(torch::kBFloat16);
-  const auto target = make_target(64, 301, true);
-  const auto expected = run(
-      logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
-  const auto actual =
-      run(logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, -100, 16); });
-  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0));
-  expect_within_one_bf16_rounding(actual.grad, expected.grad);
+  expect_bf16_within_one_rounding_of_fp32_path(logits, make_target(64, 301, true),
+                                               /*ignore_index=*/-100, /*block_rows=*/16,
+                                               /*loss_tolerance=*/1e-5);
 }
 
 // On a GPU (pipetrain's kernel, or ATen's log_softmax in a build without nvcc) the same bounds.
@@ -96,13 +104,9 @@ TEST(ChunkedCrossEntropy, CudaBf16GradientsWithinOneRoundingOfTheFp32Path) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(4);
   const auto logits = (torch::randn({300, 1031}) * 3).to(torch::kCUDA, torch::kBFloat16);
-  const auto target = make_target(300, 1031, true).to(torch::kCUDA);
-  const auto expected = run(
-      logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
-  const auto actual =
-      run(logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, -100, 64); });
-  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0));
-  expect_within_one_bf16_rounding(actual.grad, expected.grad);
+  expect_bf16_within_one_rounding_of_fp32_path(
+      logits, make_target(300, 1031, true).to(torch::kCUDA), /*ignore_index=*/-100,
+      /*block_rows=*/64, /*loss_tolerance=*/1e-5);
 }
 
 // fp32 logits on a GPU, rows of a multiple of 4 classes (16-byte accesses) and of an odd number,
@@ -139,13 +143,9 @@ TEST(ChunkedCrossEntropy, CudaBf16OverGpt2sVocabulary) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(7);
   const auto logits = (torch::randn({64, 50304}) * 3).to(torch::kCUDA, torch::kBFloat16);
-  const auto target = make_target(64, 50304, false).to(torch::kCUDA);
-  const auto expected = run(
-      logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
-  const auto actual = run(
-      logits, [&](const at::Tensor& x) { return chunked_cross_entropy(x, target, std::nullopt); });
-  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 2e-5, 0));
-  expect_within_one_bf16_rounding(actual.grad, expected.grad);
+  expect_bf16_within_one_rounding_of_fp32_path(
+      logits, make_target(64, 50304, false).to(torch::kCUDA), /*ignore_index=*/std::nullopt,
+      /*block_rows=*/0, /*loss_tolerance=*/2e-5);
 }
 
 // A NaN logit, or a target out of range (which a kernel cannot throw for), gives a NaN loss that

@@ -5,8 +5,24 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <stdexcept>
+#include <string>
+
 namespace pipetrain {
 namespace {
+
+// What the `Error` that `fn` throws says; a test failure naming `what_went_unnoticed` (and "") when
+// it throws none. Any other exception goes on to fail the test.
+template <typename Error, typename Fn>
+std::string message_of(Fn&& fn, const char* what_went_unnoticed) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << what_went_unnoticed;
+  return "";
+}
 
 TensorDataset numbers(int64_t n) {
   auto x = torch::arange(n, torch::kFloat32).unsqueeze(1);
@@ -93,13 +109,9 @@ TEST(Dataset, ExamplesOfAUsersDatasetAreStackedWithTheirExtraFields) {
   const Batch last = loader.batch(0, 1, {0, 1, false, true});
   EXPECT_EQ(last.data.sizes(), (std::vector<int64_t>{4, 0}));
   EXPECT_TRUE(torch::equal(last.field("weight"), batch.field("weight")));
-  try {
-    batch.field("mask");
-    FAIL() << "found a field that is not there";
-  } catch (const std::out_of_range& e) {
-    EXPECT_NE(std::string(e.what()).find("'mask' (its fields: weight)"), std::string::npos)
-        << e.what();
-  }
+  const std::string missing = message_of<std::out_of_range>([&] { batch.field("mask"); },
+                                                            "found a field that is not there");
+  EXPECT_NE(missing.find("'mask' (its fields: weight)"), std::string::npos) << missing;
 }
 
 TEST(Dataset, ExtraFieldsOfATensorDatasetFollowTheirRowsAcrossReplicas) {
@@ -124,26 +136,19 @@ class Ragged : public Dataset {
 
 TEST(Dataset, ExamplesOfDifferentShapesOrAFailingReadAreNamed) {
   DataLoader loader(std::make_shared<Ragged>(), DataLoaderOptions().batch_size(4));
-  try {
-    loader.batch(0, 1);
-    FAIL() << "stacked examples of different shapes";
-  } catch (const std::runtime_error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("examples 4 and 5 of the dataset have data of different shapes, [2] "
-                           "and [3]"),
-              std::string::npos)
-        << message;
-    EXPECT_NE(message.find("batch 1 of epoch 0"), std::string::npos) << message;
-  }
+  const std::string message = message_of<std::runtime_error>(
+      [&] { loader.batch(0, 1); }, "stacked examples of different shapes");
+  EXPECT_NE(message.find("examples 4 and 5 of the dataset have data of different shapes, [2] "
+                         "and [3]"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("batch 1 of epoch 0"), std::string::npos) << message;
   DataLoader failing(std::make_shared<Ragged>(), DataLoaderOptions().batch_size(2));
-  try {
-    failing.batch(0, 1);
-    FAIL() << "a failing read went unnoticed";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("reading example 2 of the dataset failed: corrupt record"),
-              std::string::npos)
-        << e.what();
-  }
+  const std::string failed =
+      message_of<std::runtime_error>([&] { failing.batch(0, 1); }, "a failing read went unnoticed");
+  EXPECT_NE(failed.find("reading example 2 of the dataset failed: corrupt record"),
+            std::string::npos)
+      << failed;
 }
 
 // A dataset whose get_batch returns the wrong number of rows is caught, not trained on.
@@ -158,13 +163,10 @@ class Short : public Dataset {
 
 TEST(Dataset, AGetBatchOfTheWrongRowsIsRefused) {
   DataLoader loader(std::make_shared<Short>(), DataLoaderOptions().batch_size(4));
-  try {
-    loader.batch(0, 0);
-    FAIL() << "accepted 3 rows for 4";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("a data of shape [3, 2]"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("needs 4 rows"), std::string::npos) << e.what();
-  }
+  const std::string message =
+      message_of<std::runtime_error>([&] { loader.batch(0, 0); }, "accepted 3 rows for 4");
+  EXPECT_NE(message.find("a data of shape [3, 2]"), std::string::npos) << message;
+  EXPECT_NE(message.find("needs 4 rows"), std::string::npos) << message;
 }
 
 // LibTorch's own datasets, as they are: one of Example<>s, then the same with a transform and

@@ -57,16 +57,24 @@ void expect_close(const std::vector<at::Tensor>& expected, const std::vector<at:
   }
 }
 
+// Steps [begin, end) of both optimizers on the same gradients: `reference` on `expected`, `fused`
+// on `actual`.
+void step_both(torch::optim::Optimizer& reference, const std::vector<at::Tensor>& expected,
+               torch::optim::Optimizer& fused, const std::vector<at::Tensor>& actual, int begin,
+               int end) {
+  for (int step = begin; step < end; ++step) {
+    set_gradients(expected, step);
+    set_gradients(actual, step);
+    reference.step();
+    fused.step();
+  }
+}
+
 TEST(FusedAdamW, StepsAsAdamWWithEachGroupsOptions) {
   const auto expected = make_parameters(), actual = make_parameters();
   auto reference = make_optimizer<torch::optim::AdamW>(expected);
   auto fused = make_optimizer<FusedAdamW>(actual);
-  for (int step = 0; step < 6; ++step) {
-    set_gradients(expected, step);
-    set_gradients(actual, step);
-    reference->step();
-    fused->step();
-  }
+  step_both(*reference, expected, *fused, actual, 0, 6);
   expect_close(expected, actual);
   ASSERT_EQ(fused->state().size(), actual.size());
   for (const auto& entry : fused->state()) {
@@ -78,12 +86,7 @@ TEST(FusedAdamW, GoesOnFromStateLoadedIntoIt) {
   const auto expected = make_parameters(), actual = make_parameters();
   auto reference = make_optimizer<torch::optim::AdamW>(expected);
   auto first = make_optimizer<FusedAdamW>(actual);
-  for (int step = 0; step < 3; ++step) {
-    set_gradients(expected, step);
-    set_gradients(actual, step);
-    reference->step();
-    first->step();
-  }
+  step_both(*reference, expected, *first, actual, 0, 3);
   std::stringstream saved;
   {
     torch::serialize::OutputArchive archive;
@@ -94,12 +97,7 @@ TEST(FusedAdamW, GoesOnFromStateLoadedIntoIt) {
   torch::serialize::InputArchive archive;
   archive.load_from(saved);
   resumed->load(archive);
-  for (int step = 3; step < 6; ++step) {
-    set_gradients(expected, step);
-    set_gradients(actual, step);
-    reference->step();
-    resumed->step();
-  }
+  step_both(*reference, expected, *resumed, actual, 3, 6);
   expect_close(expected, actual);
 }
 

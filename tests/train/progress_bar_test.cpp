@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 
 namespace pipetrain {
 namespace {
@@ -41,40 +43,42 @@ size_t count(const std::string& text, char c) {
   return static_cast<size_t>(std::count(text.begin(), text.end(), c));
 }
 
+// `format` turns each number of `cases` into its text.
+void expect_formats(std::string (*format)(double),
+                    std::initializer_list<std::pair<double, const char*>> cases) {
+  for (const auto& [value, text] : cases) EXPECT_EQ(format(value), text) << "formatting " << value;
+}
+
 TEST(FormatDuration, MinutesAndSecondsUnderAnHour) {
-  EXPECT_EQ(detail::format_duration(0), "00:00");
-  EXPECT_EQ(detail::format_duration(3.9), "00:03");
-  EXPECT_EQ(detail::format_duration(61), "01:01");
-  EXPECT_EQ(detail::format_duration(3599.5), "59:59");
+  expect_formats(detail::format_duration,
+                 {{0, "00:00"}, {3.9, "00:03"}, {61, "01:01"}, {3599.5, "59:59"}});
 }
 
 TEST(FormatDuration, HoursFromAnHour) {
-  EXPECT_EQ(detail::format_duration(3600), "1:00:00");
-  EXPECT_EQ(detail::format_duration(3661), "1:01:01");
-  EXPECT_EQ(detail::format_duration(36000 + 62), "10:01:02");
+  expect_formats(detail::format_duration,
+                 {{3600, "1:00:00"}, {3661, "1:01:01"}, {36000 + 62, "10:01:02"}});
 }
 
 TEST(FormatDuration, UnknownIsQuestionMark) {
-  EXPECT_EQ(detail::format_duration(-1), "?");
-  EXPECT_EQ(detail::format_duration(std::nan("")), "?");
-  EXPECT_EQ(detail::format_duration(std::numeric_limits<double>::infinity()), "?");
+  expect_formats(detail::format_duration,
+                 {{-1, "?"}, {std::nan(""), "?"}, {std::numeric_limits<double>::infinity(), "?"}});
 }
 
 TEST(FormatRate, IterationsPerSecondOrSecondsPerIteration) {
-  EXPECT_EQ(detail::format_rate(14.2), "14.20it/s");
-  EXPECT_EQ(detail::format_rate(1.0), "1.00it/s");
-  EXPECT_EQ(detail::format_rate(0.4), "2.50s/it");
-  EXPECT_EQ(detail::format_rate(0), "?it/s");
-  EXPECT_EQ(detail::format_rate(std::nan("")), "?it/s");
-  EXPECT_EQ(detail::format_rate(std::numeric_limits<double>::infinity()), "?it/s");
+  expect_formats(detail::format_rate, {{14.2, "14.20it/s"},
+                                       {1.0, "1.00it/s"},
+                                       {0.4, "2.50s/it"},
+                                       {0, "?it/s"},
+                                       {std::nan(""), "?it/s"},
+                                       {std::numeric_limits<double>::infinity(), "?it/s"}});
 }
 
 TEST(FormatMetric, FourSignificantDigits) {
-  EXPECT_EQ(detail::format_metric(0.512), "0.512");
-  EXPECT_EQ(detail::format_metric(0.5123456), "0.5123");
-  EXPECT_EQ(detail::format_metric(1234567), "1.235e+06");
-  EXPECT_EQ(detail::format_metric(2), "2");
-  EXPECT_EQ(detail::format_metric(std::nan("")), "nan");
+  expect_formats(detail::format_metric, {{0.512, "0.512"},
+                                         {0.5123456, "0.5123"},
+                                         {1234567, "1.235e+06"},
+                                         {2, "2"},
+                                         {std::nan(""), "nan"}});
 }
 
 TEST(FormatProgress, ElapsedEtaRateThenMetrics) {
