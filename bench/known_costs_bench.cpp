@@ -2,14 +2,15 @@
 // each layer's forward, input-gradient and weight-gradient halves wait for a fixed time per row
 // (and compute a tiny elementwise product, so that tensors, autograd and the B/I/W split are the
 // real ones). The two processes then need no CPU for their "compute", so the step time does not
-// move with this machine's two busy cores, and the simulator can be fed the exact costs
-// (simulate_plan on the plan each schedule executes, plus the measured transfer time).
-// What it tells apart from efficiency_bench: the executor's own losses (waiting, sends and
-// receives, autograd) against the bubble the schedule leaves, which the simulation contains.
+// move with this machine's two busy cores, and the simulator can be fed the costs: the known ones,
+// or those the actions took as each Pipe's Trace timed them (the layers' call costs included, as
+// auto's profile sees them). Measured against the latter, what is left is the executor's own
+// cost (receives, sends, bookkeeping between actions); the bubble is in the simulation.
 //
-// For m in {1, 2, 4, 8, 16} and every schedule ("auto" too): measured step, simulated step, their
-// ratio, the gain over 1F1B measured and simulated, and whether auto ran within 2% of the fastest
-// of the schedules it chooses from. Run it as efficiency_bench (it starts its two stages itself):
+// For m in {1, 2, 4, 8, 16} and every schedule ("auto" too): measured step, both simulated steps
+// and their ratios, the gain over 1F1B measured and simulated, and whether auto ran within 2% of
+// the fastest of the schedules it chooses from. Run it as efficiency_bench (it starts its two
+// stages itself):
 //
 //   build/bench/known_costs_bench
 #include <sys/prctl.h>
@@ -30,6 +31,7 @@
 #include "pipetrain/plan.h"
 #include "pipetrain/recompute.h"
 #include "pipetrain/schedule.h"
+#include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 
 namespace {
@@ -55,10 +57,6 @@ int64_t virtual_stages(const std::string& schedule) {
   return schedule == "interleaved1f1b" || schedule == "zbv" ? 2 : 1;
 }
 
-// Seconds the layers' waits ran past their time in this process, summed: what the timer adds to
-// the known costs (the simulation does not see it).
-double g_overshoot_seconds = 0;
-
 // Waits batch_seconds x rows / kBatch: sleeps until shortly before the deadline, then spins, so
 // that the wait ends on time even where a sleep wakes late.
 void wait_for_rows(double batch_seconds, int64_t rows) {
@@ -69,7 +67,6 @@ void wait_for_rows(double batch_seconds, int64_t rows) {
   std::this_thread::sleep_until(deadline - std::chrono::microseconds(200));
   while (Clock::now() < deadline) {
   }
-  g_overshoot_seconds += std::chrono::duration<double>(Clock::now() - deadline).count();
 }
 
 // y = x * scale, taking known times. The backward spends kInputSeconds only where autograd asks
@@ -133,15 +130,69 @@ pipetrain::ActionCosts known_costs(const std::string& schedule, int64_t rows, do
   return costs;
 }
 
-double simulated_seconds(const std::string& schedule, int64_t chunks, double transfer) {
+double simulated_seconds(const std::string& schedule, int64_t chunks,
+                         const pipetrain::ActionCosts& costs) {
   const auto plan = pipetrain::executed_plan(
       pipetrain::make_schedule(schedule, kStages, chunks, virtual_stages(schedule)),
       /*fused=*/false, pipetrain::recompute_below(pipetrain::CheckpointMode::kNever, chunks));
-  return pipetrain::simulate_plan(plan, known_costs(schedule, kBatch / chunks, transfer)).step_time;
+  return pipetrain::simulate_plan(plan, costs).step_time;
+}
+
+// Seconds per step one rank spent in its actions, from its Trace: forwards, backwards or their
+// input halves, weight halves.
+struct RankTimes {
+  double forward = 0, input = 0, weight = 0;
+};
+constexpr int kTimesPerRank = 3;
+
+// Per rank, measured over known time of each kind of action, for `ran` (whose placement and
+// whether it split its backwards say which known costs the rank's actions had).
+struct Factors {
+  std::vector<double> forward, input, weight;
+};
+
+Factors factors_of(const std::string& ran, int64_t chunks, const std::vector<RankTimes>& times,
+                   bool split) {
+  const auto known = known_costs(ran, kBatch / chunks, 0.0);
+  const auto placement = pipetrain::stage_placement(
+      pipetrain::make_schedule(ran, kStages, chunks, virtual_stages(ran)));
+  const double m = static_cast<double>(chunks);
+  Factors factors;
+  for (int64_t r = 0; r < kStages; ++r) {
+    double forward = 0, input = 0, weight = 0;
+    for (size_t s = 0; s < placement.size(); ++s) {
+      if (placement[s] != r) continue;
+      forward += known.forward[s] * m;
+      input += (split ? known.backward[s] - known.weight[s] : known.backward[s]) * m;
+      weight += split ? known.weight[s] * m : 0.0;
+    }
+    factors.forward.push_back(times[r].forward / forward);
+    factors.input.push_back(times[r].input / input);
+    factors.weight.push_back(weight > 0 ? times[r].weight / weight : factors.input.back());
+  }
+  return factors;
+}
+
+// The known costs of `schedule`, each stage's scaled by its rank's factors: what each action
+// took, the layers' own call costs included, as the Pipe's profile for "auto" measures them.
+pipetrain::ActionCosts traced_costs(const std::string& schedule, int64_t chunks, double transfer,
+                                    const Factors& f) {
+  auto costs = known_costs(schedule, kBatch / chunks, transfer);
+  const auto placement = pipetrain::stage_placement(
+      pipetrain::make_schedule(schedule, kStages, chunks, virtual_stages(schedule)));
+  for (size_t s = 0; s < placement.size(); ++s) {
+    const auto r = static_cast<size_t>(placement[s]);
+    const double input = (costs.backward[s] - costs.weight[s]) * f.input[r];
+    costs.forward[s] *= f.forward[r];
+    costs.weight[s] *= f.weight[r];
+    costs.backward[s] = input + costs.weight[s];
+  }
+  return costs;
 }
 
 std::unique_ptr<SgdPipe> make_pipelined(int64_t chunks, const std::string& schedule,
-                                        std::shared_ptr<pipetrain::World> world) {
+                                        std::shared_ptr<pipetrain::World> world,
+                                        std::shared_ptr<pipetrain::Trace> trace) {
   const int64_t stages = kStages * virtual_stages(schedule);
   return std::make_unique<SgdPipe>(make_timed_model(),
                                    pipetrain::PipeOptions()
@@ -149,7 +200,8 @@ std::unique_ptr<SgdPipe> make_pipelined(int64_t chunks, const std::string& sched
                                        .chunks(chunks)
                                        .checkpoint("never")
                                        .schedule(schedule)
-                                       .virtual_stages(virtual_stages(schedule)),
+                                       .virtual_stages(virtual_stages(schedule))
+                                       .trace(std::move(trace)),
                                    std::move(world), 1e-3);
 }
 
@@ -174,32 +226,54 @@ void run_stage() {
                    targets = torch::randn({kBatch, kWidth});
   using Config = std::pair<int64_t, std::string>;
   std::map<Config, std::unique_ptr<SgdPipe>> pipes;
+  std::map<Config, std::shared_ptr<pipetrain::Trace>> traces;
   std::map<int64_t, double> transfer;
   for (int64_t m : kChunks) {
-    for (const auto& s : kSchedules) pipes[{m, s}] = make_pipelined(m, s, world);
+    for (const auto& s : kSchedules) {
+      traces[{m, s}] = std::make_shared<pipetrain::Trace>();
+      pipes[{m, s}] = make_pipelined(m, s, world, traces[{m, s}]);
+    }
     transfer[m] = one_way_transfer_seconds(world, kBatch / m, kWidth);
   }
   // Warm-up, and auto's two profiled steps: it picks before the timed rounds.
   for (int i = 0; i < 3; ++i) {
     for (auto& [config, pipe] : pipes) pipe->step(inputs, targets);
   }
-  std::map<Config, std::vector<double>> measured, overshoot;
+  for (auto& [config, trace] : traces) trace->start(*world);  // spans from the timed steps on
+  std::map<Config, std::vector<double>> measured;
   const auto start = Clock::now();
   for (int round = 0; round < kRounds; ++round) {
     for (auto& [config, pipe] : pipes) {
-      const double overshoot_before = g_overshoot_seconds;
       measured[config].push_back(time_steps(*world, [&] { pipe->step(inputs, targets); }));
-      overshoot[config].push_back((g_overshoot_seconds - overshoot_before) / kStepsPerTiming);
     }
   }
-  // Both stages' overshoot per step, summed, by configuration (in the map's order).
-  std::vector<double> own_overshoot;
-  for (const auto& [config, values] : overshoot) own_overshoot.push_back(median(values));
-  const auto both_overshoot = world->all_reduce_sum(torch::tensor(own_overshoot, torch::kFloat64));
-  std::map<Config, double> mean_overshoot;
-  size_t index = 0;
-  for (const auto& [config, values] : overshoot) {
-    mean_overshoot[config] = both_overshoot[index++] / kStages;
+  // Every rank's action times per step, by configuration (in the map's order), on both ranks.
+  const double steps = kRounds * kStepsPerTiming;
+  at::Tensor times = torch::zeros({static_cast<int64_t>(traces.size()), kStages, kTimesPerRank + 1},
+                                  torch::kFloat64);
+  int64_t index = 0;
+  for (auto& [config, trace] : traces) {
+    auto spans = trace->total_ms();
+    auto row = times[index++][world->rank()];
+    row[0] = 1e-3 * spans["forward"] / steps;
+    row[1] = 1e-3 * (spans["backward"] + spans["input backward"]) / steps;
+    row[2] = 1e-3 * spans["weight backward"] / steps;
+    row[3] = spans.count("input backward") > 0 ? 1.0 : 0.0;  // it split its backwards
+  }
+  const auto summed = world->all_reduce_sum(times.flatten());
+  std::map<Config, Factors> factors;
+  index = 0;
+  for (const auto& [config, trace] : traces) {
+    std::vector<RankTimes> ranks;
+    bool split = false;
+    for (int64_t r = 0; r < kStages; ++r, index += kTimesPerRank + 1) {
+      const auto i = static_cast<size_t>(index);
+      ranks.push_back({summed[i], summed[i + 1], summed[i + 2]});
+      split = split || summed[i + 3] > 0;
+    }
+    // auto's candidates all hold one stage per rank, as zbh1 does.
+    const std::string ran = config.second == "auto" ? "zbh1" : config.second;
+    factors[config] = factors_of(ran, config.first, ranks, split);
   }
   if (world->rank() != 0) return;
 
@@ -210,48 +284,71 @@ void run_stage() {
       static_cast<long long>(kLayers), static_cast<long long>(kBatch), 1e3 * kForwardSeconds,
       1e3 * kInputSeconds, 1e3 * kWeightSeconds, kRounds, kStepsPerTiming, seconds_since(start));
   std::printf(
-      "| m  | schedule        | measured ms | simulated ms | measured / simulated | vs 1f1b "
-      "measured | vs 1f1b simulated | share of the simulated gain | timer overshoot ms |\n");
+      "| m  | schedule        | measured ms | simulated, known ms | measured / known | simulated, "
+      "traced ms | measured / traced | vs 1f1b measured | vs 1f1b traced | share of the gain |\n");
   std::printf(
-      "|----|-----------------|-------------|--------------|----------------------|--------------"
-      "----|-------------------|-----------------------------|--------------------|\n");
+      "|----|-----------------|-------------|---------------------|------------------|-----------"
+      "---------|-------------------|------------------|----------------|-------------------|\n");
   int auto_fastest = 0;
   for (int64_t m : kChunks) {
-    const double one_f_one_b = median(measured[{m, "1f1b"}]);
-    const double one_f_one_b_sim = simulated_seconds("1f1b", m, transfer[m]);
-    double best_candidate = 0, auto_sim = 0;
+    const auto traced = [&](const std::string& s) {
+      if (s != "auto") {
+        return simulated_seconds(s, m, traced_costs(s, m, transfer[m], factors[{m, s}]));
+      }
+      double best = 0;  // what auto would pick, were its profile these times
+      for (const auto& c : kAutoCandidates) {
+        const double t = simulated_seconds(c, m, traced_costs(c, m, transfer[m], factors[{m, s}]));
+        best = best == 0 ? t : std::min(best, t);
+      }
+      return best;
+    };
+    const auto known = [&](const std::string& s) {
+      if (s != "auto") {
+        return simulated_seconds(s, m, known_costs(s, kBatch / m, transfer[m]));
+      }
+      double best = 0;
+      for (const auto& c : kAutoCandidates) {
+        const double t = simulated_seconds(c, m, known_costs(c, kBatch / m, transfer[m]));
+        best = best == 0 ? t : std::min(best, t);
+      }
+      return best;
+    };
+    const double one_f_one_b = median(measured[{m, "1f1b"}]), one_f_one_b_sim = traced("1f1b");
+    double best_candidate = 0;
     for (const auto& c : kAutoCandidates) {
       const double t = median(measured[{m, c}]);
       best_candidate = best_candidate == 0 ? t : std::min(best_candidate, t);
-      const double sim = simulated_seconds(c, m, transfer[m]);
-      auto_sim = auto_sim == 0 ? sim : std::min(auto_sim, sim);
     }
     for (const auto& s : kSchedules) {
-      const double t = median(measured[{m, s}]);
-      const double sim = s == "auto" ? auto_sim : simulated_seconds(s, m, transfer[m]);
+      const double t = median(measured[{m, s}]), sim_known = known(s), sim = traced(s);
       const double gain = 1 - t / one_f_one_b, gain_sim = 1 - sim / one_f_one_b_sim;
-      std::printf("| %2lld | %-15s | %11.1f | %12.1f | %20.3f | %16.1f%% | %16.1f%% | ",
-                  static_cast<long long>(m), s.c_str(), 1e3 * t, 1e3 * sim, t / sim, 100 * gain,
-                  100 * gain_sim);
+      std::printf(
+          "| %2lld | %-15s | %11.1f | %19.1f | %16.3f | %19.1f | %17.3f | %15.1f%% | %13.1f%% | ",
+          static_cast<long long>(m), s.c_str(), 1e3 * t, 1e3 * sim_known, t / sim_known, 1e3 * sim,
+          t / sim, 100 * gain, 100 * gain_sim);
       if (gain_sim > 0.005) {
-        std::printf("%26.0f%% | ", 100 * gain / gain_sim);
+        std::printf("%16.0f%% |\n", 100 * gain / gain_sim);
       } else {
-        std::printf("%27s | ", "-");
+        std::printf("%17s |\n", "-");
       }
-      std::printf("%18.2f |\n", 1e3 * mean_overshoot[{m, s}]);
     }
     const double t_auto = median(measured[{m, "auto"}]);
     if (t_auto <= 1.02 * best_candidate) ++auto_fastest;
-    std::printf("|    | auto vs fastest of gpipe/1f1b/zbh1/zbh2 | %.1f vs %.1f ms | | | | | | |\n",
-                1e3 * t_auto, 1e3 * best_candidate);
+    std::printf(
+        "|    | auto vs fastest of gpipe/1f1b/zbh1/zbh2 | %.1f vs %.1f ms | | | | | | | |\n",
+        1e3 * t_auto, 1e3 * best_candidate);
   }
   std::printf(
       "\nauto ran within 2%% of the fastest schedule it chooses from in %d of %zu configurations.\n"
-      "simulated: simulate_plan on the plan the schedule executes, with the layers' known times "
-      "and the measured one-way transfer time; auto's simulated step is the fastest candidate's "
-      "(its own pick comes from the times it profiles, printed above the table). timer overshoot: "
-      "per step and stage (mean of the two), how much later than their time the layers' waits "
-      "ended; the simulation does not contain it.\n",
+      "simulated: simulate_plan on the plan the schedule executes with the measured one-way "
+      "transfer time and, per stage, the layers' known times (known) or the times its actions "
+      "took in this run's Trace, the layers' own call costs included (traced: each rank's known "
+      "times scaled by what its forwards, input halves and weight halves took over what they "
+      "should have, as auto's profile measures them). What is left between measured and traced "
+      "is the executor's own cost: waking for receives, sends, bookkeeping between actions. "
+      "auto's simulated step is the fastest candidate's (its own pick comes from the times it "
+      "profiles, printed above the table). share of the gain: the measured gain over 1F1B over "
+      "the traced simulation's.\n",
       auto_fastest, kChunks.size());
 }
 
