@@ -253,11 +253,15 @@ void run_stage() {
                                   torch::kFloat64);
   int64_t index = 0;
   for (auto& [config, trace] : traces) {
-    auto spans = trace->total_ms();
+    const auto spans = trace->total_ms();
+    const auto ms = [&](const char* name) {
+      const auto it = spans.find(name);
+      return it == spans.end() ? 0.0 : it->second;
+    };
     auto row = times[index++][world->rank()];
-    row[0] = 1e-3 * spans["forward"] / steps;
-    row[1] = 1e-3 * (spans["backward"] + spans["input backward"]) / steps;
-    row[2] = 1e-3 * spans["weight backward"] / steps;
+    row[0] = 1e-3 * ms("forward") / steps;
+    row[1] = 1e-3 * (ms("backward") + ms("input backward")) / steps;
+    row[2] = 1e-3 * ms("weight backward") / steps;
     row[3] = spans.count("input backward") > 0 ? 1.0 : 0.0;  // it split its backwards
   }
   const auto summed = world->all_reduce_sum(times.flatten());

@@ -51,6 +51,11 @@ class ClusterEnvironment {
   virtual std::string rendezvous_file() const { return ""; }
 };
 
+namespace detail {
+
+// What pipetrain's own environments below share, not an interface: an environment of one's own
+// derives from ClusterEnvironment and validates in its constructor, as they do.
+
 // Where this process stands among the ranks and where they meet: the answers of a
 // ClusterEnvironment's rank getters, as one value.
 struct RankLayout {
@@ -63,8 +68,8 @@ struct RankLayout {
   int64_t node_rank = 0;
 };
 
-// An environment whose constructor reads the launcher's variables into a RankLayout once; the
-// getters answer from it.
+// An environment whose constructor reads the launcher's variables into layout_ once, and
+// validates them; the getters answer from it.
 class RankLayoutEnvironment : public ClusterEnvironment {
  public:
   std::string main_address() const override { return layout_.main_address; }
@@ -79,6 +84,8 @@ class RankLayoutEnvironment : public ClusterEnvironment {
   RankLayout layout_;
 };
 
+}  // namespace detail
+
 // Processes started by torchrun (torch.distributed.elastic) or by pipetrain's own launcher,
 // which sets the same variables: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK, and TORCHELASTIC_USE_AGENT_STORE=True when the launcher hosts
@@ -87,7 +94,7 @@ class RankLayoutEnvironment : public ClusterEnvironment {
 // detection variables is treated as a single node: LOCAL_RANK defaults to RANK, LOCAL_WORLD_SIZE to
 // WORLD_SIZE and GROUP_RANK to 0. PIPETRAIN_RENDEZVOUS_FILE (set by pipetrain's single-node
 // launcher) stands in for MASTER_PORT: the ranks then meet in that file instead of a TCPStore.
-class TorchElasticEnvironment final : public RankLayoutEnvironment {
+class TorchElasticEnvironment final : public detail::RankLayoutEnvironment {
  public:
   // Throws std::invalid_argument naming the variable when a value is missing or malformed.
   explicit TorchElasticEnvironment(const EnvironmentVariables& env);
@@ -113,7 +120,7 @@ class TorchElasticEnvironment final : public RankLayoutEnvironment {
 // 15000 + the last four digits of SLURM_JOB_ID, so that every task of a job derives the same port
 // without talking to the others (Lightning's rule). local_world_size comes from
 // SLURM_NTASKS_PER_NODE (plain "4" or compressed "4(x2),3"), else SLURM_NTASKS / SLURM_NNODES.
-class SLURMEnvironment final : public RankLayoutEnvironment {
+class SLURMEnvironment final : public detail::RankLayoutEnvironment {
  public:
   // Throws std::invalid_argument naming the variable when a value is missing or malformed.
   explicit SLURMEnvironment(const EnvironmentVariables& env);
@@ -133,7 +140,7 @@ class SLURMEnvironment final : public RankLayoutEnvironment {
 
 // A single process that nobody launched: rank 0 of 1 on 127.0.0.1. Port 0 means "none chosen";
 // a world of one needs no rendezvous.
-class LocalEnvironment final : public RankLayoutEnvironment {
+class LocalEnvironment final : public detail::RankLayoutEnvironment {
  public:
   explicit LocalEnvironment(const EnvironmentVariables& env = {});
   // Always true: this is the fallback.

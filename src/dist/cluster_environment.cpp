@@ -98,7 +98,7 @@ std::string assignment(const std::string& name, int64_t value) {
   return name + "=" + std::to_string(value);
 }
 
-void validate_ranks(const RankVariableNames& names, const RankLayout& layout) {
+void validate_ranks(const RankVariableNames& names, const detail::RankLayout& layout) {
   if (layout.world_size < 1) {
     throw std::invalid_argument("pipetrain: " + assignment(names.world_size, layout.world_size) +
                                 " must be at least 1; set it to the total number of processes");

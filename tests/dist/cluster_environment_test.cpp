@@ -50,7 +50,7 @@ bool contains(const std::string& text, const std::string& part) {
 }
 
 // Every rank getter of `env` against `expected`, each failure naming its field.
-void expect_layout(const ClusterEnvironment& env, const RankLayout& expected) {
+void expect_layout(const ClusterEnvironment& env, const detail::RankLayout& expected) {
   EXPECT_EQ(env.main_address(), expected.main_address);
   EXPECT_EQ(env.main_port(), expected.main_port);
   EXPECT_EQ(env.world_size(), expected.world_size);
