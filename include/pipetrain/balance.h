@@ -17,8 +17,9 @@ std::vector<int64_t> balance_by_cost(const std::vector<double>& costs, int64_t s
 // Cost of a layer = its number of parameter elements.
 std::vector<int64_t> balance_by_size(const torch::nn::Sequential& sequential, int64_t stages);
 
-// Cost of a layer = its measured forward + backward time on `sample` (median of `repeats` runs,
-// after one warm-up), the output of each layer feeding the next as in training.
+// Cost of a layer = its measured forward + backward time on `sample` (the fastest of `repeats`
+// runs, after one warm-up; the runs go round all layers so a burst of load slows no layer's every
+// run), the output of each layer feeding the next as in training.
 std::vector<int64_t> balance_by_time(torch::nn::Sequential sequential, const at::Tensor& sample,
                                      int64_t stages, int repeats = 5);
 

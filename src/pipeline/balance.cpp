@@ -1,5 +1,6 @@
 #include "pipetrain/balance.h"
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -87,35 +88,53 @@ std::vector<int64_t> balance_by_size(const torch::nn::Sequential& sequential, in
 
 std::vector<int64_t> balance_by_time(torch::nn::Sequential sequential, const at::Tensor& sample,
                                      int64_t stages, int repeats) {
-  using Clock = std::chrono::steady_clock;
-  std::vector<double> costs;
-  StageValue input = StageValue::of(sample);
-  int64_t index = 0;
-  for (auto& layer : *sequential) {
-    std::vector<double> times;
-    StageValue output;
-    for (int r = 0; r <= repeats; ++r) {  // run 0 is a warm-up
-      StageValue x = input;
-      for (auto& t : x.tensors) {
-        t = t.detach();
-        if (t.is_floating_point()) t.requires_grad_(true);
-      }
-      const auto start = Clock::now();
-      output = StageValue::unpack(layer.any_forward(x.pack()), index);
-      std::vector<at::Tensor> roots, grads;
-      for (const auto& t : output.tensors) {
-        if (!t.requires_grad()) continue;
-        roots.push_back(t);
-        grads.push_back(torch::ones_like(t));
-      }
-      if (!roots.empty()) torch::autograd::backward(roots, grads);
-      if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  if (repeats < 1) {
+    throw std::invalid_argument("balance_by_time needs at least 1 timed run per layer, got " +
+                                std::to_string(repeats));
+  }
+  std::vector<torch::nn::AnyModule> layers(sequential->begin(), sequential->end());
+  const auto count = static_cast<int64_t>(layers.size());
+
+  // Each layer's input, as training feeds it: the output of the layer before.
+  std::vector<StageValue> inputs{StageValue::of(sample)};
+  {
+    torch::NoGradGuard no_grad;
+    for (int64_t index = 0; index + 1 < count; ++index) {
+      inputs.push_back(StageValue::unpack(layers[index].any_forward(inputs.back().pack()), index));
     }
-    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-    costs.push_back(times[times.size() / 2]);
-    for (auto& t : output.tensors) t = t.detach();
-    input = std::move(output);
-    ++index;
+  }
+
+  // One forward + backward of layer `index`, in seconds.
+  const bool cuda = sample.is_cuda();
+  auto time_layer = [&](int64_t index) {
+    StageValue x = inputs[index];
+    for (auto& t : x.tensors) {
+      t = t.detach();
+      if (t.is_floating_point()) t.requires_grad_(true);
+    }
+    if (cuda) torch::cuda::synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    const auto output = StageValue::unpack(layers[index].any_forward(x.pack()), index);
+    std::vector<at::Tensor> roots, grads;
+    for (const auto& t : output.tensors) {
+      if (!t.requires_grad()) continue;
+      roots.push_back(t);
+      grads.push_back(torch::ones_like(t));
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, grads);
+    if (cuda) torch::cuda::synchronize();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+
+  // Rounds over all layers rather than each layer's runs back to back: a burst of load from
+  // another process then slows one run of every layer instead of every run of one layer. Load
+  // only ever adds time, so each layer's fastest run is its cost. Round 0 warms up.
+  std::vector<double> costs(count, std::numeric_limits<double>::infinity());
+  for (int r = 0; r <= repeats; ++r) {
+    for (int64_t index = 0; index < count; ++index) {
+      const double seconds = time_layer(index);
+      if (r > 0) costs[index] = std::min(costs[index], seconds);
+    }
   }
   sequential->zero_grad();
   return balance_by_cost(costs, stages);
