@@ -1,6 +1,7 @@
 #include "pipetrain/data.h"
 
 #include "pipetrain/torch_dataset.h"
+#include "support/errors.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -11,18 +12,7 @@
 namespace pipetrain {
 namespace {
 
-// What the `Error` that `fn` throws says; a test failure naming `what_went_unnoticed` (and "") when
-// it throws none. Any other exception goes on to fail the test.
-template <typename Error, typename Fn>
-std::string message_of(Fn&& fn, const char* what_went_unnoticed) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << what_went_unnoticed;
-  return "";
-}
+using testing::error_of;
 
 TensorDataset numbers(int64_t n) {
   auto x = torch::arange(n, torch::kFloat32).unsqueeze(1);
@@ -109,8 +99,7 @@ TEST(Dataset, ExamplesOfAUsersDatasetAreStackedWithTheirExtraFields) {
   const Batch last = loader.batch(0, 1, {0, 1, false, true});
   EXPECT_EQ(last.data.sizes(), (std::vector<int64_t>{4, 0}));
   EXPECT_TRUE(torch::equal(last.field("weight"), batch.field("weight")));
-  const std::string missing = message_of<std::out_of_range>([&] { batch.field("mask"); },
-                                                            "found a field that is not there");
+  const std::string missing = error_of<std::out_of_range>([&] { batch.field("mask"); });
   EXPECT_NE(missing.find("'mask' (its fields: weight)"), std::string::npos) << missing;
 }
 
@@ -136,16 +125,14 @@ class Ragged : public Dataset {
 
 TEST(Dataset, ExamplesOfDifferentShapesOrAFailingReadAreNamed) {
   DataLoader loader(std::make_shared<Ragged>(), DataLoaderOptions().batch_size(4));
-  const std::string message = message_of<std::runtime_error>(
-      [&] { loader.batch(0, 1); }, "stacked examples of different shapes");
+  const std::string message = error_of<std::runtime_error>([&] { loader.batch(0, 1); });
   EXPECT_NE(message.find("examples 4 and 5 of the dataset have data of different shapes, [2] "
                          "and [3]"),
             std::string::npos)
       << message;
   EXPECT_NE(message.find("batch 1 of epoch 0"), std::string::npos) << message;
   DataLoader failing(std::make_shared<Ragged>(), DataLoaderOptions().batch_size(2));
-  const std::string failed =
-      message_of<std::runtime_error>([&] { failing.batch(0, 1); }, "a failing read went unnoticed");
+  const std::string failed = error_of<std::runtime_error>([&] { failing.batch(0, 1); });
   EXPECT_NE(failed.find("reading example 2 of the dataset failed: corrupt record"),
             std::string::npos)
       << failed;
@@ -163,8 +150,7 @@ class Short : public Dataset {
 
 TEST(Dataset, AGetBatchOfTheWrongRowsIsRefused) {
   DataLoader loader(std::make_shared<Short>(), DataLoaderOptions().batch_size(4));
-  const std::string message =
-      message_of<std::runtime_error>([&] { loader.batch(0, 0); }, "accepted 3 rows for 4");
+  const std::string message = error_of<std::runtime_error>([&] { loader.batch(0, 0); });
   EXPECT_NE(message.find("a data of shape [3, 2]"), std::string::npos) << message;
   EXPECT_NE(message.find("needs 4 rows"), std::string::npos) << message;
 }

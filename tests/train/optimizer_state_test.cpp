@@ -5,12 +5,12 @@
 // fresh optimizers runs beside them, to show that the comparison sees lost state.
 #include "pipetrain/optimizer_state.h"
 
+#include "support/errors.h"
 #include "support/multiprocess.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -20,6 +20,7 @@
 namespace pipetrain {
 namespace {
 
+using testing::error_of;
 using torch::optim::OptimizerParamGroup;
 
 // Two Linear layers: parameters 0.weight, 0.bias, 2.weight, 2.bias.
@@ -85,15 +86,6 @@ std::string save_to_file(const torch::optim::Optimizer& optimizer,
   const auto path = temp_file("optimizer.pt");
   archive.save_to(path);
   return path;
-}
-
-std::string message_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "(nothing thrown)";
 }
 
 double largest_difference(const at::Tensor& a, const at::Tensor& b) {
@@ -174,7 +166,8 @@ TEST(OptimizerState, StateOfAnotherOptimizerKindIsRefused) {
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::serialize::InputArchive archive;
   archive.load_from(path);
-  const auto message = message_of([&] { load_optimizer_state(sgd, named(model), archive); });
+  const auto message =
+      error_of<std::runtime_error>([&] { load_optimizer_state(sgd, named(model), archive); });
   EXPECT_NE(message.find("written by Adam"), std::string::npos) << message;
   EXPECT_NE(message.find("into SGD"), std::string::npos) << message;
   EXPECT_TRUE(sgd.state().empty());
@@ -184,10 +177,11 @@ TEST(OptimizerState, UnsupportedOptimizersAreNamed) {
   auto model = make_model();
   torch::optim::LBFGS lbfgs(model->parameters(), torch::optim::LBFGSOptions(1));
   torch::serialize::OutputArchive out;
-  auto message = message_of([&] { save_optimizer_state(lbfgs, named(model), out); });
+  auto message =
+      error_of<std::runtime_error>([&] { save_optimizer_state(lbfgs, named(model), out); });
   EXPECT_NE(message.find("LBFGS"), std::string::npos) << message;
   torch::serialize::InputArchive in;
-  message = message_of([&] { load_optimizer_state(lbfgs, named(model), in); });
+  message = error_of<std::runtime_error>([&] { load_optimizer_state(lbfgs, named(model), in); });
   EXPECT_NE(message.find("LBFGS"), std::string::npos) << message;
 
   // A subclass may keep other state: refused by name, not treated as its base.
@@ -195,7 +189,7 @@ TEST(OptimizerState, UnsupportedOptimizersAreNamed) {
     using torch::optim::SGD::SGD;
   };
   MySGD mine(model->parameters(), torch::optim::SGDOptions(0.1));
-  message = message_of([&] { save_optimizer_state(mine, named(model), out); });
+  message = error_of<std::runtime_error>([&] { save_optimizer_state(mine, named(model), out); });
   EXPECT_NE(message.find("MySGD"), std::string::npos) << message;
 }
 
@@ -239,14 +233,16 @@ TEST(OptimizerState, MismatchedShapesAndOptionsAreRefusedWithTheParameterName) {
 
   auto wider = make_model(/*hidden=*/5);
   torch::optim::Adam wider_adam(wider->parameters());
-  auto message = message_of([&] { load_optimizer_state(wider_adam, named(wider), archive); });
+  auto message = error_of<std::runtime_error>(
+      [&] { load_optimizer_state(wider_adam, named(wider), archive); });
   EXPECT_NE(message.find("'0.weight'"), std::string::npos) << message;
   EXPECT_NE(message.find("shape"), std::string::npos) << message;
   EXPECT_TRUE(wider_adam.state().empty());
 
   auto same = clone(model);
   torch::optim::Adam amsgrad(same->parameters(), torch::optim::AdamOptions().amsgrad(true));
-  message = message_of([&] { load_optimizer_state(amsgrad, named(same), archive); });
+  message =
+      error_of<std::runtime_error>([&] { load_optimizer_state(amsgrad, named(same), archive); });
   EXPECT_NE(message.find("max_exp_avg_sq"), std::string::npos) << message;
 }
 
@@ -303,7 +299,8 @@ TEST(OptimizerState, ArchiveWithoutOptimizerStateIsRefused) {
   out.save_to(path);
   torch::serialize::InputArchive in;
   in.load_from(path);
-  const auto message = message_of([&] { load_optimizer_state(adam, named(model), in); });
+  const auto message =
+      error_of<std::runtime_error>([&] { load_optimizer_state(adam, named(model), in); });
   EXPECT_NE(message.find("save_optimizer_state"), std::string::npos) << message;
 }
 
