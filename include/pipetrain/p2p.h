@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -55,6 +56,13 @@ class PeerToPeer {
   // unless it is the first of the step on its channel. On CUDA it returns at once, the current
   // stream waiting for the data. Blocks (up to the world's timeout) on CPU, and for headers.
   Packet recv(int64_t src, Flow flow, int64_t rows = -1, int64_t channel = 0);
+  // Asks rank `src` now for the next packet of `flow` that recv() will take, where its shape is
+  // known (this step's header for `channel` has come): Gloo sends a tensor's bytes only once the
+  // receiver has asked, so asking early lets them travel while this rank computes instead of
+  // costing a round trip when recv() comes. recv() takes posted packets in the order posted, which
+  // must be the order it would have received them in. Returns false, posting nothing, where the
+  // shape is not known yet.
+  bool post_recv(int64_t src, Flow flow, int64_t rows, int64_t channel = 0);
   // The one tensor of the next packet.
   at::Tensor recv_tensor(int64_t src, Flow flow, int64_t rows = -1);
   // Waits until every started send has completed, and starts a new step: the next packet of each
@@ -84,6 +92,20 @@ class PeerToPeer {
     at::Tensor tensor;  // alive until the send completes
   };
   std::vector<Send> pending_sends_;
+  // A packet whose tensors' receives have started.
+  struct Arriving {
+    int64_t channel = 0;
+    int64_t rows = -1;
+    Packet packet;
+    std::vector<WorkPtr> works;
+  };
+  Arriving start_receiving(int64_t src, Flow flow, const PacketShape& shape, int64_t channel,
+                           int64_t rows);
+  // The shape of the next packet on `channel`: this step's header's, but for `rows`; the header is
+  // received first where none has come yet (or `rows` < 0).
+  PacketShape next_shape(int64_t src, Flow flow, int64_t rows, int64_t channel);
+  // Posted ahead by post_recv, per (peer, flow), oldest first.
+  std::map<std::pair<int64_t, Flow>, std::deque<Arriving>> posted_;
   // What this step's first header said, per (peer, flow, channel).
   std::map<std::tuple<int64_t, Flow, int64_t>, PacketShape> sent_, received_;
 };

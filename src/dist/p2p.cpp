@@ -133,41 +133,78 @@ WorkPtr PeerToPeer::send(const Packet& packet, int64_t dst, Flow flow, int64_t r
   return pending_sends_.back().work;
 }
 
-Packet PeerToPeer::recv(int64_t src, Flow flow, int64_t rows, int64_t channel) {
-  auto& pg = group(flow);
+PeerToPeer::PacketShape PeerToPeer::next_shape(int64_t src, Flow flow, int64_t rows,
+                                               int64_t channel) {
   const auto key = std::make_tuple(src, flow, channel);
+  const auto first = received_.find(key);
+  if (rows >= 0 && first != received_.end()) {
+    PacketShape shape = first->second;
+    for (auto& t : shape.tensors) t.sizes[0] = rows;
+    return shape;
+  }
+  std::vector<at::Tensor> header{
+      torch::empty({kHeaderSize}, torch::TensorOptions(torch::kInt64).device(world_->device()))};
+  world_->wait(group(flow)->recv(header, static_cast<int>(src), header_tag(flow)));
+  const auto h_cpu = header[0].cpu();  // the one host wait of the step for this flow
+  auto h = h_cpu.accessor<int64_t, 1>();
+  PacketShape shape;
+  shape.label = h[0];
+  for (int64_t i = 0; i < h[1]; ++i) {
+    const int64_t at = 2 + i * kPerTensor;
+    shape.tensors.push_back(
+        {static_cast<c10::ScalarType>(h[at]), h[at + 1] != 0,
+         std::vector<int64_t>(h.data() + at + 3, h.data() + at + 3 + h[at + 2])});
+  }
+  received_[key] = shape;
+  return shape;
+}
+
+PeerToPeer::Arriving PeerToPeer::start_receiving(int64_t src, Flow flow, const PacketShape& shape,
+                                                 int64_t channel, int64_t rows) {
+  Arriving arriving{channel, rows, Packet{}, {}};
+  arriving.packet.label = shape.label;
+  for (const TensorShape& t : shape.tensors) {
+    std::vector<at::Tensor> body{
+        torch::empty(t.sizes, torch::TensorOptions(t.dtype).device(world_->device()))};
+    arriving.works.push_back(group(flow)->recv(body, static_cast<int>(src), payload_tag(flow)));
+    arriving.packet.tensors.push_back(body[0]);
+    arriving.packet.requires_grad.push_back(t.requires_grad);
+  }
+  return arriving;
+}
+
+bool PeerToPeer::post_recv(int64_t src, Flow flow, int64_t rows, int64_t channel) {
+  if (rows < 0 || received_.count(std::make_tuple(src, flow, channel)) == 0) return false;
   try {
-    auto first = received_.find(key);
-    PacketShape shape;
-    if (rows < 0 || first == received_.end()) {
-      std::vector<at::Tensor> header{torch::empty(
-          {kHeaderSize}, torch::TensorOptions(torch::kInt64).device(world_->device()))};
-      world_->wait(pg->recv(header, static_cast<int>(src), header_tag(flow)));
-      const auto h_cpu = header[0].cpu();  // the one host wait of the step for this flow
-      auto h = h_cpu.accessor<int64_t, 1>();
-      shape.label = h[0];
-      for (int64_t i = 0; i < h[1]; ++i) {
-        const int64_t at = 2 + i * kPerTensor;
-        shape.tensors.push_back(
-            {static_cast<c10::ScalarType>(h[at]), h[at + 1] != 0,
-             std::vector<int64_t>(h.data() + at + 3, h.data() + at + 3 + h[at + 2])});
-      }
-      received_[key] = shape;
+    posted_[{src, flow}].push_back(
+        start_receiving(src, flow, next_shape(src, flow, rows, channel), channel, rows));
+  } catch (const std::exception& e) {
+    world_->fail(std::string("receive the ") + flow_name(flow) + " from", e, src);
+  }
+  return true;
+}
+
+Packet PeerToPeer::recv(int64_t src, Flow flow, int64_t rows, int64_t channel) {
+  auto& posted = posted_[{src, flow}];
+  if (!posted.empty() && (posted.front().channel != channel || posted.front().rows != rows)) {
+    throw std::logic_error("a receive of " + std::string(flow_name(flow)) + "s from rank " +
+                           std::to_string(src) + " on channel " + std::to_string(channel) +
+                           " came while one on channel " + std::to_string(posted.front().channel) +
+                           " was posted ahead of it: receives must be taken in the order posted");
+  }
+  try {
+    Arriving arriving;
+    if (posted.empty()) {
+      arriving = start_receiving(src, flow, next_shape(src, flow, rows, channel), channel, rows);
     } else {
-      shape = first->second;
-      for (auto& t : shape.tensors) t.sizes[0] = rows;
+      arriving = std::move(posted.front());
+      posted.pop_front();
     }
-    Packet packet;
-    packet.label = shape.label;
-    for (const TensorShape& t : shape.tensors) {
-      std::vector<at::Tensor> body{
-          torch::empty(t.sizes, torch::TensorOptions(t.dtype).device(world_->device()))};
-      world_->wait(pg->recv(body, static_cast<int>(src), payload_tag(flow)));
-      if (t.requires_grad) body[0].requires_grad_(true);
-      packet.tensors.push_back(body[0]);
-      packet.requires_grad.push_back(t.requires_grad);
+    for (const auto& work : arriving.works) world_->wait(work);
+    for (size_t i = 0; i < arriving.packet.tensors.size(); ++i) {
+      if (arriving.packet.requires_grad[i]) arriving.packet.tensors[i].requires_grad_(true);
     }
-    return packet;
+    return std::move(arriving.packet);
   } catch (const std::exception& e) {
     world_->fail(std::string("receive the ") + flow_name(flow) + " from", e, src);
   }
@@ -183,6 +220,14 @@ at::Tensor PeerToPeer::recv_tensor(int64_t src, Flow flow, int64_t rows) {
 }
 
 void PeerToPeer::wait_for_sends() {
+  for (const auto& [peer_and_flow, posted] : posted_) {
+    if (!posted.empty()) {
+      throw std::logic_error("a step ended with " + std::to_string(posted.size()) + " " +
+                             flow_name(peer_and_flow.second) + " receives from rank " +
+                             std::to_string(peer_and_flow.first) + " posted but never taken");
+    }
+  }
+  posted_.clear();
   for (auto& send : pending_sends_) {
     try {
       world_->wait(send.work);

@@ -449,6 +449,8 @@ struct Pipe::Step {
   std::vector<int64_t> weight_gradient_slots;
   bool profiling = false;                // schedule "auto": time the compute of each action kind
   std::vector<double> seconds{0, 0, 0};  // F, B or I, W
+  const std::vector<PlannedAction>* plan = nullptr;
+  size_t next_action = 0;  // in `plan`, after the one running
 };
 
 namespace {
@@ -501,7 +503,9 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
 
   // Schedule "auto" times its first full steps' compute: seconds in F, in B or I, and in W.
   step.profiling = profiled_steps_ >= 0 && chunks == options_.chunks();
+  step.plan = &plan;
   for (const PlannedAction& planned : plan) {
+    ++step.next_action;
     if (&planned == last_weight_gradients && last_backward_hook_) last_backward_hook_();
     switch (planned.kind) {
       case PlannedAction::Kind::kReceive:
@@ -615,19 +619,42 @@ void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
 }
 
 void Pipe::run_receive(Step& step, const PlannedAction& planned) {
+  // Only outputs that take a gradient (floating ones) get one back, and outputs without any none
+  // at all.
+  const auto gradients_come = [&step](const InFlight& state) {
+    return std::any_of(state.output.tensors.begin(), state.output.tensors.end(), has_gradient);
+  };
   const Action& action = planned.action;
   const MicroBatch& mb = step.microbatches[action.microbatch];
   if (!planned.gradients()) {
     receive_activation(planned.peer, action.stage, mb);
+  } else if (gradients_come(step.in_flight.at({action.stage, action.microbatch}))) {
+    Trace::Span span(options_.trace().get(), "recv gradient", mb.index);
+    arrived_gradients_[{action.stage, mb.index}] =
+        p2p_->recv(planned.peer, Flow::kGradient, mb.size(), action.stage);
+  } else {
     return;
   }
-  // Only outputs that take a gradient (floating ones) get one back, and outputs without any
-  // none at all.
-  const InFlight& state = step.in_flight.at({action.stage, action.microbatch});
-  if (std::none_of(state.output.tensors.begin(), state.output.tensors.end(), has_gradient)) return;
-  Trace::Span span(options_.trace().get(), "recv gradient", mb.index);
-  arrived_gradients_[{action.stage, mb.index}] =
-      p2p_->recv(planned.peer, Flow::kGradient, mb.size(), action.stage);
+
+  // Gloo sends a packet's bytes only once its receiver asks for them: asking now for the next one
+  // from this peer lets it travel while this rank computes, where asking at its receive would add
+  // a round trip. (On a GPU NCCL's receive returns at once anyway, the stream waiting.)
+  if (world_->device().is_cuda()) return;
+  const std::vector<PlannedAction>& plan = *step.plan;
+  for (size_t i = step.next_action; i < plan.size(); ++i) {
+    const PlannedAction& next = plan[i];
+    if (next.kind != PlannedAction::Kind::kReceive || next.peer != planned.peer ||
+        next.gradients() != planned.gradients()) {
+      continue;
+    }
+    // A gradient is known to come once its micro-batch's forward has run here.
+    const auto state = step.in_flight.find({next.action.stage, next.action.microbatch});
+    if (!next.gradients() || (state != step.in_flight.end() && gradients_come(state->second))) {
+      p2p_->post_recv(next.peer, next.gradients() ? Flow::kGradient : Flow::kActivation,
+                      step.microbatches[next.action.microbatch].size(), next.action.stage);
+    }
+    return;
+  }
 }
 
 void Pipe::receive_activation(int64_t peer, int64_t stage, const MicroBatch& mb) {
