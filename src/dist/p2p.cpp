@@ -188,9 +188,12 @@ Packet PeerToPeer::recv(int64_t src, Flow flow, int64_t rows, int64_t channel) {
   auto& posted = posted_[{src, flow}];
   if (!posted.empty() && (posted.front().channel != channel || posted.front().rows != rows)) {
     throw std::logic_error("a receive of " + std::string(flow_name(flow)) + "s from rank " +
-                           std::to_string(src) + " on channel " + std::to_string(channel) +
-                           " came while one on channel " + std::to_string(posted.front().channel) +
-                           " was posted ahead of it: receives must be taken in the order posted");
+                           std::to_string(src) + " on channel " + std::to_string(channel) + " (" +
+                           std::to_string(rows) + " rows) came while one on channel " +
+                           std::to_string(posted.front().channel) + " (" +
+                           std::to_string(posted.front().rows) +
+                           " rows) was posted ahead of it: receives must be taken in the order "
+                           "posted");
   }
   try {
     Arriving arriving;
@@ -222,9 +225,11 @@ at::Tensor PeerToPeer::recv_tensor(int64_t src, Flow flow, int64_t rows) {
 void PeerToPeer::wait_for_sends() {
   for (const auto& [peer_and_flow, posted] : posted_) {
     if (!posted.empty()) {
-      throw std::logic_error("a step ended with " + std::to_string(posted.size()) + " " +
-                             flow_name(peer_and_flow.second) + " receives from rank " +
-                             std::to_string(peer_and_flow.first) + " posted but never taken");
+      const std::string message = "a step ended with " + std::to_string(posted.size()) + " " +
+                                  flow_name(peer_and_flow.second) + " receives from rank " +
+                                  std::to_string(peer_and_flow.first) + " posted but never taken";
+      posted_.clear();
+      throw std::logic_error(message);
     }
   }
   posted_.clear();

@@ -621,7 +621,7 @@ void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
 void Pipe::run_receive(Step& step, const PlannedAction& planned) {
   // Only outputs that take a gradient (floating ones) get one back, and outputs without any none
   // at all.
-  const auto gradients_come = [&step](const InFlight& state) {
+  const auto gradients_come = [](const InFlight& state) {
     return std::any_of(state.output.tensors.begin(), state.output.tensors.end(), has_gradient);
   };
   const Action& action = planned.action;
