@@ -19,7 +19,8 @@ std::vector<int64_t> balance_by_size(const torch::nn::Sequential& sequential, in
 
 // Cost of a layer = its measured forward + backward time on `sample` (the fastest of `repeats`
 // runs, after one warm-up; the runs go round all layers so a burst of load slows no layer's every
-// run), the output of each layer feeding the next as in training.
+// run), the output of each layer feeding the next as in training (one no-grad forward's outputs,
+// held at once).
 std::vector<int64_t> balance_by_time(torch::nn::Sequential sequential, const at::Tensor& sample,
                                      int64_t stages, int repeats = 5);
 
