@@ -82,6 +82,7 @@ class SgdPipe {
                            });
     optimizer_.step();
   }
+  const pipetrain::Pipe& pipe() const { return pipe_; }
 
  private:
   pipetrain::Pipe pipe_;

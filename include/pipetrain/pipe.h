@@ -38,6 +38,7 @@ class DeferredWeightGradients;
 class Trace;
 class TiedGradients;
 class DeferredBatchNormImpl;
+class ScheduleChoice;
 struct StageValue;
 
 struct PipeOptions {
@@ -53,9 +54,10 @@ struct PipeOptions {
   TORCH_ARG(std::string, checkpoint) = "except_last";
   // "gpipe" | "1f1b" | "zbh1" | "zbh2" | "interleaved1f1b" | "zbv" (schedule.h), or "auto":
   // the first two steps run zbh1 and time each stage's F, I and W (the first to warm up), then
-  // every rank simulates 1f1b, zbh1, zbh2 and gpipe with those times and runs the fastest that
-  // fits max_memory from then on, rank 0 printing the candidates (one stage per rank, no CUDA
-  // graphs).
+  // every rank simulates 1f1b, zbh1, zbh2 and gpipe with those times; of those that fit
+  // max_memory, the fastest runs from then on, or, where several are predicted within 1% of it,
+  // each runs two more steps and the one measured fastest does. Rank 0 prints the predictions
+  // and measurements (src/pipeline/schedule_choice.h). One stage per rank, no CUDA graphs.
   TORCH_ARG(std::string, schedule) = "gpipe";
   // The most micro-batches' activations one stage may hold at once (activations_held in
   // schedule.h: 1f1b's and zbh1's first stage hold min(ranks, chunks), zbh2's up to 2 ranks - 1,
@@ -139,6 +141,12 @@ class Pipe {
   // saying so then and here.
   const std::string& execution() const { return execution_report_; }
 
+  // The schedule the next step runs: the option's, or, under "auto", the one it is timing or has
+  // chosen.
+  const std::string& schedule() const { return schedule_name_; }
+  // Under "auto", whether it is still timing steps to choose (profiling, or trying finalists).
+  bool choosing_schedule() const;
+
   int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
   // The rank that runs `stage`, as the schedule places it.
   int64_t rank_of_stage(int64_t stage) const { return rank_of_stage_.at(stage); }
@@ -190,9 +198,13 @@ class Pipe {
   void check_graphs_fit(const StageValue& input, int64_t microbatch);
   // Runs eagerly from now on, saying why (`who`: "stage 1 " or the like) and in execution().
   void drop_graphs(const std::string& who, const std::string& why);
-  // Schedule "auto": a profiled step's seconds in F, in B or I, and in W, over `chunks`
-  // micro-batches; after the second, picks the schedule.
-  void record_profile(const std::vector<double>& seconds, int64_t chunks);
+  // Schedule "auto", after a full step while it chooses: a profiled step's seconds in F, in B or
+  // I, in W over `chunks` micro-batches and handing its `transfers` over, and the whole step's.
+  void choose_schedule(const std::vector<double>& profiled_seconds, int64_t transfers,
+                       int64_t chunks, double step_seconds);
+  // Simulates every candidate with a profiled step's times; returns what to print.
+  std::string predict_schedules(const std::vector<double>& seconds, int64_t transfers,
+                                int64_t chunks);
 
   PipeOptions options_;
   std::shared_ptr<World> world_;
@@ -207,8 +219,8 @@ class Pipe {
   // micro-batch).
   std::map<std::pair<int64_t, int64_t>, Packet> arrived_activations_, arrived_gradients_;
   CheckpointMode checkpoint_mode_;
-  std::string schedule_name_;    // what runs: the option's, or auto's pick (until then, zbh1)
-  int64_t profiled_steps_ = -1;  // schedule "auto": steps timed so far; -1: picked, or not auto
+  std::string schedule_name_;  // what runs: the option's, or what auto runs (choice_->running())
+  std::unique_ptr<ScheduleChoice> choice_;  // schedule "auto" alone
   Schedule schedule_;
   std::map<int64_t, std::vector<PlannedAction>> plans_;  // by chunks
   torch::nn::Sequential stage_module_;                   // every local stage's layers

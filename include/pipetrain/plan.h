@@ -65,11 +65,12 @@ Plan executed_plan(const Schedule& schedule, bool fused, int64_t recomputed);
 
 // Runs every rank's plan in order as simulate() runs a schedule: a compute action takes its cost
 // (a B whose weight gradients are placed apart takes backward - weight; those actions take
-// weight, a joined one weight x the stage's backwards), a send takes none and its tensors arrive
-// `costs.transfer` later, a receive waits for them. So the cost model is the program the Pipe
-// runs, weight-gradient placement included; for a plan fresh from lower() it gives simulate()'s
-// step. Throws std::runtime_error naming each rank's first action that can never run when the
-// plan cannot finish (a receive whose send never comes, or comes after it on the same rank).
+// weight, a joined one weight x the stage's backwards), a send's tensors arrive `costs.transfer`
+// after it starts, a receive waits for them, and either takes its rank `costs.message`. So the
+// cost model is the program the Pipe runs, weight-gradient placement included; for a plan fresh
+// from lower() and no message cost it gives simulate()'s step. Throws std::runtime_error naming
+// each rank's first action that can never run when the plan cannot finish (a receive whose send
+// never comes, or comes after it on the same rank).
 Simulation simulate_plan(const Plan& plan, const ActionCosts& costs);
 
 // "recv 1F0 from 0", "1F0", "send 1B0 to 0", "wgrad 1B0", "wgrad 1*" (joined): one rank's plan,

@@ -118,7 +118,11 @@ struct ActionCosts {
   std::vector<double> forward;   // size == stages
   std::vector<double> backward;  // size == stages
   std::vector<double> weight;    // size == stages, each <= backward; empty: all 0
-  double transfer = 0.0;
+  double transfer = 0.0;         // from a send to its tensors' arrival
+  // What a rank's own thread spends on each transfer it sends or takes (handing tensors to the
+  // transport, asking for the next ones), apart from their travel. simulate() leaves it out; a
+  // lowered plan (simulate_plan) charges it to each send and receive.
+  double message = 0.0;
   static ActionCosts uniform(int64_t stages, double forward = 1.0, double backward = 1.0,
                              double weight = 0.0);
   double cost(int64_t stage, Phase phase) const;

@@ -26,6 +26,7 @@
 #include "pipetrain/tied_parameters.h"
 #include "pipetrain/trace.h"
 #include "pipetrain/world.h"
+#include "schedule_choice.h"
 #include "stage_execution.h"
 #include "stage_graphs.h"
 #include "stage_value.h"
@@ -87,9 +88,6 @@ Schedule checked(Schedule schedule) {
   check_transfer_order(schedule);
   return schedule;
 }
-
-// What schedule "auto" chooses among: those of one stage per rank, 1F1B first.
-const std::vector<std::string> kAutoCandidates = {"1f1b", "zbh1", "zbh2", "gpipe"};
 
 // The most micro-batches' activations one stage of `schedule` holds at once.
 int64_t max_activations_held(const Schedule& schedule) {
@@ -195,8 +193,8 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
           "schedule 'auto' chooses among 1f1b, zbh1, zbh2 and gpipe, which run one stage per rank: "
           "leave virtual stages at 1 and the schedule file unset");
     }
-    schedule_name_ = "zbh1";  // its split backwards time F, I and W apart
-    profiled_steps_ = 0;
+    choice_ = std::make_unique<ScheduleChoice>();
+    schedule_name_ = choice_->running();
   }
   schedule_ =
       options_.schedule_file().empty()
@@ -269,7 +267,7 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
     } else if (checkpoint_mode_ != CheckpointMode::kNever) {
       why = "checkpoint '" + options_.checkpoint() +
             "' recomputes forwards outside any graph (use never)";
-    } else if (profiled_steps_ >= 0) {
+    } else if (choice_) {
       why = "schedule 'auto' times its first steps' actions eagerly";
     } else if (splits_backward) {
       why = "schedule '" + schedule_name_ +
@@ -287,6 +285,8 @@ Pipe::Pipe(torch::nn::Sequential sequential, PipeOptions options, std::shared_pt
 }
 
 Pipe::~Pipe() = default;
+
+bool Pipe::choosing_schedule() const { return choice_ && !choice_->chosen(); }
 
 torch::nn::AnyModule Pipe::defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index) {
   std::vector<DeferredBatchNorm> swapped;
@@ -447,33 +447,43 @@ struct Pipe::Step {
   // graph slots whose work waits with them.
   bool join_weight_gradients = false;
   std::vector<int64_t> weight_gradient_slots;
-  bool profiling = false;                // schedule "auto": time the compute of each action kind
-  std::vector<double> seconds{0, 0, 0};  // F, B or I, W
+  bool profiling = false;  // schedule "auto": time the compute of each action kind
+  // F, B or I, W, and the host's own time handing transfers over (sends, receives posted ahead).
+  std::vector<double> seconds{0, 0, 0, 0};
+  int64_t transfers = 0;  // sent and received
   const std::vector<PlannedAction>* plan = nullptr;
   size_t next_action = 0;  // in `plan`, after the one running
 };
 
 namespace {
 
-// Adds the compute time of its scope to a profiled step's `seconds[kind]`, the device synchronised
-// at both ends (so a receive the scope waits for is not counted).
+using Clock = std::chrono::steady_clock;
+
+// Now, once the device has done what was asked of it.
+Clock::time_point synchronized_now(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+  return Clock::now();
+}
+
+double seconds_between(Clock::time_point start, Clock::time_point end) {
+  return std::chrono::duration<double>(end - start).count();
+}
+
+// Adds the time of its scope to a profiled step's `seconds[kind]`, `device` synchronised at both
+// ends (so that a compute scope counts its kernels and not a receive it waits for; a host scope
+// passes the CPU).
 class ComputeTimer {
  public:
   ComputeTimer(bool on, const c10::Device& device, double& seconds)
       : on_(on),
         device_(device),
         seconds_(seconds),
-        start_(on ? synced_now() : Clock::time_point()) {}
+        start_(on ? synchronized_now(device) : Clock::time_point()) {}
   ~ComputeTimer() {
-    if (on_) seconds_ += std::chrono::duration<double>(synced_now() - start_).count();
+    if (on_) seconds_ += seconds_between(start_, synchronized_now(device_));
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point synced_now() const {
-    if (device_.is_cuda()) torch::cuda::synchronize();
-    return Clock::now();
-  }
   bool on_;
   c10::Device device_;
   double& seconds_;
@@ -501,8 +511,11 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
       });
   const PlannedAction* last_weight_gradients = last_weight_gradient_action(plan);
 
-  // Schedule "auto" times its first full steps' compute: seconds in F, in B or I, and in W.
-  step.profiling = profiled_steps_ >= 0 && chunks == options_.chunks();
+  // Schedule "auto" times its first full steps' compute (seconds in F, in B or I, and in W), then
+  // the whole of the steps that try its finalists.
+  const bool choosing = choice_ && !choice_->chosen() && chunks == options_.chunks();
+  step.profiling = choosing && choice_->profiling();
+  const auto started = choosing ? synchronized_now(world_->device()) : Clock::time_point();
   step.plan = &plan;
   for (const PlannedAction& planned : plan) {
     ++step.next_action;
@@ -540,7 +553,10 @@ at::Tensor Pipe::run_schedule(const at::Tensor& batch_input, int64_t batch_size,
   }
   for (const auto& norm : deferred_norms_) norm->commit();
   if (p2p_) p2p_->wait_for_sends();
-  if (step.profiling) record_profile(step.seconds, chunks);
+  if (choosing) {
+    choose_schedule(step.seconds, step.transfers, chunks,
+                    seconds_between(started, synchronized_now(world_->device())));
+  }
   return step.total_loss;
 }
 
@@ -568,13 +584,36 @@ const std::vector<PlannedAction>& Pipe::plan_for(int64_t chunks) {
   return plans_[chunks] = std::move(plan);
 }
 
-void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
-  if (++profiled_steps_ < 2) return;  // the first step warms up
-  // Every rank's per-micro-batch F, I (or B) and W, summed into one table that all ranks hold.
-  at::Tensor table = torch::zeros({3, stages()}, torch::kFloat64);
+void Pipe::choose_schedule(const std::vector<double>& profiled_seconds, int64_t transfers,
+                           int64_t chunks, double step_seconds) {
+  std::string said;
+  if (choice_->profiling()) {
+    if (!choice_->count_profiled_step()) return;
+    said = predict_schedules(profiled_seconds, transfers, chunks);
+  } else {
+    // Every rank's step, averaged, so that all ranks take the same figure.
+    said = choice_->tried(world_->all_reduce_sum(step_seconds) / static_cast<double>(world_size_));
+  }
+  if (rank_ == 0 && !said.empty()) print_line("pipetrain: schedule auto: " + said);
+  if (choice_->running() != schedule_name_) {
+    schedule_name_ = choice_->running();
+    schedule_ = checked_schedule(schedule_name_, world_size_, options_.chunks(), 1);
+    plans_.clear();
+  }
+}
+
+std::string Pipe::predict_schedules(const std::vector<double>& seconds, int64_t transfers,
+                                    int64_t chunks) {
+  // Every rank's per-micro-batch F, I (or B) and W, summed into one table that all ranks hold,
+  // with every rank's seconds handing transfers over and their count in a last row.
+  at::Tensor table = torch::zeros({4, stages()}, torch::kFloat64);
   for (int kind = 0; kind < 3; ++kind) table[kind][rank_] = seconds[kind] / chunks;
+  table[3][0] = seconds[3];
+  table[3][1] = static_cast<double>(transfers);
   table = world_->all_reduce_sum_on_device(table.to(world_->device())).cpu();
   ActionCosts costs;
+  const double transfers_made = table[3][1].item<double>();
+  costs.message = transfers_made > 0 ? table[3][0].item<double>() / transfers_made : 0.0;
   for (int64_t s = 0; s < stages(); ++s) {
     const double f = table[0][s].item<double>(), i = table[1][s].item<double>(),
                  w = table[2][s].item<double>();
@@ -583,39 +622,26 @@ void Pipe::record_profile(const std::vector<double>& seconds, int64_t chunks) {
     costs.weight.push_back(w);
   }
   std::ostringstream line;
-  line << std::fixed << std::setprecision(2)
-       << "pipetrain: schedule auto: per micro-batch F/I/W ms by stage:";
+  line << std::fixed << std::setprecision(2) << "per micro-batch F/I/W ms by stage:";
   for (int64_t s = 0; s < stages(); ++s) {
     line << (s > 0 ? "," : "") << " " << s << ": " << 1e3 * costs.forward[s] << "/"
          << 1e3 * (costs.backward[s] - costs.weight[s]) << "/" << 1e3 * costs.weight[s];
   }
-  line << "; predicted step:";
-  std::string best;
-  double best_time = 0.0;
-  // 1F1B unless another is at least 1% faster: GPipe holds every micro-batch's activations, and
-  // the zero-bubble schedules' split costs a little the simulation does not see.
-  for (const std::string& name : kAutoCandidates) {
+  line << "; per transfer " << 1e3 * costs.message << " ms";
+  std::vector<ScheduleChoice::Prediction> predictions;
+  for (const std::string& name : ScheduleChoice::candidates()) {
     const Schedule candidate = make_schedule(name, world_size_, chunks);
-    // The plan each would run, its weight-gradient actions placed as they would be.
-    const double time =
-        simulate_plan(executed_plan(candidate, options_.fuse_gradient_accumulation(),
-                                    recompute_below(checkpoint_mode_, chunks)),
-                      costs)
-            .step_time;
     const int64_t held = max_activations_held(candidate);
-    const bool fits = options_.max_memory() == 0 || held <= options_.max_memory();
-    line << " " << name << " " << 1e3 * time << " ms (holds " << held << (fits ? "" : ", too many")
-         << ")";
-    if (fits && (best.empty() || time < 0.99 * best_time)) {
-      best = name;
-      best_time = time;
-    }
+    // The plan each would run, its weight-gradient actions placed as they would be.
+    predictions.push_back(
+        {name,
+         simulate_plan(executed_plan(candidate, options_.fuse_gradient_accumulation(),
+                                     recompute_below(checkpoint_mode_, chunks)),
+                       costs)
+             .step_time,
+         held, options_.max_memory() == 0 || held <= options_.max_memory()});
   }
-  if (rank_ == 0) print_line(line.str() + "; running " + best);
-  schedule_name_ = best;
-  schedule_ = checked_schedule(schedule_name_, world_size_, options_.chunks(), 1);
-  plans_.clear();
-  profiled_steps_ = -1;
+  return line.str() + "; " + choice_->predicted(predictions);
 }
 
 void Pipe::run_receive(Step& step, const PlannedAction& planned) {
@@ -635,6 +661,7 @@ void Pipe::run_receive(Step& step, const PlannedAction& planned) {
   } else {
     return;
   }
+  ++step.transfers;
 
   // Gloo sends a packet's bytes only once its receiver asks for them: asking now for the next one
   // from this peer lets it travel while this rank computes, where asking at its receive would add
@@ -650,6 +677,8 @@ void Pipe::run_receive(Step& step, const PlannedAction& planned) {
     // A gradient is known to come once its micro-batch's forward has run here.
     const auto state = step.in_flight.find({next.action.stage, next.action.microbatch});
     if (!next.gradients() || (state != step.in_flight.end() && gradients_come(state->second))) {
+      Trace::Span span(options_.trace().get(), "post receive", next.action.microbatch);
+      ComputeTimer timer(step.profiling, c10::Device(c10::kCPU), step.seconds[3]);
       p2p_->post_recv(next.peer, next.gradients() ? Flow::kGradient : Flow::kActivation,
                       step.microbatches[next.action.microbatch].size(), next.action.stage);
     }
@@ -673,6 +702,9 @@ void Pipe::run_send(Step& step, const PlannedAction& planned) {
   const Flow flow = planned.gradients() ? Flow::kGradient : Flow::kActivation;
   Trace::Span span(options_.trace().get(),
                    planned.gradients() ? "send gradient" : "send activation", mb.index);
+  // The host's own time: on a GPU the tensors travel after the call returns.
+  ComputeTimer timer(step.profiling, c10::Device(c10::kCPU), step.seconds[3]);
+  ++step.transfers;
   execution_->sending(slot, planned.gradients(),
                       p2p_->send(packet, planned.peer, flow, mb.size(), to_stage));
 }

@@ -146,7 +146,7 @@ Simulation simulate_plan(const Plan& plan, const ActionCosts& costs) {
         return weight(a.stage) * static_cast<double>(backwards[r][a.stage]);
       case Kind::kReceive:
       case Kind::kSend:
-        return 0.0;
+        return costs.message;
     }
     return 0.0;
   };

@@ -511,9 +511,12 @@ void check_costs(const ActionCosts& costs, int64_t stages) {
       }
     }
   }
-  if (!(costs.transfer >= 0.0) || !std::isfinite(costs.transfer)) {
-    throw std::invalid_argument("ActionCosts.transfer = " + std::to_string(costs.transfer) +
-                                " is not a finite non-negative time");
+  for (const auto& [value, name] :
+       {std::pair{costs.transfer, "transfer"}, std::pair{costs.message, "message"}}) {
+    if (!(value >= 0.0) || !std::isfinite(value)) {
+      throw std::invalid_argument("ActionCosts." + std::string(name) + " = " +
+                                  std::to_string(value) + " is not a finite non-negative time");
+    }
   }
 }
 

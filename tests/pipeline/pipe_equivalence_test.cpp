@@ -22,7 +22,7 @@ namespace {
 constexpr uint64_t kSeed = 7;
 const std::vector<int64_t> kChunks = {1, 2, 3, 4, 8};
 const std::vector<std::string> kModes = {"always", "except_last", "never"};
-// "auto" times two steps of zbh1 and runs its pick in the third.
+// "auto" times two steps of zbh1, then may try its finalists in turn before its pick runs.
 const std::vector<std::string> kSchedules = {"gpipe",           "1f1b", "zbh1", "zbh2",
                                              "interleaved1f1b", "zbv",  "auto"};
 

@@ -183,6 +183,25 @@ TEST(PlanSimulation, CountsWeightGradientsWhereThePlanPutsThem) {
   EXPECT_NO_THROW(simulate_plan(deferred, costs));
 }
 
+// Each send and receive takes its rank `message` (the host's own part of a transfer), on top of
+// the transfer's travel. Two GPipe stages, one micro-batch, F 1, B 2, transfer 0.1, message 0.5:
+// rank 1 takes the activation at 1.1 and is busy until 1.6, runs F and B until 4.6 and sends;
+// rank 0 takes the gradient at 4.7, busy until 5.2, and its B ends the step at 7.2 (6.2 free).
+TEST(PlanSimulation, EveryTransferTakesItsRankTheMessageCost) {
+  const Plan plan = lower(gpipe_schedule(2, 1));
+  ActionCosts costs = ActionCosts::uniform(2, 1.0, 2.0);
+  costs.transfer = 0.1;
+  EXPECT_NEAR(simulate_plan(plan, costs).step_time, 6.2, 1e-9);
+  costs.message = 0.5;
+  const Simulation sim = simulate_plan(plan, costs);
+  EXPECT_NEAR(sim.step_time, 7.2, 1e-9);
+  // Each rank sends once and receives once.
+  EXPECT_NEAR(sim.busy_time[0], 1.0 + 2.0 + 2 * 0.5, 1e-9);
+  EXPECT_NEAR(sim.busy_time[1], 1.0 + 2.0 + 2 * 0.5, 1e-9);
+  costs.message = -1;
+  EXPECT_THROW(simulate(gpipe_schedule(2, 1), costs), std::invalid_argument);
+}
+
 TEST(PlanSimulation, AReceiveWhoseSendNeverComesIsNamed) {
   Plan plan = lower(one_f_one_b_schedule(2, 2));
   // Rank 1 forgets to send 1B1's gradients: rank 0 waits for them forever.
