@@ -604,19 +604,19 @@ void Pipe::choose_schedule(const std::vector<double>& profiled_seconds, int64_t 
 
 std::string Pipe::predict_schedules(const std::vector<double>& seconds, int64_t transfers,
                                     int64_t chunks) {
-  // Every rank's per-micro-batch F, I (or B) and W, summed into one table that all ranks hold,
-  // with every rank's seconds handing transfers over and their count in a last row.
-  at::Tensor table = torch::zeros({4, stages()}, torch::kFloat64);
-  for (int kind = 0; kind < 3; ++kind) table[kind][rank_] = seconds[kind] / chunks;
-  table[3][0] = seconds[3];
-  table[3][1] = static_cast<double>(transfers);
+  // Every rank's per-micro-batch F, I (or B) and W by stage, then every rank's seconds handing
+  // transfers over and their count, summed into one table that all ranks hold.
+  const int64_t n = stages();
+  at::Tensor table = torch::zeros({3 * n + 2}, torch::kFloat64);
+  for (int kind = 0; kind < 3; ++kind) table[kind * n + rank_] = seconds[kind] / chunks;
+  table[3 * n] = seconds[3];
+  table[3 * n + 1] = static_cast<double>(transfers);
   table = world_->all_reduce_sum_on_device(table.to(world_->device())).cpu();
+  const auto entry = [&](int64_t i) { return table[i].item<double>(); };
   ActionCosts costs;
-  const double transfers_made = table[3][1].item<double>();
-  costs.message = transfers_made > 0 ? table[3][0].item<double>() / transfers_made : 0.0;
-  for (int64_t s = 0; s < stages(); ++s) {
-    const double f = table[0][s].item<double>(), i = table[1][s].item<double>(),
-                 w = table[2][s].item<double>();
+  costs.message = entry(3 * n + 1) > 0 ? entry(3 * n) / entry(3 * n + 1) : 0.0;
+  for (int64_t s = 0; s < n; ++s) {
+    const double f = entry(s), i = entry(n + s), w = entry(2 * n + s);
     costs.forward.push_back(f);
     costs.backward.push_back(i + w);  // the first stage's I is its whole backward, its W empty
     costs.weight.push_back(w);
