@@ -13,7 +13,7 @@
 #include "support/command.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::bad_input_test {
 namespace {
 
 constexpr auto kLimit = std::chrono::seconds(60);
@@ -194,4 +194,4 @@ TEST(BadInput, PeerKilledMidStep) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::bad_input_test

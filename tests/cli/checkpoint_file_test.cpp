@@ -9,7 +9,7 @@
 #include "support/command.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::checkpoint_file_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -170,9 +170,9 @@ TEST(CheckpointFile, GradientClippingAndAccumulationUnderPipeEqualSingle) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::checkpoint_file_test
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::checkpoint_file_test {
 namespace {
 
 // `pipetrain fit` of the boring model (a checkpoint of ~14 KB, TensorBoard events growing ~100
@@ -244,4 +244,4 @@ TEST(WriteErrors, AFailedLogWriteKeepsThePreviousLastCkptIntact) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::checkpoint_file_test

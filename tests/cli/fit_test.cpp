@@ -8,7 +8,7 @@
 #include "support/command.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::fit_test {
 namespace {
 
 // Fits the MLP as one process into ROOT/single, then with `pipe_flags` into ROOT/pipe, asserting
@@ -177,9 +177,9 @@ TEST(FitCommand, HelpListsEveryFlagWithItsDefault) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::fit_test
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::fit_test {
 namespace {
 
 TEST(FitCommand, ConfigFileEnvironmentAndFlagsInThatOrderOfStrength) {
@@ -230,4 +230,4 @@ TEST(PredictCommand, PipeReturnsTheSamePredictionsInTheSameOrderAsSingle) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::fit_test

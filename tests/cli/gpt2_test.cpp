@@ -20,7 +20,7 @@
 #include "support/multiprocess.h"
 #include "support/trainer_run.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::gpt2_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -224,4 +224,4 @@ TEST_F(Gpt2Pipe, TheCommandLogsValidationPerplexity) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::gpt2_test

@@ -14,7 +14,7 @@
 #include "pipetrain/world.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::cli {
+namespace pipetrain::cli::gpt_test {
 namespace {
 
 const std::string kText =
@@ -298,4 +298,4 @@ TEST(GptPipe, TwoStagesEqualOneProcess) {
 }
 
 }  // namespace
-}  // namespace pipetrain::cli
+}  // namespace pipetrain::cli::gpt_test

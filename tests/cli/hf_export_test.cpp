@@ -19,7 +19,7 @@
 #include "support/command.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::hf_export_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -176,4 +176,4 @@ TEST_F(HfExport, AShapeOfItsOwnNeedsItsHeadsAndAFolderItsFiles) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::hf_export_test

@@ -15,7 +15,7 @@
 
 #include "support/command.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::readme_flags_test {
 namespace {
 
 std::string trim(const std::string& text) {
@@ -150,4 +150,4 @@ TEST(ReadmeFlags, TheTableAndHelpNameTheSameFlagsWithTheSameDefaults) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::readme_flags_test

@@ -8,7 +8,7 @@
 #include "support/command.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::token_data_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -94,4 +94,4 @@ TEST_F(TokenData, BadFilesAndMisplacedFlagsAreUsageErrors) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::token_data_test

@@ -14,7 +14,7 @@
 #include "support/command.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::torchrun_test {
 namespace {
 
 TEST(Torchrun, PipeUnderTorchrunsAgentTrainsAsSingle) {
@@ -112,4 +112,4 @@ TEST(Torchrun, ARestartAfterARankDiesContinuesFromLastCkpt) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::torchrun_test

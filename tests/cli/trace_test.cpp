@@ -15,7 +15,7 @@
 #include "support/command.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::trace_test {
 namespace {
 
 TEST(Trace, FitWritesEveryRanksSpansInScheduleOrder) {
@@ -107,4 +107,4 @@ TEST(Trace, TotalsAddUpTheSpansOfEachName) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::trace_test

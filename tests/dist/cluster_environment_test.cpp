@@ -11,7 +11,7 @@
 
 #include "support/errors.h"
 
-namespace pipetrain {
+namespace pipetrain::cluster_environment_test {
 namespace {
 
 EnvironmentVariables torchrun_env() {
@@ -279,4 +279,4 @@ TEST(CurrentEnvironmentTest, SnapshotsEnviron) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::cluster_environment_test

@@ -9,7 +9,7 @@
 #include "pipetrain/world.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain {
+namespace pipetrain::gradient_sync_test {
 namespace {
 
 torch::nn::Sequential make_model() {
@@ -74,4 +74,4 @@ TEST(GradientSync, AveragesOverReplicasStartingDuringBackward) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::gradient_sync_test

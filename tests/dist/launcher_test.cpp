@@ -32,7 +32,7 @@
 
 #include "support/errors.h"
 
-namespace pipetrain {
+namespace pipetrain::launcher_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -663,4 +663,4 @@ TEST(FindFreePortTest, ReturnsABindablePort) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::launcher_test

@@ -15,7 +15,7 @@
 #include "support/errors.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::p2p_test {
 namespace {
 
 PIPETRAIN_WORKER(p2p_worker) {
@@ -152,4 +152,4 @@ TEST(PeerToPeer, ReceivesPostedAheadGiveThePacketsInOrder) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::p2p_test

@@ -20,7 +20,7 @@
 #include "pipetrain/world.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::rendezvous_store_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -189,4 +189,4 @@ TEST(RendezvousStore, AnEmptyRendezvousFileIsRefusedByName) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::rendezvous_store_test

@@ -8,7 +8,7 @@
 #include "pipetrain/world.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::world_rendezvous_test {
 namespace {
 
 PIPETRAIN_WORKER(agent_store_worker) {
@@ -36,4 +36,4 @@ TEST(WorldRendezvous, EveryRankJoinsAStoreItsLauncherHosts) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::world_rendezvous_test

@@ -20,7 +20,7 @@
 #include "support/reference.h"
 #include "support/small_models.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::pipe_cuda_test {
 namespace {
 
 constexpr uint64_t kSeed = 7;
@@ -339,4 +339,4 @@ TEST(CudaTrainer, PrefetchedBatchesTrainAsBatchesReadInTheStep) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::pipe_cuda_test

@@ -12,7 +12,7 @@
 #include "pipetrain/logger.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain {
+namespace pipetrain::csv_logger_test {
 namespace {
 
 std::string read(const std::string& path) {
@@ -77,4 +77,4 @@ TEST(CSVLogger, WritesHyperparameters) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::csv_logger_test

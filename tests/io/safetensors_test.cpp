@@ -15,7 +15,7 @@
 
 #include "support/multiprocess.h"
 
-namespace pipetrain {
+namespace pipetrain::safetensors_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -386,4 +386,4 @@ TEST_F(Safetensors, SavesTensorsFromTheGpu) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::safetensors_test

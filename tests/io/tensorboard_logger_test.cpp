@@ -15,7 +15,7 @@
 #include <sstream>
 #include <vector>
 
-namespace pipetrain {
+namespace pipetrain::tensorboard_logger_test {
 namespace {
 namespace fs = std::filesystem;
 
@@ -231,4 +231,4 @@ TEST(TensorBoardLogger, NamesTheEventFileWhenItCannotBeCreated) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::tensorboard_logger_test

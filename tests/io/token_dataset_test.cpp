@@ -13,7 +13,7 @@
 #include "support/errors.h"
 #include "support/multiprocess.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::token_dataset_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -143,4 +143,4 @@ TEST_F(TokenFiles, ATokenOutsideTheVocabularyIsNamedWithItsPosition) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::token_dataset_test

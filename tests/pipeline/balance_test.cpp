@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace pipetrain {
+namespace pipetrain::balance_test {
 namespace {
 
 TEST(BalanceByCost, MinimisesTheLargestStage) {
@@ -60,4 +60,4 @@ TEST(ValidateBalance, NamesTheValue) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::balance_test

@@ -25,7 +25,7 @@
 #include "support/multiprocess.h"
 #include "support/reference.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::fused_linear_test {
 namespace {
 
 const std::vector<std::string> kSchedules = {"gpipe",           "1f1b", "zbh1", "zbh2",
@@ -422,4 +422,4 @@ TEST(FusedGradientAccumulation, TwoStagesSendInputGradientsBeforeWeightGradients
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::fused_linear_test

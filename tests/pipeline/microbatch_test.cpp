@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-namespace pipetrain {
+namespace pipetrain::microbatch_test {
 namespace {
 
 std::vector<int64_t> sizes(const std::vector<MicroBatch>& microbatches) {
@@ -40,4 +40,4 @@ TEST(SplitMicrobatches, RejectsChunksLargerThanTheBatch) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::microbatch_test

@@ -16,7 +16,7 @@
 #include "support/multiprocess.h"
 #include "support/reference.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::pipe_equivalence_test {
 namespace {
 
 constexpr uint64_t kSeed = 7;
@@ -161,4 +161,4 @@ INSTANTIATE_TEST_SUITE_P(Stages, PipeEquivalence, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "_stages"; });
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::pipe_equivalence_test

@@ -12,7 +12,7 @@
 #include <string>
 #include <tuple>
 
-namespace pipetrain {
+namespace pipetrain::plan_test {
 namespace {
 
 using Kind = PlannedAction::Kind;
@@ -111,9 +111,9 @@ TEST(Plan, DeferredWeightGradientsFollowEachBackwardsSend) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::plan_test
 
-namespace pipetrain {
+namespace pipetrain::plan_test {
 namespace {
 
 // Costs of every kind, unequal per stage, and a transfer: nothing lines up by accident.
@@ -222,4 +222,4 @@ TEST(PlanSimulation, AReceiveWhoseSendNeverComesIsNamed) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::plan_test

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace pipetrain {
+namespace pipetrain::recompute_test {
 namespace {
 
 TEST(CheckpointMode, ParsesTheThreeModes) {
@@ -37,4 +37,4 @@ TEST(RngState, ReplayDrawsTheSameNumbersAndLeavesTheGeneratorAlone) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::recompute_test

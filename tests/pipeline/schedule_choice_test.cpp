@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::schedule_choice_test {
 namespace {
 
 using Prediction = ScheduleChoice::Prediction;
@@ -84,4 +84,4 @@ TEST(ScheduleChoice, StepsOutOfTurnAreRefused) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::schedule_choice_test

@@ -15,7 +15,7 @@
 #include "support/multiprocess.h"
 #include "support/reference.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::schedule_file_test {
 namespace {
 
 constexpr uint64_t kSeed = 7;
@@ -139,4 +139,4 @@ TEST(ScheduleFile, MaxMemoryRefusesAScheduleThatHoldsMore) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::schedule_file_test

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace pipetrain {
+namespace pipetrain::schedule_test {
 namespace {
 
 using testing::error_of;
@@ -518,4 +518,4 @@ TEST(ScheduleTest, MissingOrRepeatedActionsAreReported) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::schedule_test

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace pipetrain {
+namespace pipetrain::split_backward_test {
 namespace {
 
 // A stage's forward: outputs from its input and parameters.
@@ -160,4 +160,4 @@ TEST(SplitBackwardLoss, AScalarRootNeedsNoGradientAndOthersAreRefused) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::split_backward_test

@@ -19,7 +19,7 @@
 #include "support/multiprocess.h"
 #include "support/reference.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::stage_boundary_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -208,4 +208,4 @@ TEST(StageBoundary, UnsendableResultsAreRefusedByName) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::stage_boundary_test

@@ -21,7 +21,7 @@
 #include "support/small_models.h"
 #include "support/trainer_run.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::tied_parameters_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -243,4 +243,4 @@ TEST_F(TiedParameters, CheckpointsResumeAcrossLayouts) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::tied_parameters_test

@@ -12,7 +12,7 @@
 #include <limits>
 #include <optional>
 
-namespace pipetrain {
+namespace pipetrain::cross_entropy_test {
 namespace {
 
 namespace F = torch::nn::functional;
@@ -213,4 +213,4 @@ TEST(ChunkedCrossEntropy, RefusesTargetsThatDoNotFitTheLogits) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::cross_entropy_test

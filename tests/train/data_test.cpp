@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace pipetrain {
+namespace pipetrain::data_test {
 namespace {
 
 using testing::error_of;
@@ -187,4 +187,4 @@ TEST(Dataset, LibTorchDatasetsAreReadAsTheyAre) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::data_test

@@ -24,7 +24,7 @@
 #include "support/small_models.h"
 #include "support/trainer_run.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::datasets_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -322,4 +322,4 @@ TEST_F(Datasets, AResumeWithAnotherNumberOfReplicasContinuesAtTheSameSample) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::datasets_test

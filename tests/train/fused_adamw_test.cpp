@@ -10,7 +10,7 @@
 
 #include <sstream>
 
-namespace pipetrain {
+namespace pipetrain::fused_adamw_test {
 namespace {
 
 torch::Device test_device() {
@@ -128,4 +128,4 @@ TEST(FusedAdamW, DividesTheNextStepsGradientsAsAnInPlaceDivisionWould) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::fused_adamw_test

@@ -15,7 +15,7 @@
 #include "pipetrain/compat.h"
 #include "pipetrain/layer_norm.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::layer_norm_test {
 namespace {
 
 struct Result {
@@ -150,4 +150,4 @@ TEST(LayerNorm, CudaResidualAndAddLayerNormEqualAtens) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::layer_norm_test

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace pipetrain {
+namespace pipetrain::optimizer_state_test {
 namespace {
 
 using testing::error_of;
@@ -305,4 +305,4 @@ TEST(OptimizerState, ArchiveWithoutOptimizerStateIsRefused) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::optimizer_state_test

@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-namespace pipetrain {
+namespace pipetrain::progress_bar_test {
 namespace {
 
 // Everything written to `file` so far.
@@ -246,4 +246,4 @@ TEST(ProgressBar, PrintWithoutABarIsJustTheMessage) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::progress_bar_test

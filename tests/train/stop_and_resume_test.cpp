@@ -21,7 +21,7 @@
 #include "support/multiprocess.h"
 #include "support/small_models.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::stop_and_resume_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -241,4 +241,4 @@ TEST(StopAndResumeCommand, SigtermSavesLastCkptAndExitsWithTheSignalsStatus) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::stop_and_resume_test

@@ -18,7 +18,7 @@
 #include "support/multiprocess.h"
 #include "support/small_models.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::throughput_monitor_test {
 namespace {
 
 class Regression : public MseRegression {
@@ -122,4 +122,4 @@ TEST_F(ThroughputMonitorTest, TheCommandCountsTokensOfEveryReplicaOnce) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::throughput_monitor_test

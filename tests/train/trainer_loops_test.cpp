@@ -16,7 +16,7 @@
 #include "support/multiprocess.h"
 #include "support/small_models.h"
 
-namespace pipetrain {
+namespace pipetrain::trainer_loops_test {
 namespace {
 
 // Records which hooks ran; its validation "loss" follows a script so callbacks can be tested.
@@ -253,9 +253,9 @@ TEST_F(TrainerLoops, BadOptionsNameTheValue) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::trainer_loops_test
 
-namespace pipetrain {
+namespace pipetrain::trainer_loops_test {
 namespace {
 
 // Its loss is NaN at one batch: in one process the check waits for the next logging step.
@@ -289,4 +289,4 @@ TEST_F(TrainerLoops, ANanLossInOneProcessStopsAtTheNextLoggingStepNamingItsStep)
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::trainer_loops_test

@@ -14,7 +14,7 @@
 #include "support/multiprocess.h"
 #include "support/small_models.h"
 
-namespace pipetrain {
+namespace pipetrain::trainer_test {
 namespace {
 
 // Logs each batch's rows beside its loss.
@@ -166,4 +166,4 @@ TEST(StrategyRegistry, UnknownNameListsTheRegisteredOnes) {
 }
 
 }  // namespace
-}  // namespace pipetrain
+}  // namespace pipetrain::trainer_test

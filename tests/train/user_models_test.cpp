@@ -22,7 +22,7 @@
 #include "support/small_models.h"
 #include "support/trainer_run.h"
 
-namespace pipetrain::testing {
+namespace pipetrain::testing::user_models_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -278,4 +278,4 @@ TEST_F(UserModels, DdpReplicasHoldReplicaZerosBatchNormStatistics) {
 }
 
 }  // namespace
-}  // namespace pipetrain::testing
+}  // namespace pipetrain::testing::user_models_test
