@@ -472,14 +472,14 @@ double seconds_between(Clock::time_point start, Clock::time_point end) {
 // Adds the time of its scope to a profiled step's `seconds[kind]`, `device` synchronised at both
 // ends (so that a compute scope counts its kernels and not a receive it waits for; a host scope
 // passes the CPU).
-class ComputeTimer {
+class ProfileTimer {
  public:
-  ComputeTimer(bool on, const c10::Device& device, double& seconds)
+  ProfileTimer(bool on, const c10::Device& device, double& seconds)
       : on_(on),
         device_(device),
         seconds_(seconds),
         start_(on ? synchronized_now(device) : Clock::time_point()) {}
-  ~ComputeTimer() {
+  ~ProfileTimer() {
     if (on_) seconds_ += seconds_between(start_, synchronized_now(device_));
   }
 
@@ -623,7 +623,7 @@ std::string Pipe::predict_schedules(const std::vector<double>& seconds, int64_t 
   }
   std::ostringstream line;
   line << std::fixed << std::setprecision(2) << "per micro-batch F/I/W ms by stage:";
-  for (int64_t s = 0; s < stages(); ++s) {
+  for (int64_t s = 0; s < n; ++s) {
     line << (s > 0 ? "," : "") << " " << s << ": " << 1e3 * costs.forward[s] << "/"
          << 1e3 * (costs.backward[s] - costs.weight[s]) << "/" << 1e3 * costs.weight[s];
   }
@@ -678,7 +678,7 @@ void Pipe::run_receive(Step& step, const PlannedAction& planned) {
     const auto state = step.in_flight.find({next.action.stage, next.action.microbatch});
     if (!next.gradients() || (state != step.in_flight.end() && gradients_come(state->second))) {
       Trace::Span span(options_.trace().get(), "post receive", next.action.microbatch);
-      ComputeTimer timer(step.profiling, c10::Device(c10::kCPU), step.seconds[3]);
+      ProfileTimer timer(step.profiling, c10::Device(c10::kCPU), step.seconds[3]);
       p2p_->post_recv(next.peer, next.gradients() ? Flow::kGradient : Flow::kActivation,
                       step.microbatches[next.action.microbatch].size(), next.action.stage);
     }
@@ -703,7 +703,7 @@ void Pipe::run_send(Step& step, const PlannedAction& planned) {
   Trace::Span span(options_.trace().get(),
                    planned.gradients() ? "send gradient" : "send activation", mb.index);
   // The host's own time: on a GPU the tensors travel after the call returns.
-  ComputeTimer timer(step.profiling, c10::Device(c10::kCPU), step.seconds[3]);
+  ProfileTimer timer(step.profiling, c10::Device(c10::kCPU), step.seconds[3]);
   ++step.transfers;
   execution_->sending(slot, planned.gradients(),
                       p2p_->send(packet, planned.peer, flow, mb.size(), to_stage));
@@ -744,7 +744,7 @@ void Pipe::run_forward(Step& step, const Action& action) {
   if (check_boundary_) check_graphs_fit(state.input, mb.index);
   {
     Trace::Span span(options_.trace().get(), "forward", mb.index);
-    ComputeTimer timer(step.profiling, world_->device(), step.seconds[0]);
+    ProfileTimer timer(step.profiling, world_->device(), step.seconds[0]);
     execution_->forward(state,
                         [&](const StageValue& input) { return run_stage(stage, input, mb.index); });
     if (is_last(stage.index)) {
@@ -787,7 +787,7 @@ void Pipe::run_backward(Step& step, const Action& action) {
   {
     Trace::Span span(trace, action.phase == Phase::kInputBackward ? "input backward" : "backward",
                      mb.index);
-    ComputeTimer timer(step.profiling, world_->device(), step.seconds[1]);
+    ProfileTimer timer(step.profiling, world_->device(), step.seconds[1]);
     DeferredWeightGradients::Deferral deferral(deferred_.get());  // weight gradients wait
     if (is_last(stage.index) && execution_->output_detached(state)) {
       state.loss.backward();  // the loss head alone, into the output's leaf
@@ -829,7 +829,7 @@ void Pipe::run_deferred_weight_gradients(Step& step, const Action& backward) {
 void Pipe::run_weight_backward(Step& step, const Action& action) {
   auto node = step.in_flight.extract(std::make_pair(action.stage, action.microbatch));
   Trace::Span span(options_.trace().get(), "weight backward", action.microbatch);
-  ComputeTimer timer(step.profiling, world_->device(), step.seconds[2]);
+  ProfileTimer timer(step.profiling, world_->device(), step.seconds[2]);
   execution_->weight_backward(node.mapped());
 }
 
