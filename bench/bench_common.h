@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "distributed/p2p.h"
 #include "pipetrain/launcher.h"
-#include "pipetrain/p2p.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/world.h"
 

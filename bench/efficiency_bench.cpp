@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "distributed/world_connection.h"
+#include "pipeline/microbatch.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/launcher.h"
 #include "pipetrain/pipe.h"
@@ -186,10 +188,10 @@ void run_stage() {
 
   // Rank 1 hands its CPU figures to rank 0 through the store.
   const auto publish = [&](const std::string& key, const std::string& text) {
-    world->store()->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+    store(*world)->set(key, std::vector<uint8_t>(text.begin(), text.end()));
   };
   const auto fetch = [&](const std::string& key) {
-    const auto bytes = world->store()->get(key);
+    const auto bytes = store(*world)->get(key);
     return std::stod(std::string(bytes.begin(), bytes.end()));
   };
   const auto cpu_key = [](const Config& c, const char* which) {

@@ -37,11 +37,11 @@
 #include <tuple>
 #include <vector>
 
+#include "distributed/gradient_sync.h"
+#include "pipeline/trace.h"
 #include "pipetrain/cluster_environment.h"
-#include "pipetrain/gradient_sync.h"
 #include "pipetrain/launcher.h"
 #include "pipetrain/pipe.h"
-#include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 
 namespace {

@@ -29,12 +29,12 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "pipeline/plan.h"
+#include "pipeline/recompute.h"
+#include "pipeline/trace.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/pipe.h"
-#include "pipetrain/plan.h"
-#include "pipetrain/recompute.h"
 #include "pipetrain/schedule.h"
-#include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 
 namespace {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "distributed/world_connection.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/launcher.h"
 #include "pipetrain/pipe.h"
@@ -142,8 +143,8 @@ void run_stage() {
   if (world->rank() != 0) {
     for (const auto& [config, m] : mine) {
       const std::string text = std::to_string(m.peak) + " " + std::to_string(m.retained);
-      world->store()->set(key(config.first, config.second),
-                          std::vector<uint8_t>(text.begin(), text.end()));
+      store(*world)->set(key(config.first, config.second),
+                         std::vector<uint8_t>(text.begin(), text.end()));
     }
     world->barrier();
     return;
@@ -151,7 +152,7 @@ void run_stage() {
   std::map<std::pair<std::string, std::string>, Measured> last;
   for (const auto& s : kSchedules) {
     for (const auto& mode : kModes) {
-      const auto bytes = world->store()->get(key(s, mode));
+      const auto bytes = store(*world)->get(key(s, mode));
       long long peak = 0, retained = 0;
       std::sscanf(std::string(bytes.begin(), bytes.end()).c_str(), "%lld %lld", &peak, &retained);
       last[{s, mode}] = {peak, retained};

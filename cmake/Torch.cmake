@@ -1,8 +1,12 @@
-# Torch's imported target carries no c10d definitions; the Gloo and NCCL process-group headers
-# need them. Gloo where its headers are (Debian's libgloo-dev; the PyTorch wheels ship none), NCCL
-# where Torch has CUDA (nccl.h from the nvidia-nccl wheel next to torch, or PIPETRAIN_NCCL_INCLUDE_DIR).
+# pipetrain_torch: Torch's headers and libraries, all a user of pipetrain's public headers needs.
+# pipetrain_c10d: what the library's own sources add to compile c10d's process groups. Torch's
+# imported target carries no c10d definitions; the Gloo and NCCL process-group headers need them.
+# Gloo where its headers are (Debian's libgloo-dev; the PyTorch wheels ship none), NCCL where
+# Torch has CUDA (nccl.h from the nvidia-nccl wheel next to torch, or PIPETRAIN_NCCL_INCLUDE_DIR).
+# PIPETRAIN_HAS_GLOO / PIPETRAIN_HAS_CUDA say which, to the library and its tests alone.
 add_library(pipetrain_torch INTERFACE)
 target_include_directories(pipetrain_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+add_library(pipetrain_c10d INTERFACE)
 
 # A CUDA build of Torch exports the torch_cuda target; Debian's CPU libtorch has none.
 if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
@@ -13,8 +17,8 @@ endif()
 
 find_path(PIPETRAIN_GLOO_INCLUDE_DIR gloo/rendezvous/store.h HINTS ${TORCH_INCLUDE_DIRS})
 if(PIPETRAIN_GLOO_INCLUDE_DIR)
-  target_include_directories(pipetrain_torch SYSTEM INTERFACE ${PIPETRAIN_GLOO_INCLUDE_DIR})
-  target_compile_definitions(pipetrain_torch INTERFACE USE_C10D_GLOO PIPETRAIN_HAS_GLOO)
+  target_include_directories(pipetrain_c10d SYSTEM INTERFACE ${PIPETRAIN_GLOO_INCLUDE_DIR})
+  target_compile_definitions(pipetrain_c10d INTERFACE USE_C10D_GLOO PIPETRAIN_HAS_GLOO)
 endif()
 
 if(PIPETRAIN_CUDA)
@@ -38,8 +42,8 @@ if(PIPETRAIN_CUDA)
     message(FATAL_ERROR "Torch has CUDA but nccl.h was not found: install the nvidia-nccl wheel "
                         "Torch depends on, or pass -DPIPETRAIN_NCCL_INCLUDE_DIR=<dir>")
   endif()
-  target_include_directories(pipetrain_torch SYSTEM INTERFACE ${PIPETRAIN_NCCL_INCLUDE_DIR})
-  target_compile_definitions(pipetrain_torch INTERFACE USE_C10D_NCCL PIPETRAIN_HAS_CUDA)
+  target_include_directories(pipetrain_c10d SYSTEM INTERFACE ${PIPETRAIN_NCCL_INCLUDE_DIR})
+  target_compile_definitions(pipetrain_c10d INTERFACE USE_C10D_NCCL PIPETRAIN_HAS_CUDA)
   # pipetrain's own kernels (src/**/*.cu) where nvcc is found; without it, ATen's ops do the work.
   include(CheckLanguage)
   check_language(CUDA)

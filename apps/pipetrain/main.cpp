@@ -3,19 +3,23 @@
 //   pipetrain fit --model gpt --strategy pipe --devices 2 --chunks 4
 //   pipetrain predict --model gpt --ckpt-path last --prompt "The "
 // Every flag has an environment variable (PIPETRAIN_<FLAG>) and a key in --config FILE (JSON);
-// the command line wins over the environment, which wins over the config file.
+// the command line wins over the environment, which wins over the config file. A flag given twice
+// takes its last value.
 #include <CLI/CLI.hpp>
 
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 
 #include <pipetrain/checkpoint_io.h>
+#include <pipetrain/checkpoint_path.h>
 #include <pipetrain/early_stopping.h>
 #include <pipetrain/error.h>
 #include <pipetrain/lr_monitor.h>
@@ -62,10 +66,34 @@ struct Args {
   std::string config;
 };
 
-std::string join(const std::vector<std::string>& names, const char* sep) {
+template <typename T>
+std::string join(const std::vector<T>& items, const char* sep) {
   std::ostringstream out;
-  for (size_t i = 0; i < names.size(); ++i) out << (i ? sep : "") << names[i];
+  for (size_t i = 0; i < items.size(); ++i) out << (i ? sep : "") << items[i];
   return out.str();
+}
+
+// A list flag's value, "2,2" or "csv,tensorboard", element by element; an error names `flag`.
+template <typename T>
+std::vector<T> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<T> list;
+  std::istringstream elements(text);
+  std::string element;
+  while (std::getline(elements, element, ',')) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      list.push_back(element);
+    } else {
+      T value{};
+      const char* end = element.data() + element.size();
+      const auto parsed = std::from_chars(element.data(), end, value);
+      if (element.empty() || parsed.ec != std::errc() || parsed.ptr != end) {
+        throw std::invalid_argument(flag + " " + text + ": '" + element +
+                                    "' is not a whole number");
+      }
+      list.push_back(value);
+    }
+  }
+  return list;
 }
 
 // "--max-epochs" -> "PIPETRAIN_MAX_EPOCHS".
@@ -89,6 +117,20 @@ void add_flags(CLI::App& app, Args& a) {
             help)
         ->default_str(limit.to_string())
         ->run_callback_for_default()  // so --config's value reaches `limit`
+        ->envname(env_name(flag));
+  };
+  // A comma-separated list ("2,2") read as one value, so that the flag given again replaces the
+  // whole list, as it replaces any other flag's value (CLI11's own lists would append to it).
+  auto add_list = [&](const std::string& flag, auto& list, const std::string& help) {
+    using Element = typename std::decay_t<decltype(list)>::value_type;
+    return app
+        .add_option_function<std::string>(
+            flag,
+            [&list, flag](const std::string& text) { list = parse_list<Element>(flag, text); },
+            help)
+        ->type_name("LIST")
+        ->default_str(join(list, ","))
+        ->run_callback_for_default()  // so --config's value reaches `list`
         ->envname(env_name(flag));
   };
   pipetrain::TrainerOptions& t = a.trainer;
@@ -120,8 +162,7 @@ void add_flags(CLI::App& app, Args& a) {
   add("--devices", t.devices(), "processes per node; under pipe, the number of stages");
   add("--num-nodes", t.num_nodes(), "machines; start one launch per node with NODE_RANK set");
   add("--stages", t.stages(), "ddp_pipe: stages per pipeline (must divide devices x num-nodes)");
-  add("--balance", pipe.balance(), "layers per stage, e.g. 2,2 (default: by parameter count)")
-      ->delimiter(',');
+  add_list("--balance", pipe.balance(), "layers per stage, e.g. 2,2 (default: by parameter count)");
   add("--chunks", pipe.chunks(), "micro-batches per batch");
   add("--checkpoint", pipe.checkpoint(), "activation checkpointing: always, except_last, never");
   add("--schedule", pipe.schedule(),
@@ -168,8 +209,7 @@ void add_flags(CLI::App& app, Args& a) {
   add("--enable-checkpointing", t.enable_checkpointing(), "save checkpoint files");
   add("--log-every-n-steps", t.log_every_n_steps(), "log metrics every K steps");
   add("--precision", t.precision(), "32-true, bf16-mixed or bf16-true");
-  add("--logger", t.loggers(), "loggers: csv, tensorboard (comma-separated; none: no logs)")
-      ->delimiter(',');
+  add_list("--logger", t.loggers(), "loggers: csv, tensorboard (comma-separated; none: no logs)");
   add("--batch-size", a.data.batch_size(), "samples per step and replica (split into --chunks)");
   add("--num-workers", a.data.num_workers(),
       "threads preparing batches ahead of the step (0: none)");
@@ -177,7 +217,9 @@ void add_flags(CLI::App& app, Args& a) {
   add("--default-root-dir", t.default_root_dir(), "where lightning_logs/ goes");
   add("--trace", t.trace(), "fit: write a Chrome-trace JSON of every rank's spans to this file");
   add("--timeout", t.timeout_seconds(), "seconds to wait for another rank before failing");
-  add("--ckpt-path", a.ckpt_path, "checkpoint to resume from or evaluate: a path, or last");
+  add("--ckpt-path", a.ckpt_path,
+      "checkpoint to resume from or evaluate: a path, last (the newest last.ckpt under "
+      "--default-root-dir) or best (the checkpoint callback's best, as last.ckpt records it)");
   add("--monitor", a.checkpointing.monitor(),
       "metric that picks the best checkpoints (default: by recency)");
   add("--mode", a.checkpointing.mode(), "min or max: which way --monitor improves");
@@ -228,13 +270,16 @@ void apply_config(CLI::App& app, const std::string& path) {
   }
 }
 
-// The --config path, before the real parse (so its values can become defaults).
+// The --config path, before the real parse (so its values can become defaults): the last one
+// given, as for every flag.
 std::string find_config(int argc, char** argv) {
+  std::string config;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--config" && i + 1 < argc) return argv[i + 1];
-    if (arg.rfind("--config=", 0) == 0) return arg.substr(9);
+    if (arg == "--config" && i + 1 < argc) config = argv[i + 1];
+    if (arg.rfind("--config=", 0) == 0) config = arg.substr(9);
   }
+  if (!config.empty()) return config;
   const char* env = std::getenv("PIPETRAIN_CONFIG");
   return env ? env : "";
 }
@@ -341,7 +386,10 @@ int run(const std::string& command, const Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{
       "pipetrain: train LibTorch Sequential models on one device or split into a pipeline"};
-  app.option_defaults()->always_capture_default();
+  // A flag given again replaces its value, as in argparse and most Unix tools, so that a script can
+  // override one of a shared list of flags ("${common[@]}" --devices 3).
+  app.option_defaults()->always_capture_default()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);
   app.require_subcommand(1);
   // One Args per subcommand: CLI11 applies environment variables to every subcommand's options,
   // so shared storage would let another subcommand's environment value win over a flag.
@@ -358,13 +406,22 @@ int main(int argc, char** argv) {
   }
   struct ExportOptions {
     std::string format = "hf-gpt2", ckpt_path, output;
+    std::string default_root_dir = pipetrain::TrainerOptions().default_root_dir();
     int64_t n_head = 0;
   } exported;
   CLI::App* export_command = app.add_subcommand(
       "export", "write a checkpoint's weights for other tools (hf-gpt2: transformers' GPT-2)");
   export_command->add_option("--format", exported.format, "hf-gpt2 (the one there is)");
-  export_command->add_option("--ckpt-path", exported.ckpt_path, "a .ckpt folder of --model gpt2")
+  // As the other subcommands read them, their environment variables included.
+  export_command
+      ->add_option("--ckpt-path", exported.ckpt_path,
+                   "a checkpoint of --model gpt2: a .ckpt folder, last or best (as fit's)")
+      ->envname(env_name("--ckpt-path"))
       ->required();
+  export_command
+      ->add_option("--default-root-dir", exported.default_root_dir,
+                   "where lightning_logs/ is, for --ckpt-path last or best")
+      ->envname(env_name("--default-root-dir"));
   export_command
       ->add_option("--output", exported.output,
                    "folder for model.safetensors and "
@@ -414,7 +471,10 @@ int main(int argc, char** argv) {
       if (exported.format != "hf-gpt2") {
         throw std::invalid_argument("--format " + exported.format + ": use hf-gpt2");
       }
-      const auto weights = pipetrain::read_checkpoint_weights(exported.ckpt_path);
+      // "last" and "best" as the Trainer resolves them for the other subcommands.
+      const std::string checkpoint =
+          pipetrain::resolve_checkpoint_path(exported.ckpt_path, exported.default_root_dir);
+      const auto weights = pipetrain::read_checkpoint_weights(checkpoint);
       pipetrain::cli::export_hf_gpt2(
           weights, pipetrain::cli::gpt2_config_of(weights, exported.n_head), exported.output);
       std::cout << "wrote " << exported.output << "/model.safetensors and config.json "

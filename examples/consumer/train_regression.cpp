@@ -1,12 +1,10 @@
 // A user's own model trained as a two-stage pipeline. The step code is the same under every
 // strategy: no stage checks, and log() just works.
-//   ./train_regression            # pipetrain starts both ranks itself
+//   ./train_regression [ROOT] [STRATEGY]   # pipetrain starts both ranks itself
 //   torchrun --nproc-per-node 2 ./train_regression
-#include <pipetrain/layer_norm.h>
-#include <pipetrain/linear.h>
-#include <pipetrain/module.h>
-#include <pipetrain/throughput_monitor.h>
-#include <pipetrain/trainer.h>
+// STRATEGY is "pipe" (the default: 2 stages, 4 micro-batches, 1F1B) or "single" (one process),
+// which trains to the same losses.
+#include <pipetrain/pipetrain.h>
 #include <torch/torch.h>
 
 #include <exception>
@@ -51,16 +49,16 @@ class Regression : public pipetrain::Module {
 
 int run(int argc, char** argv) {
   const std::string root = argc > 1 ? argv[1] : ".";
-  const auto options =
-      pipetrain::TrainerOptions()
-          .strategy("pipe")
-          .devices(2)
-          .pipe(
-              pipetrain::PipeOptions().chunks(4).schedule("1f1b").fuse_gradient_accumulation(true))
-          .max_epochs(5)
-          .log_every_n_steps(10)
-          .callbacks({std::make_shared<pipetrain::ThroughputMonitor>()})
-          .default_root_dir(root);
+  const bool pipelined = argc <= 2 || std::string(argv[2]) != "single";
+  auto options = pipetrain::TrainerOptions()
+                     .max_epochs(5)
+                     .log_every_n_steps(10)
+                     .callbacks({std::make_shared<pipetrain::ThroughputMonitor>()})
+                     .default_root_dir(root);
+  if (pipelined) {
+    options.strategy("pipe").devices(2).pipe(
+        pipetrain::PipeOptions().chunks(4).schedule("1f1b").fuse_gradient_accumulation(true));
+  }
   // Runs this program once per stage and returns their status; in the ranks, nothing.
   if (const auto status = pipetrain::launch_ranks(options)) return *status;
   pipetrain::Trainer trainer(options);

@@ -18,8 +18,6 @@
 
 namespace pipetrain {
 
-class World;
-
 // Where a fit is: what a checkpoint saves and a resumed fit starts from, as it is.
 struct FitProgress {
   int64_t epoch = 0;            // the epoch running (or just finished)
@@ -53,11 +51,20 @@ struct TrainingState {
 std::string checkpoint_weights_path(const std::string& checkpoint);
 std::string checkpoint_rank_path(const std::string& checkpoint, int64_t rank);
 
-// Collective. Into `path`.partial, rank 0 writes `weights` and `state` and every rank the bytes
-// `rank_state` returns, as rank-<r>.pt; then rank 0 moves the folder into place. A failed write
-// (a full disk) throws naming the file and the reason, removes the partial folder and leaves a
-// checkpoint already at `path` as it was.
-void write_checkpoint(const World& world, const std::string& path,
+// The processes writing one checkpoint together, as write_checkpoint needs them: which one this
+// is (0 writes the shared files), a barrier among all of them, and how to tell the others that
+// this one failed (their barrier then fails with that error). One process: the defaults.
+struct CheckpointWriters {
+  int64_t rank = 0;
+  std::function<void()> barrier = [] {};
+  std::function<void(const std::string& error)> publish_error = [](const std::string&) {};
+};
+
+// Collective over `writers`. Into `path`.partial, rank 0 writes `weights` and `state` and every
+// rank the bytes `rank_state` returns, as rank-<r>.pt; then rank 0 moves the folder into place. A
+// failed write (a full disk) throws naming the file and the reason, removes the partial folder and
+// leaves a checkpoint already at `path` as it was.
+void write_checkpoint(const CheckpointWriters& writers, const std::string& path,
                       const std::map<std::string, at::Tensor>& weights, const TrainingState& state,
                       const std::function<std::string()>& rank_state);
 

@@ -33,4 +33,9 @@ class FusedAdamW : public torch::optim::AdamW {
   at::Tensor divisor_;
 };
 
+// Divides every gradient `optimizer` steps by `divisor` (a scalar tensor) before its next step, as
+// clipping by norm does: a FusedAdamW divides them as its kernel reads them, no pass of their own;
+// any other optimizer's are divided in place now.
+void divide_gradients_before_step(torch::optim::Optimizer& optimizer, const at::Tensor& divisor);
+
 }  // namespace pipetrain

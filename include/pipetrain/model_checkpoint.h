@@ -73,8 +73,8 @@ class ModelCheckpoint : public Callback {
 
   void on_fit_start(Trainer& trainer, Module& module) override;
   void on_fit_end(Trainer& trainer, Module& module) override;
-  void on_train_batch_end(Trainer& trainer, Module& module, const Batch& batch,
-                          int64_t batch_idx) override;
+  void on_train_batch_end(Trainer& trainer, Module& module, const TrainBatchOutputs& outputs,
+                          const Batch& batch, int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, Module& module) override;
   void on_validation_end(Trainer& trainer, Module& module) override;
 

@@ -17,29 +17,31 @@
 #include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
-
-#include "pipetrain/microbatch.h"
-#include "pipetrain/p2p.h"
-#include "pipetrain/plan.h"
-#include "pipetrain/recompute.h"
-#include "pipetrain/schedule.h"
 
 namespace pipetrain {
 
 class World;
-class StageExecution;
-class DeferredWeightGradients;
 class Trace;
 class TiedGradients;
-class DeferredBatchNormImpl;
-class ScheduleChoice;
-struct StageValue;
+
+// One micro-batch of a batch: rows [begin, end) of it. A batch is cut along dim 0 into exactly
+// `chunks` pieces whose sizes differ by at most one (the first batch_size % chunks get one row
+// more), so the schedule built for `chunks` micro-batches is the one that runs.
+struct MicroBatch {
+  int64_t index = 0;  // position in the batch, 0-based
+  int64_t begin = 0;  // first sample (inclusive)
+  int64_t end = 0;    // last sample (exclusive)
+  int64_t size() const { return end - begin; }
+  // Its share of a batch of `batch_size` rows: what the Pipe scales its mean loss by (LossFn).
+  double share_of(int64_t batch_size) const {
+    return static_cast<double>(size()) / static_cast<double>(batch_size);
+  }
+};
 
 struct PipeOptions {
   // Layers per stage; empty: split by parameter count (balance_by_size) over the stages.
@@ -89,7 +91,8 @@ struct PipeOptions {
   // ties the Pipe cannot see: layers that hold tensors of their own. The same tensor registered
   // in several layers is found without declaring it (tied_parameters.h).
   TORCH_ARG(std::vector<std::vector<std::string>>, tied_parameters) = {};
-  // Where this stage records its forward, backward, send and receive spans (trace.h); null: none.
+  // Where this stage records its forward, backward, send and receive spans; null: none. The
+  // Trainer sets it from TrainerOptions::trace (a Chrome-trace file), which is how users ask.
   TORCH_ARG(std::shared_ptr<Trace>, trace) = nullptr;
 };
 
@@ -118,20 +121,20 @@ class Pipe {
   // Forward only, for evaluation: no autograd graph and no recomputation, micro-batches in order.
   void forward(const at::Tensor& input, int64_t batch_size, const OutputFn& on_output);
 
-  // Gives every copy of a tied parameter the sum of all copies' gradients (tied_parameters.h), so
-  // the copies on different stages take the same optimizer step. Call it once before each
-  // optimizer step, after the batches it accumulates; every stage calls it.
+  // Gives every copy of a tied parameter the sum of all copies' gradients, so the copies on
+  // different stages take the same optimizer step. Call it once before each optimizer step, after
+  // the batches it accumulates; every stage calls it.
   void reduce_tied_gradients();
   // The parameters used by layers of several stages (or declared tied), and this stage's copies.
-  const TiedGradients& tied_parameters() const { return *tied_; }
+  const TiedGradients& tied_parameters() const;
 
   // Runs just before this stage's last backward of every forward_backward(): data parallelism
   // starts reducing gradients from there, once no other micro-batch will add to them.
-  void set_last_backward_hook(std::function<void()> hook) { last_backward_hook_ = std::move(hook); }
+  void set_last_backward_hook(std::function<void()> hook);
 
   // This process's layers (of all its stages), named by their index in the whole Sequential
   // ("3.weight").
-  const torch::nn::Sequential& stage_module() const { return stage_module_; }
+  const torch::nn::Sequential& stage_module() const;
   // Each once, even when several layers share one (what an optimizer takes).
   std::vector<at::Tensor> parameters() const;
 
@@ -139,101 +142,26 @@ class Pipe {
   // graphs that were asked for are not used ("eager (not using CUDA graphs: ...)"). At the first
   // step graphs may still step aside (a stage whose inputs or outputs they cannot capture),
   // saying so then and here.
-  const std::string& execution() const { return execution_report_; }
+  const std::string& execution() const;
 
   // The schedule the next step runs: the option's, or, under "auto", the one it is timing or has
   // chosen.
-  const std::string& schedule() const { return schedule_name_; }
+  const std::string& schedule() const;
   // Under "auto", whether it is still timing steps to choose (profiling, or trying finalists).
   bool choosing_schedule() const;
 
-  int64_t stages() const { return static_cast<int64_t>(balance_.size()); }
+  int64_t stages() const;
   // The rank that runs `stage`, as the schedule places it.
-  int64_t rank_of_stage(int64_t stage) const { return rank_of_stage_.at(stage); }
+  int64_t rank_of_stage(int64_t stage) const;
   // Whether this rank runs the first stage (it reads the input) / the last (it has the output).
-  bool is_first_stage() const { return rank_ == rank_of_stage(0); }
-  bool is_last_stage() const { return rank_ == rank_of_stage(stages() - 1); }
-  const std::vector<int64_t>& balance() const { return balance_; }
+  bool is_first_stage() const;
+  bool is_last_stage() const;
+  const std::vector<int64_t>& balance() const;
+
+  class Impl;  // src/pipeline/pipe_impl.h
 
  private:
-  struct Step;  // one forward_backward's micro-batches in flight
-  // One of this rank's stages.
-  struct LocalStage {
-    int64_t index = 0;        // in the pipeline
-    int64_t first_layer = 0;  // in the Sequential
-    torch::nn::Sequential layers;
-  };
-  const LocalStage& local_stage(int64_t stage) const;
-  bool is_first(int64_t stage) const { return stage == 0; }
-  bool is_last(int64_t stage) const { return stage == stages() - 1; }
-  at::Tensor run_schedule(const at::Tensor& batch_input, int64_t batch_size, const LossFn& loss_fn);
-  // The actions of a schedule: F, B or I, and W (schedule.h).
-  void run_forward(Step& step, const Action& action);
-  void run_backward(Step& step, const Action& action);
-  void run_weight_backward(Step& step, const Action& action);
-  // The fused Linear layers' weight gradients that `backward` (a B) put off until after its send.
-  void run_deferred_weight_gradients(Step& step, const Action& backward);
-  // The plan's transfers (plan.h): a receive leaves the tensors in arrived_*_, a send takes them
-  // from the step's outgoing packets (and, under CUDA graphs, tells the slot whose buffers they
-  // are that they are on their way).
-  void run_receive(Step& step, const PlannedAction& planned);
-  void run_send(Step& step, const PlannedAction& planned);
-  void receive_activation(int64_t peer, int64_t stage, const MicroBatch& mb);
-  // What `stage` made for its neighbour (the next stage's activations, or the previous stage's
-  // gradients): handed over when that stage runs on this rank, else left for the plan's send (no
-  // step: a forward-only pass, sent at once).
-  void pass_on(Step* step, bool gradients, int64_t stage, const MicroBatch& mb, Packet packet,
-               int64_t slot);
-  // This rank's plan for a batch of `chunks` micro-batches, lowered once per chunk count.
-  const std::vector<PlannedAction>& plan_for(int64_t chunks);
-  StageValue run_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch);
-  // `layer`, or, with deferred_batch_norm, the DeferredBatchNorm standing in for it.
-  torch::nn::AnyModule defer_batch_norms(const torch::nn::AnyModule& layer, int64_t index);
-  // run_stage again, leaving the layers' state (BatchNorm's running statistics) as it was: for
-  // the backward of a recomputed micro-batch (`with_grad`), or to learn what the stage returns.
-  StageValue rerun_stage(const LocalStage& stage, const StageValue& input, int64_t microbatch,
-                         bool with_grad);
-  // Under cuda_graphs, at the first forward: drops the graphs (saying why) if this stage takes or
-  // returns several tensors, or integer ones at a boundary, which the graphs do not capture.
-  void check_graphs_fit(const StageValue& input, int64_t microbatch);
-  // Runs eagerly from now on, saying why (`who`: "stage 1 " or the like) and in execution().
-  void drop_graphs(const std::string& who, const std::string& why);
-  // Schedule "auto", after a full step while it chooses: a profiled step's seconds in F, in B or
-  // I, in W over `chunks` micro-batches and handing its `transfers` over, and the whole step's.
-  void choose_schedule(const std::vector<double>& profiled_seconds, int64_t transfers,
-                       int64_t chunks, double step_seconds);
-  // Simulates every candidate with a profiled step's times; returns what to print.
-  std::string predict_schedules(const std::vector<double>& seconds, int64_t transfers,
-                                int64_t chunks);
-
-  PipeOptions options_;
-  std::shared_ptr<World> world_;
-  std::unique_ptr<PeerToPeer> p2p_;
-  std::vector<int64_t> balance_;
-  int64_t rank_ = 0;
-  int64_t world_size_ = 1;
-  std::vector<int64_t> rank_of_stage_;
-  std::vector<LocalStage> local_stages_;  // ascending
-  // What has arrived for a stage, received from another rank or handed over by a stage of this
-  // one: activations from the previous stage, gradients from the next, by (receiving stage,
-  // micro-batch).
-  std::map<std::pair<int64_t, int64_t>, Packet> arrived_activations_, arrived_gradients_;
-  CheckpointMode checkpoint_mode_;
-  std::string schedule_name_;  // what runs: the option's, or what auto runs (choice_->running())
-  std::unique_ptr<ScheduleChoice> choice_;  // schedule "auto" alone
-  Schedule schedule_;
-  std::map<int64_t, std::vector<PlannedAction>> plans_;  // by chunks
-  torch::nn::Sequential stage_module_;                   // every local stage's layers
-  std::function<void()> last_backward_hook_;
-  std::unique_ptr<TiedGradients> tied_;
-  std::vector<std::shared_ptr<DeferredBatchNormImpl>> deferred_norms_;
-  // How this rank's stages compute (stage_execution.h), and what execution() says of it.
-  std::unique_ptr<StageExecution> execution_;
-  std::string execution_report_ = "eager";
-  bool check_boundary_ = false;  // CUDA graphs, until check_graphs_fit has seen the first input
-  // Fused Linear layers' weight gradients, left by their backwards for run_weight_gradients()
-  // (null: unfused, or a first stage that computes them within its backwards).
-  std::shared_ptr<DeferredWeightGradients> deferred_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace pipetrain

@@ -2,12 +2,15 @@
 // (`strategy="pipe"`). New strategies register a factory under a name of their own.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "pipetrain/checkpoint_io.h"
 #include "pipetrain/data.h"
 #include "pipetrain/module.h"
 
@@ -37,9 +40,10 @@ class Strategy {
   // where the model needs them).
   virtual BatchShard batch_shard() const { return {}; }
   // Forward and backward of one batch; gradients accumulate into parameters() (averaged over
-  // replicas when `step.sync_gradients`); log() calls go to `metrics`. Returns the batch's loss
-  // (detached, possibly still on the device) where it was computed, undefined elsewhere: the
-  // Trainer stops on a loss that is not finite.
+  // replicas when `step.sync_gradients`); log() calls go to `metrics`. Returns the batch's loss as
+  // training_step computed it, unscaled (TrainBatchOutputs::loss in callback.h), detached and
+  // possibly still on the device, where it was computed; undefined elsewhere. The Trainer hands it
+  // to on_train_batch_end and stops on a loss that is not finite.
   virtual at::Tensor training_step(Module& module, const Batch& batch, int64_t batch_idx,
                                    const StepOptions& step, LoggedMetrics& metrics) = 0;
   // Forward only (no autograd, no recomputation): runs `step` (validation_step or test_step)
@@ -59,8 +63,31 @@ class Strategy {
   // Every parameter and buffer of the whole model under its global name ("3.weight"), on rank 0
   // (empty elsewhere). A collective.
   virtual std::map<std::string, at::Tensor> gather_weights(Module& module) = 0;
+  // The inverse of gather_weights, on every rank: copies `weights` as it stored them into the
+  // model; throws naming `source` (the file) before changing anything when they do not fit it.
+  virtual void load_weights(Module& module, std::map<std::string, at::Tensor> weights,
+                            const std::string& source) {
+    auto layers = module.layers();
+    pipetrain::load_weights(layers, weights, source);
+  }
   // What a checkpoint's optimizer state depends on, e.g. {"stages": "2", "balance": "7,8"}.
   virtual std::map<std::string, std::string> layout() const = 0;
+  // The ranks of a checkpoint saved under `saved_layout` by `saved_world_size` processes whose
+  // files (rank-<r>.pt) hold the optimizer state of the parameters process `rank` trains. Only the
+  // first replica's ranks save it (replicas hold the same state). By default a checkpoint resumes
+  // under the layout that saved it alone, each rank reading its stage's file of the first replica
+  // (rank = replica x stages + stage); a strategy placing layers otherwise says where they were.
+  virtual std::vector<int64_t> optimizer_state_ranks(
+      const std::map<std::string, std::string>& saved_layout, int64_t saved_world_size,
+      int64_t rank) const {
+    if (saved_layout != layout() || saved_world_size != world_size()) {
+      throw std::invalid_argument(
+          "this checkpoint was saved under another layout than this strategy's, which cannot say "
+          "which of its processes held this one's parameters: resume it under the layout that "
+          "saved it");
+    }
+    return {rank % (world_size() / batch_shard().replicas)};
+  }
   // A line describing the placement, printed once by rank 0.
   virtual std::string describe() const = 0;
   // Throws std::invalid_argument, naming the options, when this strategy cannot train batches

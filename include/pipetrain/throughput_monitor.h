@@ -38,8 +38,8 @@ class ThroughputMonitor : public Callback {
   explicit ThroughputMonitor(ThroughputMonitorOptions options = {});
 
   void on_fit_start(Trainer& trainer, Module& module) override;
-  void on_train_batch_end(Trainer& trainer, Module& module, const Batch& batch,
-                          int64_t batch_idx) override;
+  void on_train_batch_end(Trainer& trainer, Module& module, const TrainBatchOutputs& outputs,
+                          const Batch& batch, int64_t batch_idx) override;
   void on_validation_end(Trainer& trainer, Module& module) override;
 
  private:

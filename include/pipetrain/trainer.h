@@ -22,6 +22,7 @@
 
 #include "pipetrain/checkpoint_io.h"
 #include "pipetrain/data.h"
+#include "pipetrain/module.h"
 #include "pipetrain/trainer_options.h"
 
 namespace pipetrain {
@@ -29,11 +30,8 @@ namespace pipetrain {
 class BatchStream;
 class Callback;
 class Logger;
-class LoggedMetrics;
 class LRScheduler;
-class Module;
 class ProgressBar;
-struct ReducedMetric;
 class Strategy;
 class World;
 
@@ -63,9 +61,13 @@ class Trainer {
   std::vector<at::Tensor> predict(Module& module, const DataLoader& loader,
                                   const std::string& ckpt_path = "");
 
-  // Writes a checkpoint file (a `.ckpt` folder) atomically. Every rank must call it.
+  // Writes a checkpoint file (a `.ckpt` folder) atomically: the weights and all a fit resumes
+  // exactly from (optimizer, scheduler, loop and data position, callbacks' state), during fit or
+  // after it returns. Every rank must call it. Throws std::logic_error before this Trainer's first
+  // fit, which is what has that state.
   void save_checkpoint(const std::string& path);
-  // `ckpt_path` itself, or for "last" the newest last.ckpt under default_root_dir.
+  // `ckpt_path` itself, or for "last" / "best" the checkpoint it names under default_root_dir
+  // (resolve_checkpoint_path, checkpoint_path.h).
   std::string resolve_checkpoint(const std::string& ckpt_path) const;
   // Stops fit after the optimizer step in progress (honouring min_epochs), as
   // `trainer.should_stop = True`.
@@ -87,11 +89,14 @@ class Trainer {
   // Data-parallel replicas of the model (1 without data parallelism).
   int64_t replicas() const;
   const TrainerOptions& options() const { return options_; }
-  // Latest reduced values of every logged metric (the same on every rank).
-  const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
+  // The latest value of every logged metric, reduced (the same on every rank): after each
+  // training batch, what the training steps logged over the accumulation window so far; after an
+  // epoch or a validation run, its values.
+  const std::map<std::string, double>& callback_metrics() const;
   // <default_root_dir>/lightning_logs/version_<N> of this run (every rank knows it).
   const std::string& log_dir() const { return log_dir_; }
-  // The optimizer and scheduler of the running fit (null outside fit).
+  // The optimizer and scheduler of the running fit, or of the last one once it returned (null
+  // before the first).
   torch::optim::Optimizer* optimizer() const { return optimizer_.get(); }
   LRScheduler* lr_scheduler() const { return lr_scheduler_.get(); }
 
@@ -109,9 +114,6 @@ class Trainer {
   friend class PredictionLoop;
   void setup(Module& module);
   void optimizer_step(Module& module);
-  void restore(Module& module, const std::string& ckpt_path, bool full);
-  // The newest last.ckpt under default_root_dir, empty if there is none.
-  std::string newest_last_checkpoint() const;
   bool max_steps_reached() const;
   // Collective, before each optimizer step: whether fit stops after it (max_time ran out, a stop
   // signal reached any rank). Throws on every rank when a loss of the step was not finite.
@@ -120,8 +122,22 @@ class Trainer {
   // Throws the error of a loss that was not finite since the last check (one process).
   void check_losses_finite();
   [[noreturn]] void throw_nonfinite_loss(int64_t step) const;
+
+  // Metrics (src/train/trainer.cpp). After each training batch: the step values of the window so
+  // far, as a logging row would show them, become the latest callback metrics; reduced at once
+  // with several ranks, when first read in one process.
+  void set_step_metrics(const LoggedMetrics& step_view);
+  // Those values reduced, for a logging row.
+  const ReducedMetrics& step_metrics() const;
   // Keeps reduced metrics for callbacks (all) and the progress bar (those logged with prog_bar).
-  void remember(const std::map<std::string, ReducedMetric>& metrics);
+  void remember(const ReducedMetrics& metrics) const;
+
+  // Checkpoint files (src/train/trainer_checkpoint.cpp).
+  // Loads `path` into `module`: its weights, and when `full` (fit resuming) all the rest.
+  void restore(Module& module, const std::string& path, bool full);
+  // The training data's position for a checkpoint, and where a resumed fit continues from it.
+  DataPosition data_position() const;
+  int64_t resumed_batch(const DataPosition& saved, const std::string& path) const;
 
   TrainerOptions options_;
   std::unique_ptr<Strategy> strategy_;
@@ -133,15 +149,21 @@ class Trainer {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::string scheduler_interval_ = "epoch";
-  std::map<std::string, double> callback_metrics_;
-  std::map<std::string, double> progress_metrics_;
-  // The training data's position for a checkpoint, and where a resumed fit continues from it.
-  DataPosition data_position(const DataLoader& loader) const;
-  int64_t resumed_batch(const DataPosition& saved, const DataLoader& loader,
-                        const std::string& path) const;
+  // Filled lazily (step_metrics, callback_metrics): a cache behind const accessors.
+  mutable std::optional<LoggedMetrics> unreduced_step_metrics_;
+  mutable ReducedMetrics step_metrics_;
+  mutable std::map<std::string, double> callback_metrics_;
+  mutable std::map<std::string, double> progress_metrics_;
 
   FitProgress fit_progress_;
-  const DataLoader* fit_loader_ = nullptr;  // the training data, while fit runs
+  // What the last fit trained on, kept after it returns for a checkpoint saved then: the loader's
+  // batch size and batches per epoch, and its order (DataPosition::samples unused).
+  struct TrainingData {
+    int64_t batch_size = 0;
+    int64_t batches = 0;
+    DataPosition order;
+  };
+  std::optional<TrainingData> training_data_;
   bool stop_requested_ = false;
   int stop_signal_ = 0;
   at::Tensor window_nonfinite_;      // losses of this optimizer step that were not finite (device)

@@ -1,6 +1,7 @@
-// The processes taking part in one training run, and the c10d store and process group that join
-// them. A default-constructed World is a single process (rank 0 of 1), so code that runs in one
-// process needs no `if (distributed)`.
+// The processes taking part in one training run, and the collectives pipetrain runs among them.
+// A default-constructed World is a single process (rank 0 of 1), so code that runs in one
+// process needs no `if (distributed)`. The c10d store and process group that join the ranks are
+// the library's own (src/distributed/world_connection.h): nothing of c10d reaches this header.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,11 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "pipetrain/compat.h"
-
 namespace pipetrain {
 
 class ClusterEnvironment;
+namespace detail {
+struct WorldConnection;
+}
 
 class World {
  public:
@@ -53,13 +55,9 @@ class World {
   // Where this process computes: the CPU, or its GPU.
   c10::Device device() const { return device_; }
 
-  // Null for a single process.
-  const ProcessGroupPtr& process_group() const { return process_group_; }
-  const StorePtr& store() const { return store_; }
-
-  // Completes `work` of this world's process group: on CPU, blocks until it is done (or the timeout
-  // passes); on CUDA, makes the current stream wait for it, without blocking the host.
-  void wait(const WorkPtr& work) const;
+  // The store and process group behind this World (null for a single process): the library's
+  // own, read through src/distributed/world_connection.h.
+  const detail::WorldConnection* connection() const { return connection_.get(); }
 
   void barrier() const;
   // Sum of `value` over all ranks (on every rank).
@@ -104,10 +102,8 @@ class World {
   std::string name_;           // "" for the whole run, "/pipeline0" for a group
   mutable int64_t twins_ = 0;  // names twin groups uniquely and alike on every rank
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
-  StorePtr store_;
-  ProcessGroupPtr process_group_;
+  std::shared_ptr<const detail::WorldConnection> connection_;  // null: a single process
 
-  ProcessGroupPtr make_group(const StorePtr& store, int64_t rank, int64_t size) const;
   // Waits until every rank has joined the store; past the timeout, throws naming the ranks that
   // did not.
   void wait_for_every_rank(const ClusterEnvironment& env) const;

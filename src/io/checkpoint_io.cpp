@@ -12,10 +12,9 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "io/file_writer.h"
 #include "pipetrain/error.h"
-#include "pipetrain/file_writer.h"
 #include "pipetrain/safetensors.h"
-#include "pipetrain/world.h"
 
 namespace pipetrain {
 namespace fs = std::filesystem;
@@ -53,19 +52,20 @@ std::string checkpoint_rank_path(const std::string& checkpoint, int64_t rank) {
   return checkpoint + "/rank-" + std::to_string(rank) + ".pt";
 }
 
-void write_checkpoint(const World& world, const std::string& path,
+void write_checkpoint(const CheckpointWriters& writers, const std::string& path,
                       const std::map<std::string, at::Tensor>& weights, const TrainingState& state,
                       const std::function<std::string()>& rank_state) {
   const fs::path target = fs::absolute(path);
   const std::string staged = target.string() + ".partial";
-  if (world.is_global_zero()) {
+  const bool writes_shared_files = writers.rank == 0;
+  if (writes_shared_files) {
     fs::remove_all(staged);
     fs::create_directories(staged);
   }
-  world.barrier();
+  writers.barrier();
   try {
-    write_file(checkpoint_rank_path(staged, world.rank()), rank_state());
-    if (world.is_global_zero()) {
+    write_file(checkpoint_rank_path(staged, writers.rank), rank_state());
+    if (writes_shared_files) {
       save_safetensors(checkpoint_weights_path(staged), weights, {{"format", "pt"}});
       nlohmann::json json{{"format_version", 1},
                           {"epoch", state.progress.epoch},
@@ -88,12 +88,12 @@ void write_checkpoint(const World& world, const std::string& path,
     // The other ranks learn of it through the published error when their barrier fails.
     std::error_code ignored;
     fs::remove_all(staged, ignored);
-    world.publish_error(error_message(e));
+    writers.publish_error(error_message(e));
     throw;
   }
-  world.barrier();
-  if (world.is_global_zero()) move_into_place(staged, target);
-  world.barrier();
+  writers.barrier();
+  if (writes_shared_files) move_into_place(staged, target);
+  writers.barrier();
 }
 
 TrainingState read_training_state(const std::string& checkpoint) {

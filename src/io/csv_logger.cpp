@@ -9,7 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "pipetrain/file_writer.h"
+#include "io/file_writer.h"
 
 namespace pipetrain {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "pipetrain/file_writer.h"
+#include "io/file_writer.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -23,7 +23,7 @@
 #include <tuple>
 #include <vector>
 
-#include "pipetrain/file_writer.h"
+#include "io/file_writer.h"
 
 // safetensors stores the header length and every tensor little-endian; we copy raw bytes between
 // tensors and the file, which is only right on a little-endian host (x86-64, ARM64 as run).

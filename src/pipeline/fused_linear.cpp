@@ -5,8 +5,8 @@
 #include <map>
 #include <utility>
 
-#include "pipetrain/compat.h"
 #include "pipetrain/linear.h"
+#include "util/compat.h"
 
 namespace pipetrain {
 namespace {

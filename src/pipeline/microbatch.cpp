@@ -1,7 +1,9 @@
-#include "pipetrain/microbatch.h"
+#include "pipeline/microbatch.h"
 
 #include <stdexcept>
 #include <string>
+
+#include "pipe_options.h"
 
 namespace pipetrain {
 
@@ -9,12 +11,7 @@ std::vector<MicroBatch> split_microbatches(int64_t batch_size, int64_t chunks) {
   if (chunks < 1) {
     throw std::invalid_argument("chunks must be at least 1 (got " + std::to_string(chunks) + ")");
   }
-  if (chunks > batch_size) {
-    throw std::invalid_argument("chunks (" + std::to_string(chunks) +
-                                ") is larger than the batch size (" + std::to_string(batch_size) +
-                                "): every micro-batch needs at least one sample; lower --chunks "
-                                "or raise --batch-size");
-  }
+  check_chunks_fit(chunks, batch_size);
   std::vector<MicroBatch> microbatches;
   const int64_t base = batch_size / chunks;
   const int64_t larger = batch_size % chunks;

@@ -1,6 +1,6 @@
 // Lowers a schedule's compute actions to each rank's full list: transfers and joined weight
 // gradients placed by small passes over the schedule data.
-#include "pipetrain/plan.h"
+#include "pipeline/plan.h"
 
 #include <algorithm>
 #include <map>

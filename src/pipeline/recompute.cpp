@@ -1,4 +1,4 @@
-#include "pipetrain/recompute.h"
+#include "pipeline/recompute.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>

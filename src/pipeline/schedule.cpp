@@ -4,7 +4,7 @@
 // of a hung multi-process run.
 #include "pipetrain/schedule.h"
 
-#include "pipetrain/plan.h"
+#include "pipeline/plan.h"
 
 #include <algorithm>
 #include <array>

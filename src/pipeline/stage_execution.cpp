@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "distributed/world_connection.h"
 #include "pipetrain/world.h"
 #include "stage_graphs.h"
 
@@ -115,7 +116,7 @@ class GraphExecution : public StageExecution {
 
   void forward(InFlight& state, const RunStage& /*run*/) override {
     state.slot = slots_.take();
-    world_->wait(slots_.activation_sends[state.slot]);
+    wait(*world_, slots_.activation_sends[state.slot]);
     state.output = StageValue::of(graphs_.forward(state.slot, state.input.tensors[0]));
   }
 
@@ -125,7 +126,7 @@ class GraphExecution : public StageExecution {
                                    const std::vector<at::Tensor>& /*inputs*/, bool split,
                                    const RunStage& /*rerun*/) override {
     if (split) throw std::logic_error("CUDA graphs capture whole backwards");
-    world_->wait(slots_.gradient_sends[state.slot]);
+    wait(*world_, slots_.gradient_sends[state.slot]);
     const at::Tensor grad_input = graphs_.backward(state.slot, grad_outputs.at(0));
     if (first_stage_) return {};
     return {grad_input.defined() ? grad_input : torch::zeros_like(state.input.tensors[0])};

@@ -14,9 +14,9 @@
 #include <memory>
 #include <vector>
 
+#include "distributed/p2p.h"
 #include "fused_linear.h"
-#include "pipetrain/p2p.h"
-#include "pipetrain/recompute.h"
+#include "pipeline/recompute.h"
 #include "split_backward.h"
 #include "stage_value.h"
 

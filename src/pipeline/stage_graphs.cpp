@@ -12,7 +12,7 @@
 #include <stdexcept>
 
 #include "fused_linear.h"
-#include "pipetrain/compat.h"
+#include "util/compat.h"
 
 namespace pipetrain {
 

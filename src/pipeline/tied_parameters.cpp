@@ -1,4 +1,4 @@
-#include "pipetrain/tied_parameters.h"
+#include "pipeline/tied_parameters.h"
 
 #include <torch/torch.h>
 
@@ -6,6 +6,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "distributed/world_connection.h"
 #include "pipetrain/error.h"
 #include "pipetrain/world.h"
 
@@ -163,7 +164,7 @@ void TiedGradients::reduce() {
       // In place: with one tensor here, sum is its gradient.
       std::vector<at::Tensor> buffer{sum};
       try {
-        local.stages->wait(local.stages->process_group()->allreduce(buffer));
+        wait(*local.stages, process_group(*local.stages)->allreduce(buffer));
       } catch (const std::exception& e) {
         local.stages->fail("sum tied gradients with", e);
       }

@@ -1,4 +1,4 @@
-#include "pipetrain/trace.h"
+#include "pipeline/trace.h"
 
 #include <torch/torch.h>
 
@@ -12,7 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "pipetrain/file_writer.h"
+#include "io/file_writer.h"
 #include "pipetrain/world.h"
 
 namespace pipetrain {

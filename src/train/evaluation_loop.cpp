@@ -8,11 +8,11 @@
 #include "fit_loop.h"
 #include "pipetrain/callback.h"
 #include "pipetrain/error.h"
-#include "pipetrain/progress_bar.h"
 #include "pipetrain/strategy.h"
 #include "pipetrain/trainer.h"
 #include "pipetrain/world.h"
 #include "precision.h"
+#include "train/progress_bar.h"
 
 namespace pipetrain {
 

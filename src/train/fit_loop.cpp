@@ -8,18 +8,19 @@
 
 #include "batch_stream.h"
 #include "evaluation_loop.h"
+#include "pipeline/trace.h"
 #include "pipetrain/callback.h"
+#include "pipetrain/checkpoint_path.h"
 #include "pipetrain/error.h"
 #include "pipetrain/launcher.h"
 #include "pipetrain/logger.h"
 #include "pipetrain/lr_scheduler.h"
-#include "pipetrain/progress_bar.h"
 #include "pipetrain/strategy.h"
-#include "pipetrain/trace.h"
 #include "pipetrain/trainer.h"
 #include "pipetrain/world.h"
 #include "precision.h"
 #include "stop_signals.h"
+#include "train/progress_bar.h"
 
 namespace pipetrain {
 
@@ -116,18 +117,23 @@ void TrainingEpochLoop::advance() {
   // Every rank stops after the same optimizer step: never inside an accumulation window, whose
   // gradients a resumed run would not have.
   bool stop_after_step = false;
+  const bool logs =
+      steps_optimizer && (t.fit_progress_.global_step + 1) % options.log_every_n_steps() == 0;
   if (steps_optimizer) {
-    const bool logs = (t.fit_progress_.global_step + 1) % options.log_every_n_steps() == 0;
     // Where the host waits for the device anyway (logging, the epoch's end, the last step):
     // there a deferred check of the losses costs nothing.
     const bool host_waits =
         logs || last_batch ||
         (options.max_steps() >= 0 && t.fit_progress_.global_step + 1 >= options.max_steps());
     stop_after_step = t.agree_to_stop(batch_idx, host_waits);
+  }
+  // The window's step values become the latest callback metrics before the optimizer step: with
+  // several ranks they are reduced here, where the stop agreement has just waited for the device.
+  t.set_step_metrics(window_metrics_.step_view(true));
+  if (steps_optimizer) {
     t.optimizer_step(module_);
     if (logs) {
-      const auto row = t.strategy_->reduce_metrics(window_metrics_.step_view(true));
-      t.remember(row);
+      const ReducedMetrics& row = t.step_metrics();
       auto values = values_of(row);
       values["epoch"] = static_cast<double>(t.fit_progress_.epoch);
       t.log_metrics(values, t.fit_progress_.global_step);
@@ -138,7 +144,10 @@ void TrainingEpochLoop::advance() {
   }
   t.fit_progress_.batch_idx = batch_idx + 1;
   if (t.progress_) t.progress_->update(batch_idx + 1, t.progress_metrics_);
-  call_hooks(options.callbacks(), &Callback::on_train_batch_end, t, module_, batch, batch_idx);
+  const TrainBatchOutputs outputs{loss};
+  for (const auto& callback : options.callbacks()) {
+    callback->on_train_batch_end(t, module_, outputs, batch, batch_idx);  // of two overloads
+  }
 
   // As Lightning: every val_check_interval batches of the epoch (so a fraction of 1.0 means at
   // the epoch's end), in the epochs check_val_every_n_epoch picks.
@@ -151,8 +160,7 @@ void TrainingEpochLoop::advance() {
     call_hooks(options.callbacks(), &Callback::on_validation_end, t, module_);
     module_.layers()->train();
     if (t.progress_ && batch_idx + 1 < data_.train_batches) {
-      t.progress_->start("Epoch " + std::to_string(t.fit_progress_.epoch), data_.train_batches,
-                         batch_idx + 1);
+      t.progress_->resume(batch_idx + 1, t.progress_metrics_);
     }
   }
 
@@ -222,8 +230,9 @@ void FitLoop::reset(const std::string& ckpt_path) {
                                 "' is unknown: use step or epoch");
   }
   // As Lightning: a job restarted before its first checkpoint (--ckpt-path last) starts afresh.
-  const std::string resume_from =
-      ckpt_path == "last" ? t.newest_last_checkpoint() : t.resolve_checkpoint(ckpt_path);
+  const std::string resume_from = ckpt_path == "last"
+                                      ? find_last_checkpoint(options.default_root_dir())
+                                      : t.resolve_checkpoint(ckpt_path);
   if (ckpt_path == "last" && resume_from.empty()) {
     t.print("Warning: --ckpt-path last: no last.ckpt under " + options.default_root_dir() +
             "/lightning_logs yet; training from the beginning");
@@ -285,8 +294,6 @@ void FitLoop::on_run_end() {
             std::to_string(t.fit_progress_.epoch) + " epochs; metrics and checkpoints in " +
             t.log_dir_);
   }
-  t.optimizer_.reset();
-  t.lr_scheduler_.reset();
   if (options.pipe().trace()) {
     options.pipe().trace()->write(*t.world_, options.trace());
     t.print("trace written to " + options.trace() + " (open it in https://ui.perfetto.dev)");

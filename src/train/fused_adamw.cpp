@@ -12,15 +12,28 @@ namespace pipetrain {
 
 namespace {
 
-// Each gradient divided by `divisor`, in place: what the fused kernel does as it reads them.
+// Each gradient divided by `divisor`, in place: what the fused kernel does as it reads them. One
+// kernel per gradient dtype where Torch has a foreach division by a tensor.
 void divide_gradients(const std::vector<torch::optim::OptimizerParamGroup>& groups,
                       const at::Tensor& divisor) {
   torch::NoGradGuard no_grad;
+  std::map<std::tuple<int, int, at::ScalarType>, std::vector<at::Tensor>> gradients;
   for (const auto& group : groups) {
     for (const auto& parameter : group.params()) {
-      at::Tensor grad = parameter.grad();
-      if (grad.defined()) grad.div_(divisor.to(grad.device(), grad.scalar_type()));
+      const at::Tensor& grad = parameter.grad();
+      if (!grad.defined()) continue;
+      gradients[{static_cast<int>(grad.device().type()), grad.device().index(), grad.scalar_type()}]
+          .push_back(grad);
     }
+  }
+  for (auto& entry : gradients) {
+    auto& group = entry.second;
+    const auto by = divisor.to(group.front().device(), group.front().scalar_type());
+#if TORCH_VERSION_MAJOR >= 2
+    at::_foreach_div_(group, by);
+#else
+    for (auto& grad : group) grad.div_(by);
+#endif
   }
 }
 
@@ -95,6 +108,14 @@ at::Tensor FusedAdamW::step(LossClosure closure) {
   if (divisor.defined()) divide_gradients(param_groups(), divisor);
   return AdamW::step(std::move(closure));
 #endif
+}
+
+void divide_gradients_before_step(torch::optim::Optimizer& optimizer, const at::Tensor& divisor) {
+  if (auto* fused = dynamic_cast<FusedAdamW*>(&optimizer)) {
+    fused->divide_gradients_in_next_step(divisor);
+  } else {
+    divide_gradients(optimizer.param_groups(), divisor);
+  }
 }
 
 }  // namespace pipetrain

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "pipetrain/compat.h"
+#include "util/compat.h"
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
 #include "kernel_call.h"

@@ -172,7 +172,8 @@ void ModelCheckpoint::on_fit_end(Trainer& trainer, Module&) {
   fitting_ = false;
 }
 
-void ModelCheckpoint::on_train_batch_end(Trainer& trainer, Module&, const Batch&, int64_t) {
+void ModelCheckpoint::on_train_batch_end(Trainer& trainer, Module&, const TrainBatchOutputs&,
+                                         const Batch&, int64_t) {
   const int64_t every = options_.every_n_train_steps();
   if (should_skip(trainer) || every < 1 || trainer.global_step() % every != 0) return;
   save_top_k(trainer);

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "pipetrain/tied_parameters.h"
+#include "pipeline/tied_parameters.h"
 
 namespace pipetrain {
 

@@ -1,4 +1,4 @@
-#include "pipetrain/optimizer_state.h"
+#include "train/optimizer_state.h"
 
 #include "pipetrain/fused_adamw.h"
 

@@ -16,13 +16,16 @@
 #include <set>
 #include <sstream>
 
+#include "distributed/gradient_sync.h"
+#include "distributed/world_connection.h"
+#include "pipeline/pipe_options.h"
+#include "pipeline/tied_parameters.h"
 #include "pipetrain/balance.h"
+#include "pipetrain/checkpoint_io.h"
 #include "pipetrain/error.h"
-#include "pipetrain/gradient_sync.h"
 #include "pipetrain/module.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/strategy.h"
-#include "pipetrain/tied_parameters.h"
 #include "pipetrain/trainer_options.h"
 #include "pipetrain/world.h"
 
@@ -64,6 +67,62 @@ std::string join_names(const std::map<std::string, std::pair<double, double>>& t
   for (const auto& item : totals) names += item.first + '\n';
   return names;
 }
+
+// "0,1,1,0": numbers as a checkpoint's layout holds them.
+std::string join_numbers(const std::vector<int64_t>& numbers) {
+  std::string text;
+  for (const int64_t n : numbers) text += (text.empty() ? "" : ",") + std::to_string(n);
+  return text;
+}
+
+// The numbers under `key` in a checkpoint's layout; throws saying what a resume lacks without them.
+std::vector<int64_t> layout_numbers(const std::map<std::string, std::string>& layout,
+                                    const std::string& key) {
+  const auto it = layout.find(key);
+  if (it == layout.end()) {
+    throw std::invalid_argument("the checkpoint's layout has no '" + key +
+                                "', so it does not say which of its processes held which layers: "
+                                "resume it under the layout that saved it");
+  }
+  std::vector<int64_t> numbers;
+  std::stringstream text(it->second);
+  for (std::string entry; std::getline(text, entry, ',');) numbers.push_back(std::stoll(entry));
+  return numbers;
+}
+
+// The batch's loss as the user's steps computed it, from its micro-batches' losses: their means
+// weighted by their rows, or their sum_over() sums over the counts. Summed in float64, so that a
+// batch of one micro-batch gives back its loss exactly; on the device, no host wait.
+class BatchLoss {
+ public:
+  void add_mean(const at::Tensor& loss, int64_t rows) {
+    add(loss.detach().to(torch::kFloat64) * static_cast<double>(rows), loss.scalar_type());
+    rows_ += rows;
+  }
+  void add_sum(const at::Tensor& sum, const at::Tensor& count) {
+    add(sum.detach().to(torch::kFloat64), sum.scalar_type());
+    counts_ = counts_.defined() ? counts_ + count : count;
+  }
+  // In the dtype the steps returned; undefined where no step ran. A batch whose sum_over() counts
+  // add up to 0 gives its sum: nothing of it reaches the gradients unless the sum itself is not
+  // finite, which the Trainer's check of this loss must then see.
+  at::Tensor value() const {
+    if (!total_.defined()) return {};
+    const auto mean = counts_.defined() ? at::where(counts_ > 0, total_ / counts_, total_)
+                                        : total_ / static_cast<double>(rows_);
+    return mean.to(dtype_);
+  }
+
+ private:
+  void add(const at::Tensor& weighted, at::ScalarType dtype) {
+    total_ = total_.defined() ? total_ + weighted : weighted;
+    dtype_ = dtype;
+  }
+  at::Tensor total_;   // float64: the means times their rows, or the sums
+  int64_t rows_ = 0;   // of the means
+  at::Tensor counts_;  // of the sums
+  at::ScalarType dtype_ = at::kFloat;
+};
 
 class PipelineStrategy : public Strategy {
  public:
@@ -128,7 +187,8 @@ class PipelineStrategy : public Strategy {
                            const StepOptions& options, LoggedMetrics& metrics) override {
     const Batch batch = on_device(host_batch);
     sync_this_step_ = gradient_sync_ && options.sync_gradients;
-    const at::Tensor loss = pipe_->forward_backward(
+    batch_loss_ = BatchLoss();
+    pipe_->forward_backward(
         batch.data, batch.data.size(0), [&](const at::Tensor& output, const MicroBatch& mb) {
           return loss_to_backward(module, batch, batch_idx, mb, output, options, metrics);
         });
@@ -138,7 +198,7 @@ class PipelineStrategy : public Strategy {
       pipe_->reduce_tied_gradients();
     }
     if (replicas_ > 1) broadcast_buffers();
-    return loss;
+    return batch_loss_.value();
   }
 
   void evaluation_step(Module& module, const Batch& host_batch, int64_t batch_idx,
@@ -230,20 +290,64 @@ class PipelineStrategy : public Strategy {
     return weights;
   }
 
+  void load_weights(Module& module, std::map<std::string, at::Tensor> weights,
+                    const std::string& source) override {
+    // gather_weights stored a tied parameter once, under its first name: every name loads it.
+    for (const auto& tie : pipe_->tied_parameters().ties()) {
+      const auto stored = weights.find(tie.names.front());
+      if (stored == weights.end()) continue;
+      for (const auto& name : tie.names) weights.emplace(name, stored->second);
+    }
+    auto layers = module.layers();
+    pipetrain::load_weights(layers, weights, source);
+  }
+
   std::map<std::string, std::string> layout() const override {
-    return {{"stages", std::to_string(pipe_->stages())},
-            {"balance", format_balance(pipe_->balance())},
-            {"replicas", std::to_string(replicas_)}};
+    std::map<std::string, std::string> layout{{"stages", std::to_string(pipe_->stages())},
+                                              {"balance", format_balance(pipe_->balance())},
+                                              {"replicas", std::to_string(replicas_)}};
+    // Where ranks run several stages, which rank ran each (otherwise stage s is rank s).
+    std::vector<int64_t> ranks;
+    bool moved = false;
+    for (int64_t stage = 0; stage < pipe_->stages(); ++stage) {
+      ranks.push_back(pipe_->rank_of_stage(stage));
+      moved |= ranks.back() != stage;
+    }
+    if (moved) layout["stage_ranks"] = join_numbers(ranks);
+    return layout;
+  }
+
+  std::vector<int64_t> optimizer_state_ranks(const std::map<std::string, std::string>& saved_layout,
+                                             int64_t saved_world_size,
+                                             int64_t rank) const override {
+    // The same layout: the first replica's rank running this rank's stage.
+    if (saved_layout == layout() && saved_world_size == world_size()) return {rank % stages_};
+    // Any other: the first replica's ranks whose stages held any of this rank's layers.
+    const auto balance = layout_numbers(saved_layout, "balance");
+    std::vector<int64_t> rank_of_stage;
+    if (saved_layout.count("stage_ranks")) {
+      rank_of_stage = layout_numbers(saved_layout, "stage_ranks");
+    } else {
+      for (size_t stage = 0; stage < balance.size(); ++stage) {
+        rank_of_stage.push_back(static_cast<int64_t>(stage));
+      }
+    }
+    std::set<int64_t> mine;
+    for (const auto& item : pipe_->stage_module()->named_children()) {
+      mine.insert(std::stoll(item.key()));
+    }
+    std::set<int64_t> ranks;
+    int64_t first = 0;
+    for (size_t stage = 0; stage < balance.size(); ++stage) {
+      const auto hit = mine.lower_bound(first);
+      if (hit != mine.end() && *hit < first + balance[stage]) ranks.insert(rank_of_stage.at(stage));
+      first += balance[stage];
+    }
+    return {ranks.begin(), ranks.end()};
   }
 
   void check_data(const DataLoader& loader) const override {
-    if (options_.chunks() > loader.batch_size()) {
-      throw std::invalid_argument(
-          "chunks (" + std::to_string(options_.chunks()) + ") is larger than the batch size (" +
-          std::to_string(loader.batch_size()) +
-          "): every micro-batch needs at least one sample; lower PipeOptions::chunks (--chunks) "
-          "or raise the loader's batch_size (--batch-size)");
-    }
+    check_chunks_fit(options_.chunks(), loader.batch_size());
   }
 
   std::map<std::string, std::string> hyperparameters() const override {
@@ -322,15 +426,19 @@ class PipelineStrategy : public Strategy {
           "optimizer step: return one kind of loss on every batch");
     }
     window_sums_ = summed.has_value();
-    if (!summed) return loss * options.loss_scale;
+    if (!summed) {
+      batch_loss_.add_mean(loss, mb.size());
+      return loss * options.loss_scale;
+    }
     if (!loss.is_same(summed->result)) {
       throw std::invalid_argument(
           "training_step returned a tensor computed from sum_over()'s result: return the result "
           "itself (scale the sum before giving it to sum_over)");
     }
+    batch_loss_.add_sum(summed->sum, summed->count);
     summed_count_ = summed_count_.defined() ? summed_count_ + summed->count : summed->count;
     // The pipe scales a micro-batch's loss by its share of the batch: a sum must stay a sum.
-    return summed->sum * (static_cast<double>(batch.data.size(0)) / static_cast<double>(mb.size()));
+    return summed->sum / mb.share_of(batch.data.size(0));
   }
 
   // Whether this optimizer step's losses were sum_over() sums: learnt from the last stage at the
@@ -360,9 +468,9 @@ class PipelineStrategy : public Strategy {
             : torch::zeros({1}, torch::TensorOptions(torch::kFloat64).device(device()))};
     summed_count_ = at::Tensor();
     if (replicas_ > 1 && last) {
-      replicas_of_stage_->wait(replicas_of_stage_->process_group()->allreduce(count));
+      wait(*replicas_of_stage_, process_group(*replicas_of_stage_)->allreduce(count));
     }
-    if (stages_ > 1) pipeline_->wait(pipeline_->process_group()->allreduce(count));
+    if (stages_ > 1) wait(*pipeline_, process_group(*pipeline_)->allreduce(count));
     const auto scale = static_cast<double>(replicas_) / count[0];
     for (const auto& p : pipe_->parameters()) {
       if (p.grad().defined()) p.grad().mul_(scale.to(p.grad().scalar_type()));
@@ -387,7 +495,7 @@ class PipelineStrategy : public Strategy {
       sums[i++] = total.second;
     }
     std::vector<at::Tensor> tensors{sums.to(device())};
-    replicas_of_stage_->wait(replicas_of_stage_->process_group()->allreduce(tensors));
+    wait(*replicas_of_stage_, process_group(*replicas_of_stage_)->allreduce(tensors));
     sums = tensors[0].cpu();
     ReducedMetrics reduced;
     i = 0;
@@ -485,6 +593,7 @@ class PipelineStrategy : public Strategy {
   std::optional<bool> window_sums_;  // whether this optimizer step's losses are sum_over() sums
   std::optional<bool> sums_losses_;  // the same, learnt at the first optimizer step
   at::Tensor summed_count_;          // the sum_over() counts of this optimizer step so far
+  BatchLoss batch_loss_;             // the user's losses of the batch running (last stage)
   at::Tensor current_output_;        // forward()'s answer while a step runs
   at::Tensor current_input_;         // the step's batch.data, the one input forward() takes
 };
@@ -509,32 +618,6 @@ int64_t total_devices(const TrainerOptions& options) {
                                 std::to_string(options.num_nodes()) + ")");
   }
   return options.devices() * options.num_nodes();
-}
-
-// `stages_from` names where the number of stages came from, e.g. "devices (2)".
-void check_pipe_options(const PipeOptions& pipe, int64_t ranks, const std::string& ranks_from) {
-  if (pipe.virtual_stages() < 1) {
-    throw std::invalid_argument("virtual stages (--virtual-stages) must be at least 1 (got " +
-                                std::to_string(pipe.virtual_stages()) + ")");
-  }
-  const int64_t stages = ranks * pipe.virtual_stages();
-  if (!pipe.balance().empty() && static_cast<int64_t>(pipe.balance().size()) != stages) {
-    throw std::invalid_argument(
-        ranks_from +
-        (pipe.virtual_stages() > 1
-             ? " with " + std::to_string(pipe.virtual_stages()) + " virtual stages each"
-             : std::string()) +
-        " disagrees with balance " + format_balance(pipe.balance()) + " (" +
-        std::to_string(pipe.balance().size()) + " stages): give one balance entry per stage");
-  }
-  if (pipe.chunks() < 1) {
-    throw std::invalid_argument("chunks must be at least 1 (got " + std::to_string(pipe.chunks()) +
-                                ")");
-  }
-  parse_checkpoint_mode(pipe.checkpoint());
-  if (pipe.schedule_file().empty() && pipe.schedule() != "auto") {
-    make_schedule(pipe.schedule(), 1, 1, pipe.virtual_stages());
-  }
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "pipetrain/compat.h"
+#include "util/compat.h"
 
 namespace pipetrain {
 

@@ -1,11 +1,12 @@
 // Progress display for rank 0. Formatting is kept in pure functions (detail::) so that the text is
 // tested without a terminal; the class only decides when to draw and where the cursor is.
-#include "pipetrain/progress_bar.h"
+#include "train/progress_bar.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <utility>
 
 namespace pipetrain {
 namespace detail {
@@ -88,20 +89,33 @@ constexpr std::chrono::milliseconds kRedrawInterval{100};
 
 }  // namespace
 
-ProgressBar::ProgressBar(bool is_tty, std::FILE* out) : is_tty_(is_tty), out_(out) {
+ProgressBar::ProgressBar(bool is_tty, std::FILE* out, std::function<Clock::time_point()> now)
+    : is_tty_(is_tty), out_(out), now_(std::move(now)) {
   if (is_tty_) width_ = terminal_width(out_);
 }
 
 bool ProgressBar::stdout_is_tty() { return isatty(fileno(stdout)) != 0; }
 
 void ProgressBar::start(const std::string& description, int64_t total, int64_t initial) {
-  if (active_) finish();
-  description_ = description;
-  total_ = total;
-  initial_ = initial;
+  interrupted_.reset();
+  if (active_) {
+    interrupted_ = bar_;
+    finish();
+  }
+  bar_ = {description, total, initial, now_()};
   done_ = initial;
   metrics_.clear();
-  start_time_ = Clock::now();
+  active_ = true;
+  last_len_ = 0;
+  if (is_tty_) draw();
+}
+
+void ProgressBar::resume(int64_t done, const std::map<std::string, double>& metrics) {
+  if (!interrupted_) return;
+  if (active_) finish();
+  bar_ = *std::exchange(interrupted_, std::nullopt);
+  done_ = done;
+  metrics_ = metrics;
   active_ = true;
   last_len_ = 0;
   if (is_tty_) draw();
@@ -112,8 +126,8 @@ void ProgressBar::update(int64_t done, const std::map<std::string, double>& metr
   done_ = done;
   metrics_ = metrics;
   dirty_ = true;
-  const bool last = total_ >= 0 && done >= total_;
-  if (last || Clock::now() - last_draw_ >= kRedrawInterval) draw();
+  const bool last = bar_.total >= 0 && done >= bar_.total;
+  if (last || now_() - last_draw_ >= kRedrawInterval) draw();
 }
 
 void ProgressBar::log_line(int64_t done, const std::map<std::string, double>& metrics) {
@@ -145,8 +159,9 @@ void ProgressBar::print(const std::string& message) {
 }
 
 std::string ProgressBar::render(int64_t done, const std::map<std::string, double>& metrics) const {
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start_time_).count();
-  return detail::format_progress(description_, done, total_, elapsed, metrics, initial_);
+  const double elapsed = std::chrono::duration<double>(now_() - bar_.started).count();
+  return detail::format_progress(bar_.description, done, bar_.total, elapsed, metrics,
+                                 bar_.initial);
 }
 
 void ProgressBar::draw() {
@@ -156,7 +171,7 @@ void ProgressBar::draw() {
   if (line.size() < last_len_) text += std::string(last_len_ - line.size(), ' ');
   write(text);
   last_len_ = line.size();
-  last_draw_ = Clock::now();
+  last_draw_ = now_();
   dirty_ = false;
 }
 

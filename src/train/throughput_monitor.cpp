@@ -39,7 +39,8 @@ void ThroughputMonitor::on_fit_start(Trainer& trainer, Module&) {
   last_step_ = trainer.global_step();
 }
 
-void ThroughputMonitor::on_train_batch_end(Trainer& trainer, Module&, const Batch& batch, int64_t) {
+void ThroughputMonitor::on_train_batch_end(Trainer& trainer, Module&, const TrainBatchOutputs&,
+                                           const Batch& batch, int64_t) {
   // Every process sees the whole batch's rows (stages that skip the data get a [rows, 0]
   // tensor); replicas read one share each.
   window_samples_ += batch.data.size(0) * trainer.replicas();

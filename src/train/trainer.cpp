@@ -8,17 +8,16 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <set>
 #include <sstream>
+#include <utility>
 
 #include "batch_stream.h"
 #include "evaluation_loop.h"
 #include "fit_loop.h"
+#include "pipeline/trace.h"
 #include "pipetrain/callback.h"
-#include "pipetrain/checkpoint_io.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/csv_logger.h"
 #include "pipetrain/error.h"
@@ -28,15 +27,12 @@
 #include "pipetrain/lr_scheduler.h"
 #include "pipetrain/model_checkpoint.h"
 #include "pipetrain/module.h"
-#include "pipetrain/optimizer_state.h"
-#include "pipetrain/progress_bar.h"
 #include "pipetrain/strategy.h"
 #include "pipetrain/tensorboard_logger.h"
-#include "pipetrain/tied_parameters.h"
-#include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 #include "precision.h"
 #include "stop_signals.h"
+#include "train/progress_bar.h"
 
 namespace pipetrain {
 namespace fs = std::filesystem;
@@ -119,44 +115,6 @@ TrainerOptions resolve(TrainerOptions options) {
     options.val_check_interval(BatchLimit::fraction(1.0)).loggers({});
   }
   return options;
-}
-
-// This rank's parameters under their names in the whole model ("3.weight"), each once: a tensor
-// several layers share goes by its first name, on every stage that holds it.
-NamedParameters named_parameters(const Module& module) {
-  std::map<const c10::TensorImpl*, std::string> first_name;
-  for (const auto& item : module.layers()->named_parameters()) {
-    first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
-  }
-  NamedParameters named;
-  std::set<const c10::TensorImpl*> seen;
-  for (const auto& item : module.local_layers()->named_parameters()) {
-    const auto* impl = item.value().unsafeGetTensorImpl();
-    if (!seen.insert(impl).second) continue;
-    const auto it = first_name.find(impl);
-    named.emplace_back(it == first_name.end() ? item.key() : it->second, item.value());
-  }
-  return named;
-}
-
-// The ranks of the checkpoint's first replica whose stage held any of this rank's layers.
-std::vector<int64_t> saved_stages_holding(const TrainingState& state, const Module& module) {
-  auto layout = state.layout;
-  std::vector<int64_t> balance;
-  std::stringstream text(layout["balance"]);
-  for (std::string entry; std::getline(text, entry, ',');) balance.push_back(std::stoll(entry));
-  std::set<int64_t> mine;
-  for (const auto& item : module.local_layers()->named_children()) {
-    mine.insert(std::stoll(item.key()));
-  }
-  std::vector<int64_t> ranks;
-  int64_t first = 0;
-  for (int64_t stage = 0; stage < static_cast<int64_t>(balance.size()); ++stage) {
-    const auto hit = mine.lower_bound(first);
-    if (hit != mine.end() && *hit < first + balance[stage]) ranks.push_back(stage);
-    first += balance[stage];
-  }
-  return ranks;
 }
 
 // What validate and test share once the weights are in place: one evaluation run over `limit`
@@ -299,11 +257,11 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
                   const std::string& ckpt_path) {
   strategy_->check_data(train_loader);
   setup(module);
-  fit_loader_ = &train_loader;
-  struct Forget {
-    const DataLoader*& loader;
-    ~Forget() { loader = nullptr; }
-  } forget{fit_loader_};
+  // Kept once fit returns (the loader may not be): a checkpoint saved then says where the data is.
+  training_data_ =
+      TrainingData{train_loader.batch_size(), train_loader.num_batches(replicas()),
+                   DataPosition{0, train_loader.options().seed(), train_loader.options().shuffle(),
+                                train_loader.dataset_size()}};
   FitLoop(*this, module, train_loader, val_loader).run(ckpt_path);
 }
 
@@ -318,22 +276,7 @@ void Trainer::optimizer_step(Module& module) {
       // gradients are divided by max(1, norm / clip) (clip_grad_norm_ multiplies them by its
       // inverse), which stays on the device: a divisor of 1 leaves a gradient as it is.
       const auto divisor = ((strategy_->gradient_norm(module) + 1e-6) / clip).clamp_min(1.0);
-      if (auto* fused = dynamic_cast<FusedAdamW*>(optimizer_.get())) {
-        fused->divide_gradients_in_next_step(divisor);
-      } else {
-        std::map<at::ScalarType, std::vector<at::Tensor>> gradients;
-        for (auto& p : module.parameters()) {
-          if (p.grad().defined()) gradients[p.grad().scalar_type()].push_back(p.grad());
-        }
-        for (auto& [dtype, group] : gradients) {
-          const auto by = divisor.to(dtype);
-#if TORCH_VERSION_MAJOR >= 2
-          at::_foreach_div_(group, by);
-#else
-          for (auto& g : group) g.div_(by);
-#endif
-        }
-      }
+      divide_gradients_before_step(*optimizer_, divisor);
     } else {
       for (auto& p : module.parameters()) {
         if (p.grad().defined()) p.grad().clamp_(-clip, clip);
@@ -346,11 +289,41 @@ void Trainer::optimizer_step(Module& module) {
   if (lr_scheduler_ && scheduler_interval_ == "step") lr_scheduler_->step();
 }
 
-void Trainer::remember(const ReducedMetrics& metrics) {
+// --- metrics -------------------------------------------------------------------------------------
+
+// Filling callback_metrics after every batch has a price: reducing a step's values reads them on
+// the host (a wait for the device) and, with several ranks, is a collective every rank must call at
+// the same point. In one process the values wait, unreduced on the device, until something reads
+// them (a callback, a logging step): a fit whose callbacks read no metrics per batch pays nothing.
+// With several ranks any rank may read them at any moment, so every rank reduces them after every
+// batch at the same point of the loop; on a batch that steps the optimizer that is right after the
+// stop agreement, whose host wait it shares, so what it adds there is the reduction's collectives
+// alone; a batch inside an accumulation window pays a host wait of its own.
+void Trainer::set_step_metrics(const LoggedMetrics& step_view) {
+  unreduced_step_metrics_ = step_view;
+  if (world_->size() > 1) step_metrics();
+}
+
+const ReducedMetrics& Trainer::step_metrics() const {
+  if (unreduced_step_metrics_) {
+    step_metrics_ =
+        strategy_->reduce_metrics(*std::exchange(unreduced_step_metrics_, std::nullopt));
+    remember(step_metrics_);
+  }
+  return step_metrics_;
+}
+
+void Trainer::remember(const ReducedMetrics& metrics) const {
+  step_metrics();  // values still unreduced are older than these
   for (const auto& [name, metric] : metrics) {
     callback_metrics_[name] = metric.value;
     if (metric.prog_bar) progress_metrics_[name] = metric.value;
   }
+}
+
+const std::map<std::string, double>& Trainer::callback_metrics() const {
+  step_metrics();
+  return callback_metrics_;
 }
 
 bool Trainer::max_steps_reached() const {
@@ -458,182 +431,6 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
   return PredictionLoop(*this, module, loader,
                         options_.limit_predict_batches().of(loader.num_batches(replicas())))
       .run();
-}
-
-// --- checkpoint files ----------------------------------------------------------------------------
-
-void Trainer::save_checkpoint(const std::string& path) {
-  if (module_ == nullptr) throw std::logic_error("save_checkpoint needs a fit in progress");
-  check_losses_finite();  // no checkpoint holds an update from a loss that was not finite
-  for (auto& logger : loggers_) logger->save();  // the logs are at least as new as the checkpoint
-  TrainingState state;
-  state.progress = fit_progress_;
-  if (fit_loader_ != nullptr) state.data = data_position(*fit_loader_);
-  state.world_size = world_->size();
-  state.layout = strategy_->layout();
-  state.lr_scheduler_steps = lr_scheduler_ ? lr_scheduler_->step_count() : -1;
-  // Saved from on_train_epoch_end, the epoch's scheduler step is still to come: count it, since
-  // the resumed run starts with the next epoch.
-  if (lr_scheduler_ && fit_progress_.epoch_finished && scheduler_interval_ == "epoch") {
-    ++state.lr_scheduler_steps;
-  }
-  for (const auto& callback : options_.callbacks()) {
-    if (!callback->state_key().empty()) {
-      state.callbacks[callback->state_key()] = callback->state_dict();
-    }
-  }
-  write_checkpoint(*world_, path, strategy_->gather_weights(*module_), state, [&] {
-    torch::serialize::OutputArchive archive;
-    // Replicas hold the same state: the first replica's ranks write it.
-    if (optimizer_ && strategy_->batch_shard().replica == 0) {
-      torch::serialize::OutputArchive optimizer_archive;
-      save_optimizer_state(*optimizer_, named_parameters(*module_), optimizer_archive);
-      archive.write("optimizer", optimizer_archive);
-    }
-    archive.write("cpu_rng_state", RngState::capture().cpu_state());
-    // Into memory: torch's file writer aborts the process when a write fails.
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    return bytes.str();
-  });
-  last_checkpoint_ = path;
-  last_saved_step_ = fit_progress_.global_step;
-}
-
-std::string Trainer::newest_last_checkpoint() const {
-  // As Lightning's ckpt_path="last": the newest last.ckpt under this root's versions.
-  std::string newest;
-  fs::file_time_type newest_time;
-  const fs::path logs = fs::path(options_.default_root_dir()) / "lightning_logs";
-  if (fs::exists(logs)) {
-    for (const auto& entry : fs::recursive_directory_iterator(logs)) {
-      if (entry.is_directory() && entry.path().filename() == "last.ckpt") {
-        const auto time = fs::last_write_time(entry.path());
-        if (newest.empty() || time > newest_time) {
-          newest = entry.path().string();
-          newest_time = time;
-        }
-      }
-    }
-  }
-  return newest;
-}
-
-std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
-  if (ckpt_path != "last") return ckpt_path;
-  const std::string newest = newest_last_checkpoint();
-  if (newest.empty()) {
-    throw std::runtime_error("--ckpt-path last: no last.ckpt under " + options_.default_root_dir() +
-                             "/lightning_logs (save one with ModelCheckpoint's save_last, or "
-                             "pass a path)");
-  }
-  return newest;
-}
-
-void Trainer::restore(Module& module, const std::string& path, bool full) {
-  // Everything is read and checked before anything is changed.
-  const TrainingState state = read_training_state(path);
-  auto weights = read_checkpoint_weights(path);
-  // A tied parameter is stored once, under its first name; declared twins load it too.
-  for (const auto& tie :
-       find_tied_parameters(module.layers(), {static_cast<int64_t>(module.layers()->size())},
-                            options_.pipe().tied_parameters())) {
-    const auto stored = weights.find(tie.names.front());
-    if (stored == weights.end()) continue;
-    for (const auto& name : tie.names) weights.emplace(name, stored->second);
-  }
-  // The same layout resumes exactly, each rank from its own file; any other layout reads the
-  // optimizer state of its parameters from the files of the stages that held them.
-  const bool same_layout =
-      state.layout == strategy_->layout() && state.world_size == world_->size();
-  // Replicas hold the same optimizer state, which the first replica's ranks saved: a rank of
-  // another replica reads it from its stage's rank of the first (rank % stages).
-  auto read_rank_file = [&](int64_t rank) {
-    const auto rank_file = checkpoint_rank_path(path, rank);
-    torch::serialize::InputArchive archive;
-    try {
-      archive.load_from(rank_file);
-    } catch (const std::exception& e) {
-      throw std::runtime_error("checkpoint " + path + ": cannot read " + rank_file + " (" +
-                               error_message(e) + ")");
-    }
-    return archive;
-  };
-  const int64_t stages = world_->size() / replicas();
-  std::vector<torch::serialize::InputArchive> archives;
-  torch::serialize::InputArchive own;
-  if (full) {
-    for (const int64_t rank : same_layout ? std::vector<int64_t>{world_->rank() % stages}
-                                          : saved_stages_holding(state, module)) {
-      archives.push_back(read_rank_file(rank));
-    }
-    if (same_layout) own = read_rank_file(world_->rank());
-  }
-  auto layers = module.layers();
-  load_weights(layers, weights, checkpoint_weights_path(path));
-  if (!full) return;
-
-  const auto parameters = named_parameters(module);
-  for (auto& archive : archives) {
-    torch::serialize::InputArchive optimizer_archive;
-    if (optimizer_ && archive.try_read("optimizer", optimizer_archive)) {
-      load_optimizer_state(*optimizer_, parameters, optimizer_archive);
-    }
-  }
-  // The generator belongs to a rank: only the same layout gets it back.
-  at::Tensor rng_state;
-  if (same_layout && own.try_read("cpu_rng_state", rng_state)) {
-    RngState::from(rng_state).restore();
-  }
-  if (lr_scheduler_ && state.lr_scheduler_steps >= 0) {
-    lr_scheduler_->set_step_count(state.lr_scheduler_steps);
-  }
-  for (auto& callback : options_.callbacks()) {
-    const auto it = state.callbacks.find(callback->state_key());
-    if (it != state.callbacks.end()) callback->load_state_dict(it->second);
-  }
-  fit_progress_ = state.progress.next();
-  if (fit_loader_ != nullptr && state.data && !state.progress.epoch_finished) {
-    fit_progress_.batch_idx = resumed_batch(*state.data, *fit_loader_, path);
-  }
-}
-
-DataPosition Trainer::data_position(const DataLoader& loader) const {
-  const int64_t global_batch = loader.batch_size() * replicas();
-  return {std::min(fit_progress_.batch_idx * global_batch, loader.dataset_size()),
-          loader.options().seed(), loader.options().shuffle(), loader.dataset_size()};
-}
-
-int64_t Trainer::resumed_batch(const DataPosition& saved, const DataLoader& loader,
-                               const std::string& path) const {
-  const DataPosition now = data_position(loader);
-  auto refuse = [&](const std::string& what) {
-    throw std::invalid_argument("checkpoint " + path + " stopped mid-epoch " +
-                                std::to_string(fit_progress_.epoch) + " after " +
-                                std::to_string(saved.samples) + " samples, but " + what +
-                                ": the resumed run would not see the batches it had left");
-  };
-  if (saved.dataset_size != now.dataset_size) {
-    refuse("its training data had " + std::to_string(saved.dataset_size) +
-           " examples and this has " + std::to_string(now.dataset_size));
-  }
-  if (saved.shuffle != now.shuffle || (saved.shuffle && saved.seed != now.seed)) {
-    refuse("its data order came from shuffle " + std::string(saved.shuffle ? "on" : "off") +
-           ", seed " + std::to_string(saved.seed) + " and this loader's from shuffle " +
-           (now.shuffle ? "on" : "off") + ", seed " + std::to_string(now.seed) +
-           " (DataLoaderOptions::seed, --seed)");
-  }
-  // The epoch's order does not depend on the layout; a different number of replicas (or batch
-  // size) continues from the same sample where its global batch divides what was done.
-  const int64_t global_batch = loader.batch_size() * replicas();
-  if (saved.samples >= saved.dataset_size) return loader.num_batches(replicas());
-  if (saved.samples % global_batch != 0) {
-    refuse("a global batch here is " + std::to_string(global_batch) + " samples (batch size " +
-           std::to_string(loader.batch_size()) + " x " + std::to_string(replicas()) +
-           " replicas), which does not divide it; resume with a global batch that divides " +
-           std::to_string(saved.samples));
-  }
-  return saved.samples / global_batch;
 }
 
 }  // namespace pipetrain

@@ -20,12 +20,6 @@ std::vector<std::string> command(const std::string& subcommand, const std::strin
   return csv_logged_command(subcommand, "mlp", root, 4, std::move(extra));
 }
 
-CommandResult run_ok(const std::vector<std::string>& argv) {
-  auto result = run_command(argv);
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  return result;
-}
-
 std::string last_checkpoint(const std::string& root) {
   return root + "/lightning_logs/version_0/checkpoints/last.ckpt";
 }

@@ -37,11 +37,6 @@ TensorMap final_weights(const std::string& root) {
                           "/lightning_logs/version_0/checkpoints/last.ckpt/model.safetensors");
 }
 
-void run_ok(const std::vector<std::string>& argv) {
-  const auto result = run_command(argv);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-}
-
 // The runs under `expected` and `actual` logged the same losses and saved the same weights.
 void expect_same_run(const std::string& expected_root, const std::string& actual_root) {
   const auto expected = read_csv_column(metrics_csv(expected_root), "train_loss");

@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "pipetrain/trace.h"
+#include "pipeline/trace.h"
 #include "pipetrain/world.h"
 #include "support/command.h"
 #include "support/multiprocess.h"

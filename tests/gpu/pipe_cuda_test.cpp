@@ -10,7 +10,6 @@
 #include <tuple>
 
 #include "pipetrain/cluster_environment.h"
-#include "pipetrain/compat.h"
 #include "pipetrain/module.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/trainer.h"
@@ -19,6 +18,7 @@
 #include "support/multiprocess.h"
 #include "support/reference.h"
 #include "support/small_models.h"
+#include "util/compat.h"
 
 namespace pipetrain::testing::pipe_cuda_test {
 namespace {

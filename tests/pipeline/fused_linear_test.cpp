@@ -16,14 +16,14 @@
 #include <optional>
 
 #include "../../src/pipeline/fused_linear.h"  // internal: the deferral itself is tested here
+#include "pipeline/trace.h"
 #include "pipetrain/cluster_environment.h"
-#include "pipetrain/compat.h"
 #include "pipetrain/linear.h"
 #include "pipetrain/pipe.h"
-#include "pipetrain/trace.h"
 #include "pipetrain/world.h"
 #include "support/multiprocess.h"
 #include "support/reference.h"
+#include "util/compat.h"
 
 namespace pipetrain::testing::fused_linear_test {
 namespace {

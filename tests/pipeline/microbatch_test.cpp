@@ -1,4 +1,4 @@
-#include "pipetrain/microbatch.h"
+#include "pipeline/microbatch.h"
 
 #include <gtest/gtest.h>
 

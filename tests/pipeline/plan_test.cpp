@@ -2,7 +2,7 @@
 // on the other, right after the action that makes the tensors and right before the one that takes
 // them; stages of one rank hand over without either; joined weight gradients go after the last
 // backward.
-#include "pipetrain/plan.h"
+#include "pipeline/plan.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "pipetrain/recompute.h"
+#include "pipeline/recompute.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -10,6 +10,7 @@
 
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/pipe.h"
+#include "pipetrain/schedule.h"
 #include "pipetrain/world.h"
 #include "support/errors.h"
 #include "support/multiprocess.h"

@@ -4,7 +4,7 @@
 // checkpoint stores the weight once and resumes across layouts; saving one changes no live tensor.
 // Tolerance: fp32 on CPU, relative 1e-5 on losses and absolute 1e-5 on parameters (only the order
 // of the gradient sums differs).
-#include "pipetrain/tied_parameters.h"
+#include "pipeline/tied_parameters.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

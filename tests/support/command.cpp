@@ -76,6 +76,12 @@ CommandResult run_command(const std::vector<std::string>& argv,
   return wait_command(start_command(argv, env), timeout);
 }
 
+CommandResult run_ok(const std::vector<std::string>& argv) {
+  auto result = run_command(argv);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  return result;
+}
+
 std::vector<double> read_csv_column(const std::string& path, const std::string& name) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read " + path);

@@ -35,6 +35,9 @@ CommandResult run_command(const std::vector<std::string>& argv,
                           const std::map<std::string, std::string>& env = {},
                           std::chrono::seconds timeout = std::chrono::seconds(120));
 
+// run_command that expects the command to succeed: a non-zero exit fails the test, with its output.
+CommandResult run_ok(const std::vector<std::string>& argv);
+
 // Column `name` of a Lightning metrics.csv, in row order (rows without a value are skipped).
 std::vector<double> read_csv_column(const std::string& path, const std::string& name);
 

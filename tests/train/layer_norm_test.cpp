@@ -12,8 +12,8 @@
 
 #include <optional>
 
-#include "pipetrain/compat.h"
 #include "pipetrain/layer_norm.h"
+#include "util/compat.h"
 
 namespace pipetrain::testing::layer_norm_test {
 namespace {

@@ -3,7 +3,7 @@
 // into two stage optimizers whose groups hold the parameters in another order; then the original
 // and the split copy run the same further steps and must end with the same weights. A copy with
 // fresh optimizers runs beside them, to show that the comparison sees lost state.
-#include "pipetrain/optimizer_state.h"
+#include "train/optimizer_state.h"
 
 #include "support/errors.h"
 #include "support/multiprocess.h"

@@ -1,12 +1,14 @@
 // The progress bar writes to a tmpfile() here, so both of its modes are checked byte for byte: a
 // terminal gets '\r'-redrawn lines and one newline per bar, a log file gets only plain lines.
-#include "pipetrain/progress_bar.h"
+#include "train/progress_bar.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -37,6 +39,21 @@ class TempFile {
 
  private:
   std::FILE* file_;
+};
+
+// A clock that moves only when told, so that elapsed times are known exactly.
+class ManualClock {
+ public:
+  void advance(double seconds) {
+    now_ += std::chrono::duration_cast<ProgressBar::Clock::duration>(
+        std::chrono::duration<double>(seconds));
+  }
+  std::function<ProgressBar::Clock::time_point()> reader() const {
+    return [this] { return now_; };
+  }
+
+ private:
+  ProgressBar::Clock::time_point now_{};
 };
 
 size_t count(const std::string& text, char c) {
@@ -227,6 +244,61 @@ TEST(ProgressBar, PlainOutputHasOnlyLogLines) {
   EXPECT_NE(text.find(", train_loss=0.8]\n"), std::string::npos) << text;
   EXPECT_EQ(text.compare(second_line, 14, "Epoch 2: 4/4 ["), 0) << text;
   EXPECT_NE(text.find(", train_loss=0.6]\n"), std::string::npos) << text;
+}
+
+// A validation inside an epoch shows a bar of its own; the epoch's bar then goes on with the
+// epoch's elapsed time (5 s of training, 3 of validation, 2 more of training: 10 s for 6 batches),
+// not a clock restarted after the validation.
+TEST(ProgressBar, EpochElapsedTimeGoesOnAcrossAValidationInsideIt) {
+  TempFile file;
+  ManualClock clock;
+  ProgressBar bar(/*is_tty=*/false, file.get(), clock.reader());
+  bar.start("Epoch 0", 10);
+  clock.advance(5);
+  bar.log_line(4, {});
+  bar.start("Validation", 2);
+  clock.advance(3);
+  bar.log_line(2, {});
+  bar.finish();
+  bar.resume(4, {});
+  clock.advance(2);
+  bar.log_line(6, {});
+  bar.finish();
+  EXPECT_EQ(contents(file.get()),
+            "Epoch 0: 4/10 [00:05<00:07, 1.25s/it]\n"
+            "Validation: 2/2 [00:03<00:00, 1.50s/it]\n"
+            "Epoch 0: 6/10 [00:10<00:06, 1.67s/it]\n");
+}
+
+TEST(ProgressBar, TtyResumeRedrawsTheEpochsBarWithItsElapsedTime) {
+  TempFile file;
+  ManualClock clock;
+  ProgressBar bar(/*is_tty=*/true, file.get(), clock.reader());
+  bar.start("Epoch 0", 10, /*initial=*/2);
+  clock.advance(4);
+  bar.update(4, {});
+  bar.start("Validation", 2);
+  clock.advance(4);
+  bar.update(2, {});
+  bar.finish();
+  bar.resume(4, {{"train_loss", 0.5}});
+  const std::string text = contents(file.get());
+  // 2 batches since the resumed epoch's first, in 8 s.
+  EXPECT_NE(text.find("\n\rEpoch 0: 4/10 [00:08<00:24, 4.00s/it, train_loss=0.5]"),
+            std::string::npos)
+      << text;
+  bar.finish();
+  EXPECT_EQ(contents(file.get()).back(), '\n');
+}
+
+TEST(ProgressBar, ResumeWithoutAnInterruptedBarDoesNothing) {
+  TempFile file;
+  ProgressBar bar(true, file.get());
+  bar.start("Validation", 2);
+  bar.finish();
+  const std::string before = contents(file.get());
+  bar.resume(1, {});
+  EXPECT_EQ(contents(file.get()), before);
 }
 
 TEST(ProgressBar, PlainPrintIsJustTheMessage) {

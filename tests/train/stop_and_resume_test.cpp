@@ -54,7 +54,8 @@ class StepCounter : public Callback {
   void on_train_batch_start(Trainer& trainer, Module& module, const Batch&, int64_t) override {
     dynamic_cast<Regression&>(module).trainer_step_ = trainer.global_step();
   }
-  void on_train_batch_end(Trainer& trainer, Module&, const Batch&, int64_t) override {
+  void on_train_batch_end(Trainer& trainer, Module&, const TrainBatchOutputs&, const Batch&,
+                          int64_t) override {
     if (trainer.global_step() == signal_at_) raise(signo_);
   }
   void on_train_epoch_start(Trainer& trainer, Module&) override {

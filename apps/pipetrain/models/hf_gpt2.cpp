@@ -8,8 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include <pipetrain/file_writer.h>
 #include <pipetrain/safetensors.h>
+#include "io/file_writer.h"
 
 namespace pipetrain::cli {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "pipetrain/compat.h"
+#include "util/compat.h"
 
 namespace pipetrain {
 

@@ -1,6 +1,6 @@
 // Where the ranks meet must not be reachable from the network when they all run on one machine:
 // the test reads the listening TCP sockets of the running processes from /proc/net/tcp{,6}.
-#include "dist/rendezvous_store.h"
+#include "distributed/rendezvous_store.h"
 
 #include <dirent.h>
 #include <gtest/gtest.h>

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "distributed/world_connection.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/world.h"
 #include "support/multiprocess.h"
@@ -19,7 +20,7 @@ PIPETRAIN_WORKER(agent_store_worker) {
   env["TORCHELASTIC_RESTART_COUNT"] = "3";
   auto world = World::connect(TorchElasticEnvironment(env));
   world->barrier();
-  world->store()->set("joined/" + std::to_string(world->rank()), std::vector<uint8_t>{1});
+  store(*world)->set("joined/" + std::to_string(world->rank()), std::vector<uint8_t>{1});
   world->barrier();
 }
 

@@ -1,4 +1,4 @@
-#include "pipetrain/gradient_sync.h"
+#include "distributed/gradient_sync.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -8,8 +8,9 @@
 #include <functional>
 #include <stdexcept>
 
-#include "pipetrain/compat.h"
+#include "distributed/world_connection.h"
 #include "pipetrain/world.h"
+#include "util/compat.h"
 
 namespace pipetrain {
 
@@ -123,7 +124,7 @@ void GradientSync::launch(Bucket& bucket) {
   // Dividing first keeps the sum in range for low-precision gradients, as DDP does.
   bucket.flat = torch::cat(pieces).div_(static_cast<double>(replicas_->size()));
   std::vector<at::Tensor> tensors{bucket.flat};
-  bucket.work = replicas_->process_group()->allreduce(tensors);
+  bucket.work = process_group(*replicas_)->allreduce(tensors);
 }
 
 void GradientSync::finish() {
@@ -132,7 +133,7 @@ void GradientSync::finish() {
   while (next_bucket_ < num_buckets()) launch(buckets_[next_bucket_++]);
   torch::NoGradGuard no_grad;
   for (Bucket& bucket : buckets_) {
-    replicas_->wait(bucket.work);
+    wait(*replicas_, bucket.work);
     int64_t offset = 0;
     for (int64_t i : bucket.parameters) {
       at::Tensor& p = parameters_[i];

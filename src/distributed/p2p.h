@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "pipetrain/compat.h"
+#include "util/compat.h"
 
 namespace pipetrain {
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "pipetrain/file_writer.h"
+#include "io/file_writer.h"
 
 namespace pipetrain {
 namespace {

@@ -3,7 +3,7 @@
 // one's header with their own rows; a packet that changes shape mid-step, or a tensor that is not
 // batch-first, is refused by name before anything is sent. Receives posted ahead (post_recv) give
 // the packets recv() would have, in order, and a receive taken out of that order is refused.
-#include "pipetrain/p2p.h"
+#include "distributed/p2p.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

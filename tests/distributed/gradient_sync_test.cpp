@@ -1,6 +1,6 @@
 // GradientSync between two real processes: gradients become the replicas' average, reductions
 // start from inside backward (not after it), and a parameter nobody used keeps no gradient.
-#include "pipetrain/gradient_sync.h"
+#include "distributed/gradient_sync.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

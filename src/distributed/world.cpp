@@ -1,5 +1,5 @@
 // Connecting the ranks: a store for rendezvous and small messages, a process group for tensors.
-#include "pipetrain/world.h"
+#include "world_connection.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -23,7 +23,36 @@ namespace {
 
 constexpr const char* kErrorKey = "pipetrain/first_error";
 
+const ProcessGroupPtr kNoProcessGroup;
+const StorePtr kNoStore;
+
+ProcessGroupPtr make_group(const World& world, const StorePtr& store, int64_t rank, int64_t size,
+                           const std::string& main_address) {
+  if (world.device().is_cuda()) {
+    return make_nccl_group(store, rank, size, world.timeout(), world.device().index());
+  }
+  return make_gloo_group(store, rank, size, world.timeout(), main_address);
+}
+
 }  // namespace
+
+const ProcessGroupPtr& process_group(const World& world) {
+  return world.connection() ? world.connection()->process_group : kNoProcessGroup;
+}
+
+const StorePtr& store(const World& world) {
+  return world.connection() ? world.connection()->store : kNoStore;
+}
+
+void wait(const World& world, const WorkPtr& work) {
+  if (!work) return;  // NCCL's barrier may hand back none
+  if (world.device().is_cuda()) {
+    // With a timeout, NCCL's wait would block the host until the GPU is done.
+    work->wait();
+  } else {
+    work->wait(world.timeout());
+  }
+}
 std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
                                       std::chrono::milliseconds timeout,
                                       c10::DeviceType device_type) {
@@ -51,23 +80,27 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
   }
   if (world->size_ == 1) return world;
 
-  world->store_ = join_rendezvous(env, world->rank_, timeout);
+  auto connection = std::make_shared<detail::WorldConnection>();
+  connection->store = join_rendezvous(env, world->rank_, timeout);
+  world->connection_ = connection;
   world->wait_for_every_rank(env);
-  world->process_group_ = world->make_group(world->store_, world->rank_, world->size_);
+  connection->process_group =
+      make_group(*world, connection->store, world->rank_, world->size_, world->main_address_);
   return world;
 }
 
 void World::wait_for_every_rank(const ClusterEnvironment& env) const {
+  const StorePtr& store = pipetrain::store(*this);
   const auto key = [](int64_t rank) { return "pipetrain/arrived/" + std::to_string(rank); };
-  store_->set(key(rank_), std::vector<uint8_t>{1});
+  store->set(key(rank_), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
   for (int64_t r = 0; r < size_; ++r) keys.push_back(key(r));
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  while (!store_->check(keys)) {
+  while (!store->check(keys)) {
     if (std::chrono::steady_clock::now() >= deadline) {
       std::string arrived, missing;
       for (int64_t r = 0; r < size_; ++r) {
-        std::string& list = store_->check({key(r)}) ? arrived : missing;
+        std::string& list = store->check({key(r)}) ? arrived : missing;
         list += (list.empty() ? "" : ", ") + std::to_string(r);
       }
       throw std::runtime_error(
@@ -83,11 +116,6 @@ void World::wait_for_every_rank(const ClusterEnvironment& env) const {
   }
 }
 
-ProcessGroupPtr World::make_group(const StorePtr& store, int64_t rank, int64_t size) const {
-  if (device_.is_cuda()) return make_nccl_group(store, rank, size, timeout_, device_.index());
-  return make_gloo_group(store, rank, size, timeout_, main_address_);
-}
-
 std::shared_ptr<World> World::twin() const {
   auto twin = std::make_shared<World>(*this);
   twin->twins_ = 0;
@@ -96,16 +124,6 @@ std::shared_ptr<World> World::twin() const {
     twin->connect_group();
   }
   return twin;
-}
-
-void World::wait(const WorkPtr& work) const {
-  if (!work) return;  // NCCL's barrier may hand back none
-  if (device_.is_cuda()) {
-    // With a timeout, NCCL's wait would block the host until the GPU is done.
-    work->wait();
-  } else {
-    work->wait(timeout_);
-  }
 }
 
 std::shared_ptr<World> World::group(const std::vector<int64_t>& ranks,
@@ -122,32 +140,37 @@ std::shared_ptr<World> World::group(const std::vector<int64_t>& ranks,
   group->ranks_ = ranks;
   group->name_ = name_ + "/" + name;
   group->twins_ = 0;
-  group->process_group_.reset();
   group->connect_group();
   return group;
 }
 
 void World::connect_group() {
-  if (size_ < 2) return;
-  auto store = c10::make_intrusive<c10d::PrefixStore>("pipetrain/group" + name_, store_);
-  process_group_ = make_group(store, rank_, size_);
+  // The run's store stays; the process group is this World's own (none for a group of one).
+  auto connection = std::make_shared<detail::WorldConnection>();
+  connection->store = store(*this);
+  if (size_ >= 2) {
+    auto prefixed =
+        c10::make_intrusive<c10d::PrefixStore>("pipetrain/group" + name_, connection->store);
+    connection->process_group = make_group(*this, prefixed, rank_, size_, main_address_);
+  }
+  connection_ = connection;
 }
 
 void World::barrier() const {
-  if (!process_group_) return;
+  if (!process_group(*this)) return;
   if (device_.is_cuda()) {
     all_reduce_sum(0);  // the host waits for its result; NCCL's barrier would not block it
     return;
   }
   try {
-    wait(process_group_->barrier());
+    wait(*this, process_group(*this)->barrier());
   } catch (const std::exception& e) {
     fail("wait at a barrier with", e);
   }
 }
 
 double World::all_reduce_sum(double value) const {
-  if (!process_group_) return value;
+  if (!process_group(*this)) return value;
   return all_reduce_sum(at::full({1}, value, at::TensorOptions(at::kDouble).device(device_)))[0];
 }
 
@@ -159,7 +182,7 @@ std::vector<double> World::all_reduce_sum(const at::Tensor& values) const {
 at::Tensor World::all_reduce_sum_on_device(const at::Tensor& values) const {
   std::vector<at::Tensor> tensors{values.to(device_, at::kDouble).contiguous().clone()};
   try {
-    if (process_group_) wait(process_group_->allreduce(tensors));
+    if (process_group(*this)) wait(*this, process_group(*this)->allreduce(tensors));
     return tensors[0];
   } catch (const std::exception& e) {
     fail("sum values with", e);
@@ -185,7 +208,7 @@ void World::fail(const std::string& what, const std::exception& error, int64_t p
 }
 
 std::string World::broadcast(const std::string& text, int64_t root) const {
-  if (!process_group_) return text;
+  if (!process_group(*this)) return text;
   // Its length first, so every rank can make room for the bytes.
   const at::Tensor size = at::full({1}, static_cast<int64_t>(text.size()),
                                    at::TensorOptions(at::kLong).device(device_));
@@ -199,12 +222,12 @@ std::string World::broadcast(const std::string& text, int64_t root) const {
 }
 
 void World::broadcast_into(const at::Tensor& tensor, int64_t root) const {
-  if (!process_group_) return;
+  if (!process_group(*this)) return;
   c10d::BroadcastOptions options;
   options.rootRank = static_cast<int>(root);
   std::vector<at::Tensor> tensors{tensor};
   try {
-    wait(process_group_->broadcast(tensors, options));
+    wait(*this, process_group(*this)->broadcast(tensors, options));
   } catch (const std::exception& e) {
     fail("share a tensor with", e, rank_ == root ? -1 : root);
   }
@@ -230,19 +253,19 @@ at::Tensor World::gather_to_zero(const at::Tensor& tensor, int64_t from) const {
       header[1] = data.dim();
       for (int64_t d = 0; d < data.dim(); ++d) header[2 + d] = data.size(d);
       std::vector<at::Tensor> head{header.to(longs)}, body{data};
-      wait(process_group_->send(head, 0, kHeaderTag));
-      wait(process_group_->send(body, 0, kDataTag));
+      wait(*this, process_group(*this)->send(head, 0, kHeaderTag));
+      wait(*this, process_group(*this)->send(body, 0, kDataTag));
       if (device_.is_cuda()) torch::cuda::synchronize();  // the buffers stay alive until sent
       return {};
     }
     std::vector<at::Tensor> head{at::empty({2 + kMaxDims}, longs)};
-    wait(process_group_->recv(head, static_cast<int>(from), kHeaderTag));
+    wait(*this, process_group(*this)->recv(head, static_cast<int>(from), kHeaderTag));
     const at::Tensor h = head[0].cpu();
     const auto dtype = static_cast<c10::ScalarType>(h[0].item<int64_t>());
     std::vector<int64_t> sizes;
     for (int64_t d = 0; d < h[1].item<int64_t>(); ++d) sizes.push_back(h[2 + d].item<int64_t>());
     std::vector<at::Tensor> body{at::empty(sizes, at::TensorOptions(dtype).device(device_))};
-    wait(process_group_->recv(body, static_cast<int>(from), kDataTag));
+    wait(*this, process_group(*this)->recv(body, static_cast<int>(from), kDataTag));
     return body[0].cpu();
   } catch (const std::invalid_argument&) {
     throw;
@@ -252,20 +275,20 @@ at::Tensor World::gather_to_zero(const at::Tensor& tensor, int64_t from) const {
 }
 
 void World::publish_error(const std::string& message) const {
-  if (!store_) return;
+  if (!store(*this)) return;
   try {
     // compareSet with an empty expected value keeps the first error only.
     const std::string text = "rank " + std::to_string(global_rank(rank_)) + ": " + message;
-    store_->compareSet(kErrorKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
+    store(*this)->compareSet(kErrorKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
   } catch (...) {
   }
 }
 
 std::string World::published_error() const {
-  if (!store_) return {};
+  if (!store(*this)) return {};
   try {
-    if (!store_->check({kErrorKey})) return {};
-    const auto bytes = store_->get(kErrorKey);
+    if (!store(*this)->check({kErrorKey})) return {};
+    const auto bytes = store(*this)->get(kErrorKey);
     return std::string(bytes.begin(), bytes.end());
   } catch (...) {
     return {};

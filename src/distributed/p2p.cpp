@@ -1,9 +1,10 @@
-#include "pipetrain/p2p.h"
+#include "distributed/p2p.h"
 
 #include <torch/torch.h>
 
 #include <stdexcept>
 
+#include "distributed/world_connection.h"
 #include "pipetrain/error.h"
 #include "pipetrain/world.h"
 
@@ -65,7 +66,7 @@ PeerToPeer::PeerToPeer(std::shared_ptr<World> world)
     : world_(std::move(world)), gradients_(world_->twin()) {}
 
 const ProcessGroupPtr& PeerToPeer::group(Flow flow) const {
-  return flow == Flow::kGradient ? gradients_->process_group() : world_->process_group();
+  return flow == Flow::kGradient ? process_group(*gradients_) : process_group(*world_);
 }
 
 WorkPtr PeerToPeer::send(const at::Tensor& tensor, int64_t dst, Flow flow, int64_t rows) {
@@ -144,7 +145,7 @@ PeerToPeer::PacketShape PeerToPeer::next_shape(int64_t src, Flow flow, int64_t r
   }
   std::vector<at::Tensor> header{
       torch::empty({kHeaderSize}, torch::TensorOptions(torch::kInt64).device(world_->device()))};
-  world_->wait(group(flow)->recv(header, static_cast<int>(src), header_tag(flow)));
+  wait(*world_, group(flow)->recv(header, static_cast<int>(src), header_tag(flow)));
   const auto h_cpu = header[0].cpu();  // the one host wait of the step for this flow
   auto h = h_cpu.accessor<int64_t, 1>();
   PacketShape shape;
@@ -203,7 +204,7 @@ Packet PeerToPeer::recv(int64_t src, Flow flow, int64_t rows, int64_t channel) {
       arriving = std::move(posted.front());
       posted.pop_front();
     }
-    for (const auto& work : arriving.works) world_->wait(work);
+    for (const auto& work : arriving.works) wait(*world_, work);
     for (size_t i = 0; i < arriving.packet.tensors.size(); ++i) {
       if (arriving.packet.requires_grad[i]) arriving.packet.tensors[i].requires_grad_(true);
     }
@@ -235,7 +236,7 @@ void PeerToPeer::wait_for_sends() {
   posted_.clear();
   for (auto& send : pending_sends_) {
     try {
-      world_->wait(send.work);
+      wait(*world_, send.work);
     } catch (const std::exception& e) {
       world_->fail("send to", e, send.dst);
     }

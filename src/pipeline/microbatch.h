@@ -6,14 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace pipetrain {
+#include "pipetrain/pipe.h"  // MicroBatch
 
-struct MicroBatch {
-  int64_t index = 0;  // position in the batch, 0-based
-  int64_t begin = 0;  // first sample (inclusive)
-  int64_t end = 0;    // last sample (exclusive)
-  int64_t size() const { return end - begin; }
-};
+namespace pipetrain {
 
 // Throws std::invalid_argument when chunks < 1 or chunks > batch_size.
 std::vector<MicroBatch> split_microbatches(int64_t batch_size, int64_t chunks);

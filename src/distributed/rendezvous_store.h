@@ -7,7 +7,7 @@
 #include <string>
 
 #include "pipetrain/cluster_environment.h"
-#include "pipetrain/compat.h"
+#include "util/compat.h"
 
 namespace pipetrain {
 

@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace pipetrain {
@@ -38,14 +40,21 @@ std::string fit_width(const std::string& line, std::size_t width);
 
 class ProgressBar {
  public:
-  // `out` defaults to stdout; is_tty decides between one redrawn line and plain lines.
-  explicit ProgressBar(bool is_tty, std::FILE* out = stdout);
+  using Clock = std::chrono::steady_clock;
+  // `out` defaults to stdout; is_tty decides between one redrawn line and plain lines; `now` is
+  // the clock elapsed times are read from.
+  explicit ProgressBar(bool is_tty, std::FILE* out = stdout,
+                       std::function<Clock::time_point()> now = Clock::now);
   static bool stdout_is_tty();
 
   // A new bar: "Epoch 3" / "Validation" / "Testing" / "Predicting" and the number of batches
-  // (-1: unknown). `initial`: batches already done (a resumed epoch), left out of the rate. On a
-  // TTY it ends a bar still open and draws the new one at once.
+  // (-1: unknown). `initial`: batches already done (a resumed epoch), left out of the rate. It
+  // ends a bar still open (resume() brings that one back) and, on a TTY, draws the new one at once.
   void start(const std::string& description, int64_t total, int64_t initial = 0);
+  // Opens again, at `done` batches, the bar the last start() ended while it was open (an epoch's,
+  // after a validation inside it) and draws it on a TTY; its elapsed time and rate still count
+  // from its own start, so they are the epoch's. Nothing when start() ended none.
+  void resume(int64_t done, const std::map<std::string, double>& metrics);
   // After each batch. TTY: redraws the line, at most ~10 times a second and always on the last
   // batch. Not a TTY: nothing (see log_line).
   void update(int64_t done, const std::map<std::string, double>& metrics);
@@ -57,20 +66,25 @@ class ProgressBar {
   void print(const std::string& message);
 
  private:
-  using Clock = std::chrono::steady_clock;
+  // What a bar counts from.
+  struct Bar {
+    std::string description;
+    int64_t total = -1;
+    int64_t initial = 0;
+    Clock::time_point started;
+  };
   std::string render(int64_t done, const std::map<std::string, double>& metrics) const;
   void draw();
   void write(const std::string& text);
 
   bool is_tty_;
   std::FILE* out_;
+  std::function<Clock::time_point()> now_;
   std::size_t width_ = 0;  // terminal columns; 0: unknown, no cut
-  std::string description_;
-  int64_t total_ = -1;
-  int64_t initial_ = 0;
+  Bar bar_;
+  std::optional<Bar> interrupted_;  // the bar the last start() ended while it was open
   int64_t done_ = 0;
   std::map<std::string, double> metrics_;
-  Clock::time_point start_time_;
   Clock::time_point last_draw_;
   bool active_ = false;       // between start() and finish()
   bool dirty_ = false;        // updated since the last draw

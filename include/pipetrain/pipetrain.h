@@ -1,0 +1,66 @@
+// pipetrain: everything a program that trains with it names, in one include.
+//
+//   #include <pipetrain/pipetrain.h>
+//
+//   class MyModel : public pipetrain::Module { ... training_step, configure_optimizers ... };
+//   int main() {
+//     const auto options = pipetrain::TrainerOptions().strategy("pipe").devices(2);
+//     if (const auto status = pipetrain::launch_ranks(options)) return *status;
+//     pipetrain::Trainer trainer(options);
+//     MyModel model;
+//     trainer.fit(model, pipetrain::DataLoader(data, pipetrain::DataLoaderOptions()));
+//   }
+//
+// Each header below is one concept (docs/DESIGN.md lists them); including one of them alone also
+// works. Nothing here includes c10d's headers, and the library asks no compile definitions of
+// its users: pipetrain's internals stay in its sources.
+#pragma once
+
+// Training: the Trainer and its options, the user's Module, strategies by name.
+#include "pipetrain/module.h"
+#include "pipetrain/strategy.h"
+#include "pipetrain/trainer.h"
+#include "pipetrain/trainer_options.h"
+
+// Data: datasets and the loader; LibTorch datasets and token files as datasets.
+#include "pipetrain/data.h"
+#include "pipetrain/token_dataset.h"
+#include "pipetrain/torch_dataset.h"
+
+// Callbacks and loggers.
+#include "pipetrain/callback.h"
+#include "pipetrain/csv_logger.h"
+#include "pipetrain/early_stopping.h"
+#include "pipetrain/logger.h"
+#include "pipetrain/lr_monitor.h"
+#include "pipetrain/model_checkpoint.h"
+#include "pipetrain/tensorboard_logger.h"
+#include "pipetrain/throughput_monitor.h"
+
+// Optimisation: learning-rate schedules and the fused AdamW.
+#include "pipetrain/fused_adamw.h"
+#include "pipetrain/lr_scheduler.h"
+
+// Building blocks a model calls: Linear and LayerNorm the pipe can fuse, chunked cross-entropy.
+#include "pipetrain/cross_entropy.h"
+#include "pipetrain/layer_norm.h"
+#include "pipetrain/linear.h"
+
+// The pipeline itself, for programs that drive it without a Trainer: how to balance it, and
+// schedules as data (built, drawn, read from and written to CSV files, simulated).
+#include "pipetrain/balance.h"
+#include "pipetrain/pipe.h"
+#include "pipetrain/schedule.h"
+
+// Processes: launching ranks, where they come from, the World joining them.
+#include "pipetrain/cluster_environment.h"
+#include "pipetrain/launcher.h"
+#include "pipetrain/world.h"
+
+// Files: checkpoints (save, load, resume in any layout; "last" and "best") and safetensors.
+#include "pipetrain/checkpoint_io.h"
+#include "pipetrain/checkpoint_path.h"
+#include "pipetrain/safetensors.h"
+
+// Errors: how failures are reported.
+#include "pipetrain/error.h"

@@ -1,0 +1,27 @@
+// What joins a World's ranks in c10d terms: the run's store and this World's process group. Kept
+// out of the public world.h so that a user's program never compiles c10d's headers; the library's
+// own collectives (p2p, gradient sync, tied gradients, loss counts) reach them through here.
+#pragma once
+
+#include "pipetrain/world.h"
+#include "util/compat.h"
+
+namespace pipetrain {
+namespace detail {
+
+struct WorldConnection {
+  StorePtr store;                 // the run's, shared by every group of it
+  ProcessGroupPtr process_group;  // this World's ranks alone; null for a group of one
+};
+
+}  // namespace detail
+
+// Null for a single process.
+const ProcessGroupPtr& process_group(const World& world);
+const StorePtr& store(const World& world);
+
+// Completes `work` of `world`'s process group: on CPU, blocks until it is done (or the world's
+// timeout passes); on CUDA, makes the current stream wait for it, without blocking the host.
+void wait(const World& world, const WorkPtr& work);
+
+}  // namespace pipetrain

@@ -1,0 +1,200 @@
+// The Trainer's checkpoint files: what a save writes and a resume reads back, so that a fit
+// resumed from a checkpoint trains as if it had never stopped, under any layout. Whatever a save
+// cannot hold exactly it refuses, saying why, rather than writing a file that resumes differently.
+// What the files are is checkpoint_io.h's; which process holds which weights and optimizer state
+// is the strategy's; here is what goes into a checkpoint of a fit, and where a resumed fit stands.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipeline/recompute.h"
+#include "pipetrain/callback.h"
+#include "pipetrain/checkpoint_io.h"
+#include "pipetrain/checkpoint_path.h"
+#include "pipetrain/error.h"
+#include "pipetrain/logger.h"
+#include "pipetrain/lr_scheduler.h"
+#include "pipetrain/module.h"
+#include "pipetrain/strategy.h"
+#include "pipetrain/trainer.h"
+#include "pipetrain/world.h"
+#include "train/optimizer_state.h"
+
+namespace pipetrain {
+namespace fs = std::filesystem;
+namespace {
+
+// This rank's parameters under their names in the whole model ("3.weight"), each once: a tensor
+// several layers share goes by its first name, on every stage that holds it.
+NamedParameters named_parameters(const Module& module) {
+  std::map<const c10::TensorImpl*, std::string> first_name;
+  for (const auto& item : module.layers()->named_parameters()) {
+    first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  }
+  NamedParameters named;
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& item : module.local_layers()->named_parameters()) {
+    const auto* impl = item.value().unsafeGetTensorImpl();
+    if (!seen.insert(impl).second) continue;
+    const auto it = first_name.find(impl);
+    named.emplace_back(it == first_name.end() ? item.key() : it->second, item.value());
+  }
+  return named;
+}
+
+}  // namespace
+
+void Trainer::save_checkpoint(const std::string& path) {
+  // The optimizer, the scheduler and the data position come from fit and outlive it, so a save
+  // after fit returns is as whole as one during it; before any fit they do not exist.
+  if (!optimizer_) {
+    throw std::logic_error(
+        "save_checkpoint(" + path +
+        "): this Trainer has not run fit(), and a checkpoint holds a fit's optimizer, "
+        "learning-rate scheduler and data position beside the weights, so that fit resumes from "
+        "it exactly; call it during or after fit()");
+  }
+  check_losses_finite();  // no checkpoint holds an update from a loss that was not finite
+  for (auto& logger : loggers_) logger->save();  // the logs are at least as new as the checkpoint
+  TrainingState state;
+  state.progress = fit_progress_;
+  state.data = data_position();
+  state.world_size = world_->size();
+  state.layout = strategy_->layout();
+  state.lr_scheduler_steps = lr_scheduler_ ? lr_scheduler_->step_count() : -1;
+  // Saved from on_train_epoch_end, the epoch's scheduler step is still to come: count it, since
+  // the resumed run starts with the next epoch.
+  if (lr_scheduler_ && fit_progress_.epoch_finished && scheduler_interval_ == "epoch") {
+    ++state.lr_scheduler_steps;
+  }
+  for (const auto& callback : options_.callbacks()) {
+    if (!callback->state_key().empty()) {
+      state.callbacks[callback->state_key()] = callback->state_dict();
+    }
+  }
+  const CheckpointWriters writers{world_->rank(), [&] { world_->barrier(); },
+                                  [&](const std::string& error) { world_->publish_error(error); }};
+  write_checkpoint(writers, path, strategy_->gather_weights(*module_), state, [&] {
+    torch::serialize::OutputArchive archive;
+    // Replicas hold the same state: the first replica's ranks write it.
+    if (strategy_->batch_shard().replica == 0) {
+      torch::serialize::OutputArchive optimizer_archive;
+      save_optimizer_state(*optimizer_, named_parameters(*module_), optimizer_archive);
+      archive.write("optimizer", optimizer_archive);
+    }
+    archive.write("cpu_rng_state", RngState::capture().cpu_state());
+    // Into memory: torch's file writer aborts the process when a write fails.
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    return bytes.str();
+  });
+  last_checkpoint_ = path;
+  last_saved_step_ = fit_progress_.global_step;
+}
+
+std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
+  return resolve_checkpoint_path(ckpt_path, options_.default_root_dir());
+}
+
+void Trainer::restore(Module& module, const std::string& path, bool full) {
+  // Everything is read and checked before anything is changed.
+  const TrainingState state = read_training_state(path);
+  auto weights = read_checkpoint_weights(path);
+  auto read_rank_file = [&](int64_t rank) {
+    const auto rank_file = checkpoint_rank_path(path, rank);
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(rank_file);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("checkpoint " + path + ": cannot read " + rank_file + " (" +
+                               error_message(e) + ")");
+    }
+    return archive;
+  };
+  // The optimizer state of this rank's parameters, from the files the strategy says hold it (any
+  // layout resumes any other); the generator from this rank's own file, under the same layout.
+  const bool same_layout =
+      state.layout == strategy_->layout() && state.world_size == world_->size();
+  std::vector<torch::serialize::InputArchive> archives;
+  torch::serialize::InputArchive own;
+  if (full) {
+    for (const int64_t rank :
+         strategy_->optimizer_state_ranks(state.layout, state.world_size, world_->rank())) {
+      archives.push_back(read_rank_file(rank));
+    }
+    if (same_layout) own = read_rank_file(world_->rank());
+  }
+  strategy_->load_weights(module, std::move(weights), checkpoint_weights_path(path));
+  if (!full) return;
+
+  const auto parameters = named_parameters(module);
+  for (auto& archive : archives) {
+    torch::serialize::InputArchive optimizer_archive;
+    if (archive.try_read("optimizer", optimizer_archive)) {
+      load_optimizer_state(*optimizer_, parameters, optimizer_archive);
+    }
+  }
+  at::Tensor rng_state;
+  if (same_layout && own.try_read("cpu_rng_state", rng_state)) {
+    RngState::from(rng_state).restore();
+  }
+  if (lr_scheduler_ && state.lr_scheduler_steps >= 0) {
+    lr_scheduler_->set_step_count(state.lr_scheduler_steps);
+  }
+  for (auto& callback : options_.callbacks()) {
+    const auto it = state.callbacks.find(callback->state_key());
+    if (it != state.callbacks.end()) callback->load_state_dict(it->second);
+  }
+  fit_progress_ = state.progress.next();
+  if (state.data && !state.progress.epoch_finished) {
+    fit_progress_.batch_idx = resumed_batch(*state.data, path);
+  }
+}
+
+DataPosition Trainer::data_position() const {
+  DataPosition position = training_data_->order;
+  position.samples = std::min(fit_progress_.batch_idx * training_data_->batch_size * replicas(),
+                              position.dataset_size);
+  return position;
+}
+
+int64_t Trainer::resumed_batch(const DataPosition& saved, const std::string& path) const {
+  const DataPosition& now = training_data_->order;
+  auto refuse = [&](const std::string& what) {
+    throw std::invalid_argument("checkpoint " + path + " stopped mid-epoch " +
+                                std::to_string(fit_progress_.epoch) + " after " +
+                                std::to_string(saved.samples) + " samples, but " + what +
+                                ": the resumed run would not see the batches it had left");
+  };
+  if (saved.dataset_size != now.dataset_size) {
+    refuse("its training data had " + std::to_string(saved.dataset_size) +
+           " examples and this has " + std::to_string(now.dataset_size));
+  }
+  if (saved.shuffle != now.shuffle || (saved.shuffle && saved.seed != now.seed)) {
+    refuse("its data order came from shuffle " + std::string(saved.shuffle ? "on" : "off") +
+           ", seed " + std::to_string(saved.seed) + " and this loader's from shuffle " +
+           (now.shuffle ? "on" : "off") + ", seed " + std::to_string(now.seed) +
+           " (DataLoaderOptions::seed, --seed)");
+  }
+  // The epoch's order does not depend on the layout; a different number of replicas (or batch
+  // size) continues from the same sample where its global batch divides what was done.
+  const int64_t batch_size = training_data_->batch_size;
+  const int64_t global_batch = batch_size * replicas();
+  if (saved.samples >= saved.dataset_size) return training_data_->batches;
+  if (saved.samples % global_batch != 0) {
+    refuse("a global batch here is " + std::to_string(global_batch) + " samples (batch size " +
+           std::to_string(batch_size) + " x " + std::to_string(replicas()) +
+           " replicas), which does not divide it; resume with a global batch that divides " +
+           std::to_string(saved.samples));
+  }
+  return saved.samples / global_batch;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,180 @@
+// The Trainer as a user's own program meets it: only <pipetrain/pipetrain.h>, a Module and data of
+// the program's own, one process. Each test is a defect users ran into: a checkpoint saved after
+// fit() that resumed differently, a batch hook that saw no loss inside an accumulation window, and
+// callback metrics that stayed empty between logging steps.
+#include <gtest/gtest.h>
+#include <pipetrain/pipetrain.h>
+#include <stdlib.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pipetrain::testing::trainer_user_defects_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kRows = 24, kBatchSize = 4;  // 6 batches an epoch
+
+// A directory of its own for a test's runs, removed with it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string name = (fs::temp_directory_path() / "pipetrain-user-XXXXXX").string();
+    if (mkdtemp(name.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + name);
+    path_ = name;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Regression by Adam, whose learning rate a scheduler halves every 2 steps: a resumed run needs
+// the moments, the scheduler's position and the data's to train as an uninterrupted one. Records
+// each batch's loss as training_step returned it.
+class Regression : public Module {
+ public:
+  Regression()
+      : Module(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(),
+                                     torch::nn::Linear(8, 1))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    log("train_loss", loss);
+    losses.push_back(loss.item<double>());
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    OptimizerConfig config =
+        std::make_unique<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.05));
+    config.lr_scheduler = std::make_unique<StepLR>(*config.optimizer, 2, 0.5);
+    config.interval = "step";
+    return config;
+  }
+  std::vector<double> losses;
+};
+
+DataLoader shuffled_data() {
+  torch::manual_seed(3);
+  const auto x = torch::randn({kRows, 3});
+  return DataLoader(TensorDataset(x, x.sum(1, true).tanh()),
+                    DataLoaderOptions().batch_size(kBatchSize).shuffle(true).seed(5));
+}
+
+TrainerOptions quiet_options(const std::string& root) {
+  return TrainerOptions()
+      .strategy("single")
+      .max_epochs(100)
+      .loggers({})
+      .enable_progress_bar(false)
+      .enable_checkpointing(false)
+      .num_sanity_val_steps(0)
+      .default_root_dir(root);
+}
+
+// What on_train_batch_end saw, batch by batch.
+class BatchEndRecorder : public Callback {
+ public:
+  void on_train_batch_end(Trainer& trainer, Module&, const TrainBatchOutputs& outputs, const Batch&,
+                          int64_t batch_idx) override {
+    batches.push_back(batch_idx);
+    steps.push_back(trainer.global_step());
+    losses.push_back(outputs.loss.defined() ? outputs.loss.item<double>() : std::nan(""));
+    const auto& metrics = trainer.callback_metrics();
+    const auto logged = metrics.find("train_loss");
+    train_loss_metric.push_back(logged == metrics.end() ? std::nan("") : logged->second);
+  }
+  std::vector<int64_t> batches, steps;
+  std::vector<double> losses, train_loss_metric;
+};
+
+// A checkpoint saved once fit() has returned holds all a resumed fit needs (Adam's moments, the
+// scheduler's steps, where the data stood): fit 5 steps, save, resume to 8 in a new Trainer; its
+// losses and weights are bit for bit those of 8 uninterrupted steps (CPU, fp32, the same
+// arithmetic in the same order).
+TEST(TrainerUserDefects, CheckpointSavedAfterFitResumesAsIfFitHadNeverStopped) {
+  const TempDir dir;
+  const auto loader = shuffled_data();
+  // Each model is built after its Trainer, which seeds the generator: the same initial weights.
+  Trainer straight_run(quiet_options(dir / "straight").max_steps(8));
+  Regression straight;
+  straight_run.fit(straight, loader);
+
+  Trainer first_run(quiet_options(dir / "first").max_steps(5));
+  Regression first;
+  first_run.fit(first, loader);
+  first_run.save_checkpoint(dir / "after-fit.ckpt");
+
+  Trainer resumed_run(quiet_options(dir / "resumed").max_steps(8));
+  Regression resumed;
+  resumed_run.fit(resumed, loader, nullptr, dir / "after-fit.ckpt");
+  EXPECT_EQ(resumed_run.global_step(), 8);
+
+  auto losses = first.losses;
+  losses.insert(losses.end(), resumed.losses.begin(), resumed.losses.end());
+  EXPECT_EQ(losses, straight.losses);
+  const auto expected = straight.layers()->parameters();
+  const auto actual = resumed.layers()->parameters();
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
+}
+
+// Before any fit there is no optimizer state to save: the save says so instead of writing a
+// checkpoint that would resume with a fresh optimizer.
+TEST(TrainerUserDefects, CheckpointBeforeAnyFitIsRefusedSayingWhy) {
+  const TempDir dir;
+  Trainer trainer(quiet_options(dir / "run"));
+  try {
+    trainer.save_checkpoint(dir / "early.ckpt");
+    ADD_FAILURE() << "save_checkpoint before fit() wrote a checkpoint";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("has not run fit()"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "early.ckpt"));
+}
+
+// Under gradient accumulation on_train_batch_end runs for every batch, and on every one it gets
+// that batch's loss as training_step returned it, not a NaN or nothing on the batches that only
+// accumulate; global_step tells the batches that stepped the optimizer.
+TEST(TrainerUserDefects, BatchEndHookGetsEveryBatchsLossUnderAccumulation) {
+  const TempDir dir;
+  auto recorder = std::make_shared<BatchEndRecorder>();
+  Trainer trainer(
+      quiet_options(dir / "run").max_epochs(1).accumulate_grad_batches(2).callbacks({recorder}));
+  Regression model;
+  trainer.fit(model, shuffled_data());
+
+  EXPECT_EQ(recorder->batches, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(recorder->steps, (std::vector<int64_t>{0, 1, 1, 2, 2, 3}));
+  ASSERT_EQ(recorder->losses.size(), model.losses.size());
+  for (size_t batch = 0; batch < model.losses.size(); ++batch) {
+    EXPECT_TRUE(std::isfinite(recorder->losses[batch])) << "batch " << batch;
+    EXPECT_EQ(recorder->losses[batch], model.losses[batch]) << "batch " << batch;
+  }
+}
+
+// callback_metrics holds the latest value of every logged metric after every batch, not only at
+// logging steps (here there are none): what EarlyStopping and ModelCheckpoint read.
+TEST(TrainerUserDefects, CallbackMetricsHoldTheLatestLoggedValueAfterEveryBatch) {
+  const TempDir dir;
+  auto recorder = std::make_shared<BatchEndRecorder>();
+  Trainer trainer(
+      quiet_options(dir / "run").max_steps(5).log_every_n_steps(1000).callbacks({recorder}));
+  Regression model;
+  trainer.fit(model, shuffled_data());
+
+  EXPECT_EQ(recorder->train_loss_metric, model.losses);
+  EXPECT_EQ(trainer.callback_metrics().at("train_loss"), model.losses.back());
+}
+
+}  // namespace
+}  // namespace pipetrain::testing::trainer_user_defects_test
