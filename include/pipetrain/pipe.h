@@ -117,6 +117,11 @@ class Pipe {
   // ignore it (pass an undefined tensor). Returns the batch's loss on the last stage (detached) and
   // an undefined tensor elsewhere. Gradients accumulate into this stage's parameters.
   at::Tensor forward_backward(const at::Tensor& input, int64_t batch_size, const LossFn& loss_fn);
+  // The same, for callers that weigh the micro-batches themselves: what `contribution` returns is
+  // backpropagated as it is, unscaled, and the sum of them returned (the Trainer's strategies: a
+  // mean by its share of the global batch, a sum_over() sum as a sum).
+  at::Tensor forward_backward_unscaled(const at::Tensor& input, int64_t batch_size,
+                                       const LossFn& contribution);
 
   // Forward only, for evaluation: no autograd graph and no recomputation, micro-batches in order.
   void forward(const at::Tensor& input, int64_t batch_size, const OutputFn& on_output);

@@ -40,7 +40,16 @@ Pipe::~Pipe() = default;
 
 at::Tensor Pipe::forward_backward(const at::Tensor& input, int64_t batch_size,
                                   const LossFn& loss_fn) {
-  return impl_->forward_backward(input, batch_size, loss_fn);
+  // A micro-batch's mean weighs its share of the batch: the gradients of the batch's mean.
+  return impl_->forward_backward(
+      input, batch_size, [&](const at::Tensor& output, const MicroBatch& microbatch) {
+        return loss_fn(output, microbatch) * microbatch.share_of(batch_size);
+      });
+}
+
+at::Tensor Pipe::forward_backward_unscaled(const at::Tensor& input, int64_t batch_size,
+                                           const LossFn& contribution) {
+  return impl_->forward_backward(input, batch_size, contribution);
 }
 
 void Pipe::forward(const at::Tensor& input, int64_t batch_size, const OutputFn& on_output) {

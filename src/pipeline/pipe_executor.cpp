@@ -460,7 +460,7 @@ void Pipe::Impl::run_forward(Step& step, const Action& action) {
       // or captured; its input is a leaf that collects the gradient the stage's backward needs.
       at::Tensor& output = state.output.tensors[0];
       if (execution_->output_detached(state)) output = output.detach().requires_grad_(true);
-      state.loss = (*step.loss_fn)(output, mb) * mb.share_of(step.batch_size);
+      state.loss = (*step.loss_fn)(output, mb);  // weighed as the caller chose (pipe.h)
       step.total_loss =
           step.total_loss.defined() ? step.total_loss + state.loss.detach() : state.loss.detach();
     }

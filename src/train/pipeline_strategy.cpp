@@ -188,7 +188,7 @@ class PipelineStrategy : public Strategy {
     const Batch batch = on_device(host_batch);
     sync_this_step_ = gradient_sync_ && options.sync_gradients;
     batch_loss_ = BatchLoss();
-    pipe_->forward_backward(
+    pipe_->forward_backward_unscaled(
         batch.data, batch.data.size(0), [&](const at::Tensor& output, const MicroBatch& mb) {
           return loss_to_backward(module, batch, batch_idx, mb, output, options, metrics);
         });
@@ -408,9 +408,10 @@ class PipelineStrategy : public Strategy {
     return step(micro);
   }
 
-  // The user's training_step on micro-batch `mb`, as the tensor the pipe backpropagates (after
-  // scaling it by the micro-batch's share of the batch): a mean loss scaled by the Trainer's
-  // share of this batch; a sum_over() loss as its sum, its count kept for the optimizer step.
+  // The user's training_step on micro-batch `mb`, as the tensor the pipe backpropagates as it is:
+  // how each micro-batch weighs is decided here alone. A mean loss is scaled by the Trainer's
+  // share for this batch (replica, accumulation) and the micro-batch's share of the batch; a
+  // sum_over() loss stays its sum, its count kept for the optimizer step.
   at::Tensor loss_to_backward(Module& module, const Batch& batch, int64_t batch_idx,
                               const MicroBatch& mb, const at::Tensor& output,
                               const StepOptions& options, LoggedMetrics& metrics) {
@@ -428,7 +429,7 @@ class PipelineStrategy : public Strategy {
     window_sums_ = summed.has_value();
     if (!summed) {
       batch_loss_.add_mean(loss, mb.size());
-      return loss * options.loss_scale;
+      return loss * options.loss_scale * mb.share_of(batch.data.size(0));
     }
     if (!loss.is_same(summed->result)) {
       throw std::invalid_argument(
@@ -437,8 +438,7 @@ class PipelineStrategy : public Strategy {
     }
     batch_loss_.add_sum(summed->sum, summed->count);
     summed_count_ = summed_count_.defined() ? summed_count_ + summed->count : summed->count;
-    // The pipe scales a micro-batch's loss by its share of the batch: a sum must stay a sum.
-    return summed->sum / mb.share_of(batch.data.size(0));
+    return summed->sum;
   }
 
   // Whether this optimizer step's losses were sum_over() sums: learnt from the last stage at the
