@@ -3,18 +3,10 @@
 #include <stdexcept>
 
 #include "pipeline/recompute.h"
+#include "pipetrain/balance.h"
 #include "pipetrain/schedule.h"
 
 namespace pipetrain {
-namespace {
-
-std::string balance_text(const std::vector<int64_t>& balance) {
-  std::string text;
-  for (const int64_t layers : balance) text += (text.empty() ? "" : ",") + std::to_string(layers);
-  return text;
-}
-
-}  // namespace
 
 void check_pipe_options(const PipeOptions& options, int64_t ranks, const std::string& ranks_from) {
   if (options.virtual_stages() < 1) {
@@ -29,7 +21,7 @@ void check_pipe_options(const PipeOptions& options, int64_t ranks, const std::st
         (options.virtual_stages() > 1
              ? " with " + std::to_string(options.virtual_stages()) + " virtual stages each"
              : std::string()) +
-        " disagrees with balance " + balance_text(options.balance()) + " (" +
+        " disagrees with balance " + format_balance(options.balance()) + " (" +
         std::to_string(options.balance().size()) +
         " stages): give one balance entry per stage (processes x virtual stages)");
   }

@@ -68,13 +68,6 @@ std::string join_names(const std::map<std::string, std::pair<double, double>>& t
   return names;
 }
 
-// "0,1,1,0": numbers as a checkpoint's layout holds them.
-std::string join_numbers(const std::vector<int64_t>& numbers) {
-  std::string text;
-  for (const int64_t n : numbers) text += (text.empty() ? "" : ",") + std::to_string(n);
-  return text;
-}
-
 // The numbers under `key` in a checkpoint's layout; throws saying what a resume lacks without them.
 std::vector<int64_t> layout_numbers(const std::map<std::string, std::string>& layout,
                                     const std::string& key) {
@@ -96,11 +89,11 @@ std::vector<int64_t> layout_numbers(const std::map<std::string, std::string>& la
 class BatchLoss {
  public:
   void add_mean(const at::Tensor& loss, int64_t rows) {
-    add(loss.detach().to(torch::kFloat64) * static_cast<double>(rows), loss.scalar_type());
+    add(loss, static_cast<double>(rows));
     rows_ += rows;
   }
   void add_sum(const at::Tensor& sum, const at::Tensor& count) {
-    add(sum.detach().to(torch::kFloat64), sum.scalar_type());
+    add(sum, 1.0);
     counts_ = counts_.defined() ? counts_ + count : count;
   }
   // In the dtype the steps returned; undefined where no step ran. A batch whose sum_over() counts
@@ -114,9 +107,11 @@ class BatchLoss {
   }
 
  private:
-  void add(const at::Tensor& weighted, at::ScalarType dtype) {
-    total_ = total_.defined() ? total_ + weighted : weighted;
-    dtype_ = dtype;
+  // One kernel a micro-batch after the first: the add promotes to total_'s float64.
+  void add(const at::Tensor& loss, double weight) {
+    total_ = total_.defined() ? total_.add(loss.detach(), weight)
+                              : loss.detach().to(torch::kFloat64) * weight;
+    dtype_ = loss.scalar_type();
   }
   at::Tensor total_;   // float64: the means times their rows, or the sums
   int64_t rows_ = 0;   // of the means
@@ -313,7 +308,7 @@ class PipelineStrategy : public Strategy {
       ranks.push_back(pipe_->rank_of_stage(stage));
       moved |= ranks.back() != stage;
     }
-    if (moved) layout["stage_ranks"] = join_numbers(ranks);
+    if (moved) layout["stage_ranks"] = format_balance(ranks);  // "0,1,1,0", as balance
     return layout;
   }
 
