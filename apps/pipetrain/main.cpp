@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
@@ -23,10 +24,12 @@
 #include <pipetrain/early_stopping.h>
 #include <pipetrain/error.h>
 #include <pipetrain/lr_monitor.h>
+#include <pipetrain/lr_scheduler.h>
 #include <pipetrain/model_checkpoint.h>
 #include <pipetrain/module.h>
 #include <pipetrain/trainer.h>
 
+#include "models/hf_decoder.h"
 #include "models/hf_gpt2.h"
 #include "models/models.h"
 #include "models/prepare_data.h"
@@ -103,6 +106,53 @@ std::string env_name(const std::string& flag) {
   return name;
 }
 
+// The built-in models trained with the language models' optimizer recipe (AdamW with weight decay
+// on matrices, the learning-rate schedule flags).
+bool has_optimizer_recipe(const std::string& model) {
+  return model == "gpt2" || model == "llama" || model == "qwen3";
+}
+
+// The flags that say a language model's shape (or the Hugging Face folder that holds it), for
+// the training subcommands and export alike.
+void add_shape_flags(CLI::App& app, pipetrain::cli::ModelOptions& m) {
+  auto add = [&](const std::string& flag, auto& value, const std::string& help) {
+    return app.add_option(flag, value, help)->envname(env_name(flag));
+  };
+  // A true/false flag that may also be left unset, which keeps what the model would choose (a
+  // preset's, a Hugging Face folder's).
+  auto add_optional_bool = [&](const std::string& flag, std::optional<bool>& value,
+                               const std::string& help) {
+    return app
+        .add_option_function<bool>(
+            flag, [&value](const bool& given) { value = given; }, help)
+        ->run_callback_for_default()  // so --config's value reaches `value`
+        ->envname(env_name(flag));
+  };
+  add("--vocab-size", m.vocab_size,
+      "token ids are below this (0: gpt 256, byte tokens; gpt2 50304; llama, qwen3 the preset's)");
+  add("--block-size", m.block_size,
+      "gpt, gpt2, llama, qwen3: context length in tokens (0: the model's)");
+  add("--model-size", m.model_size,
+      "gpt2: 124M, 350M, 774M or 1558M (GPT-2 small to xl); llama: llama-150m, llama3.2-1b, "
+      "llama3.2-3b, llama3.1-8b; qwen3: qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b (empty: the "
+      "smallest)");
+  add("--n-layer", m.n_layer, "gpt2, llama, qwen3: transformer blocks (0: the preset's)");
+  add("--n-head", m.n_head, "gpt2, llama, qwen3: attention heads (0: the preset's)");
+  add("--n-embd", m.n_embd, "gpt2, llama, qwen3: embedding width (0: the preset's)");
+  add("--n-kv-head", m.n_kv_head,
+      "llama, qwen3: key/value heads, grouped-query attention (0: the preset's)");
+  add("--head-dim", m.head_dim, "llama, qwen3: width of an attention head (0: the preset's)");
+  add("--intermediate-size", m.intermediate_size,
+      "llama, qwen3: the SwiGLU MLP's hidden width (0: the preset's)");
+  add("--rope-theta", m.rope_theta, "llama, qwen3: RoPE's base (0: the preset's)");
+  add("--rms-norm-eps", m.rms_norm_eps, "llama, qwen3: RMSNorm's epsilon (0: the preset's)");
+  add_optional_bool("--tie-word-embeddings", m.tie_word_embeddings,
+                    "llama, qwen3: true: the output head is the token embedding; false: a matrix "
+                    "of its own (unset: the preset's)");
+  add("--init-from", m.init_from,
+      "gpt2, llama, qwen3: start from a Hugging Face folder (config.json, *.safetensors)");
+}
+
 // The flags of every subcommand, declared once: each writes the options field it names.
 void add_flags(CLI::App& app, Args& a) {
   auto add = [&](const std::string& flag, auto& value, const std::string& help) {
@@ -137,25 +187,28 @@ void add_flags(CLI::App& app, Args& a) {
   pipetrain::PipeOptions& pipe = t.pipe();
   add("--config", a.config, "JSON file of flag values (keys as the flags, e.g. \"max_epochs\")");
   add("--model", a.model.name, "built-in model: " + join(pipetrain::cli::model_names(), ", "));
-  add("--lr", a.model.lr, "learning rate");
+  add("--lr", a.model.lr, "learning rate (gpt2, llama, qwen3: the peak, after --warmup-steps)");
+  add("--lr-schedule", a.model.lr_schedule,
+      "gpt2, llama, qwen3: the learning rate after warmup: constant, cosine or linear (down to "
+      "--min-lr at --decay-steps)");
+  add("--warmup-steps", a.model.warmup_steps,
+      "gpt2, llama, qwen3: steps of linear warmup to --lr (step s runs at lr x (s + 1) / N)");
+  add("--min-lr", a.model.min_lr,
+      "gpt2, llama, qwen3: the learning rate cosine and linear decay to, and keep after "
+      "--decay-steps");
+  add("--decay-steps", a.model.decay_steps,
+      "gpt2, llama, qwen3: the step cosine and linear reach --min-lr (0: --max-steps)");
+  add("--weight-decay", a.model.weight_decay, "the language models' AdamW decay on matrices");
   add("--dropout", a.model.dropout, "dropout probability inside the model");
   add("--corpus", a.model.corpus,
       "gpt: a text file to train on (default: /usr/share/common-licenses)");
   add("--train-data", a.model.train_data,
-      "gpt, gpt2: token file to train on (nanoGPT's train.bin or an llm.c shard; see "
-      "prepare-data)");
+      "gpt, gpt2, llama, qwen3: token file to train on (nanoGPT's train.bin of uint16 tokens, or "
+      "an llm.c shard: GPT-2's uint16 or Llama 3's uint32; see prepare-data)");
   add("--val-data", a.model.val_data,
-      "gpt, gpt2: token file to validate on (default: val.bin beside --train-data, if there)");
-  add("--vocab-size", a.model.vocab_size,
-      "token ids are below this (0: gpt 256, byte tokens; gpt2 50304)");
-  add("--block-size", a.model.block_size,
-      "gpt, gpt2: context length in tokens (0: the model's, 32 and 1024)");
-  add("--model-size", a.model.model_size, "gpt2: 124M, 350M, 774M or 1558M (GPT-2 small to xl)");
-  add("--n-layer", a.model.n_layer, "gpt2: transformer blocks (0: the preset's)");
-  add("--n-head", a.model.n_head, "gpt2: attention heads (0: the preset's)");
-  add("--n-embd", a.model.n_embd, "gpt2: embedding width (0: the preset's)");
-  add("--init-from", a.model.init_from,
-      "gpt2: start from a Hugging Face GPT-2 folder (config.json, model.safetensors)");
+      "gpt, gpt2, llama, qwen3: token file to validate on (default: val.bin beside --train-data, "
+      "if there)");
+  add_shape_flags(app, a.model);
   add("--strategy", t.strategy(),
       "how to place the model: single, pipe, ddp, ddp_pipe, or a registered name");
   add("--accelerator", t.accelerator(), "cpu, cuda, or auto (cuda when a GPU is visible)");
@@ -306,7 +359,9 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
             .patience(a.early_stopping_patience)));
   }
   if (!loggers.empty()) callbacks.push_back(std::make_shared<pipetrain::LearningRateMonitor>());
-  if (a.model.name == "gpt" || a.model.name == "gpt2") {
+  // Every language model's validation perplexity and tokens (and FLOPs) per second. The learning
+  // rate, and so any --lr-schedule, is logged by the LearningRateMonitor above.
+  if (a.model.name == "gpt" || has_optimizer_recipe(a.model.name)) {
     callbacks.push_back(std::make_shared<pipetrain::cli::PerplexityLogger>());
     callbacks.push_back(std::make_shared<pipetrain::ThroughputMonitor>(
         pipetrain::cli::throughput_options(a.model)));
@@ -330,7 +385,28 @@ void print_metrics(const pipetrain::Trainer& trainer, const std::string& title,
   trainer.print(out.str());
 }
 
-int run(const std::string& command, const Args& a) {
+// The flags as a run uses them: a decaying --lr-schedule given its end, --max-steps, where
+// --decay-steps leaves it to the run. Throws std::invalid_argument when fit has neither.
+Args resolved(const std::string& command, Args a) {
+  if (!has_optimizer_recipe(a.model.name)) return a;
+  const auto shapes = pipetrain::WarmupDecayLR::shapes();
+  if (std::find(shapes.begin(), shapes.end(), a.model.lr_schedule) == shapes.end()) {
+    throw std::invalid_argument("--lr-schedule " + a.model.lr_schedule + ": use " +
+                                join(shapes, ", "));
+  }
+  if (a.model.lr_schedule == "constant" || a.model.decay_steps > 0) return a;
+  if (a.trainer.max_steps() > 0) {
+    a.model.decay_steps = a.trainer.max_steps();
+  } else if (command == "fit") {
+    throw std::invalid_argument("--lr-schedule " + a.model.lr_schedule +
+                                " decays to --min-lr over the run: pass --max-steps N (or "
+                                "--decay-steps N), as the run has no last step to end it at");
+  }
+  return a;
+}
+
+int run(const std::string& command, const Args& given) {
+  const Args a = resolved(command, given);
   const auto options = trainer_options(a);
   if (const auto status = pipetrain::launch_ranks(options)) return *status;
   pipetrain::Trainer trainer(options);
@@ -381,6 +457,44 @@ int run(const std::string& command, const Args& a) {
   return 0;
 }
 
+// `pipetrain export`: a checkpoint's weights as the Hugging Face folder of its model.
+void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOptions& model,
+                       const std::string& ckpt_path, const std::string& default_root_dir,
+                       const std::string& output, const std::string& dtype,
+                       const std::string& max_shard_size) {
+  const bool gpt2 = model.name == "gpt2";
+  if (format != "hf" && !(gpt2 && format == "hf-gpt2")) {
+    throw std::invalid_argument("--format " + format + ": use hf" +
+                                (gpt2 ? " (or hf-gpt2, its old name)" : ""));
+  }
+  if (!gpt2 && model.name != "llama" && model.name != "qwen3") {
+    throw std::invalid_argument("--model " + model.name +
+                                ": export writes gpt2, llama and qwen3 checkpoints");
+  }
+  if (dtype != "bf16" && dtype != "fp32") {
+    throw std::invalid_argument("--dtype " + dtype + ": use bf16 or fp32");
+  }
+  // "last" and "best" as the Trainer resolves them for the other subcommands.
+  const std::string checkpoint = pipetrain::resolve_checkpoint_path(ckpt_path, default_root_dir);
+  const auto weights = pipetrain::read_checkpoint_weights(checkpoint);
+  if (gpt2) {
+    pipetrain::cli::export_hf_gpt2(weights, pipetrain::cli::gpt2_config_of(weights, model.n_head),
+                                   output);
+    std::cout << "wrote " << output << "/model.safetensors and config.json "
+              << "(transformers.GPT2LMHeadModel.from_pretrained(\"" << output << "\"))"
+              << std::endl;
+    return;
+  }
+  // The shape is the flags' (a preset, shape flags, or the --init-from folder trained from), as
+  // fit was given them; a tensor of another shape is refused, naming it.
+  const auto config = pipetrain::cli::decoder_config(model);
+  pipetrain::cli::export_hf_decoder(weights, config, model.name, output,
+                                    pipetrain::cli::parse_max_shard_size(max_shard_size),
+                                    dtype == "bf16" ? at::kBFloat16 : at::kFloat, model.init_from);
+  std::cout << "wrote " << output << " (transformers.AutoModelForCausalLM.from_pretrained(\""
+            << output << "\"))" << std::endl;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -405,17 +519,24 @@ int main(int argc, char** argv) {
     add_flags(*subcommands[name], args[name]);
   }
   struct ExportOptions {
-    std::string format = "hf-gpt2", ckpt_path, output;
+    std::string format = "hf", ckpt_path, output, dtype = "bf16", max_shard_size = "5GB";
     std::string default_root_dir = pipetrain::TrainerOptions().default_root_dir();
-    int64_t n_head = 0;
+    pipetrain::cli::ModelOptions model;
   } exported;
+  exported.model.name = "gpt2";
   CLI::App* export_command = app.add_subcommand(
-      "export", "write a checkpoint's weights for other tools (hf-gpt2: transformers' GPT-2)");
-  export_command->add_option("--format", exported.format, "hf-gpt2 (the one there is)");
+      "export",
+      "write a checkpoint's weights as a Hugging Face folder (transformers' from_pretrained)");
+  export_command->add_option("--format", exported.format,
+                             "hf (gpt2, llama, qwen3; hf-gpt2 is gpt2's name for it)");
+  export_command->add_option("--model", exported.model.name,
+                             "the checkpoint's model: gpt2, llama or qwen3");
+  add_shape_flags(*export_command, exported.model);
   // As the other subcommands read them, their environment variables included.
   export_command
       ->add_option("--ckpt-path", exported.ckpt_path,
-                   "a checkpoint of --model gpt2: a .ckpt folder, last or best (as fit's)")
+                   "a checkpoint of --model gpt2, llama or qwen3: a .ckpt folder, last or best (as "
+                   "fit's)")
       ->envname(env_name("--ckpt-path"))
       ->required();
   export_command
@@ -424,11 +545,14 @@ int main(int argc, char** argv) {
       ->envname(env_name("--default-root-dir"));
   export_command
       ->add_option("--output", exported.output,
-                   "folder for model.safetensors and "
-                   "config.json")
+                   "folder for config.json and the weights (model.safetensors, or shards and "
+                   "their index)")
       ->required();
-  export_command->add_option("--n-head", exported.n_head,
-                             "attention heads (0: those of the released GPT-2 of this shape)");
+  export_command->add_option("--dtype", exported.dtype,
+                             "llama, qwen3: the weights' dtype in the folder: bf16 or fp32");
+  export_command->add_option("--max-shard-size", exported.max_shard_size,
+                             "llama, qwen3: the largest weights file, as transformers spells it "
+                             "(5GB, 500MB, 2GiB)");
   pipetrain::cli::PrepareDataOptions prepare;
   CLI::App* prepare_command =
       app.add_subcommand("prepare-data", "make token files (train.bin, val.bin) from any text");
@@ -438,7 +562,9 @@ int main(int argc, char** argv) {
   prepare_command->add_option("--val-fraction", prepare.val_fraction,
                               "share of the text, from its end, for val.bin");
   prepare_command->add_option("--format", prepare.format,
-                              "nanogpt (raw uint16 tokens) or llmc (llm.c's header first)");
+                              "nanogpt (raw tokens) or llmc (llm.c's header first)");
+  prepare_command->add_option("--token-dtype", prepare.token_dtype,
+                              "uint16, or uint32 with --format llmc (llm.c's Llama 3 shard)");
   // Errors name the rank that met them, once (the distributed layer's own messages already do).
   const char* rank = std::getenv("RANK");
   auto report = [&](const std::string& message) {
@@ -468,18 +594,9 @@ int main(int argc, char** argv) {
 
   try {
     if (export_command->parsed()) {
-      if (exported.format != "hf-gpt2") {
-        throw std::invalid_argument("--format " + exported.format + ": use hf-gpt2");
-      }
-      // "last" and "best" as the Trainer resolves them for the other subcommands.
-      const std::string checkpoint =
-          pipetrain::resolve_checkpoint_path(exported.ckpt_path, exported.default_root_dir);
-      const auto weights = pipetrain::read_checkpoint_weights(checkpoint);
-      pipetrain::cli::export_hf_gpt2(
-          weights, pipetrain::cli::gpt2_config_of(weights, exported.n_head), exported.output);
-      std::cout << "wrote " << exported.output << "/model.safetensors and config.json "
-                << "(transformers.GPT2LMHeadModel.from_pretrained(\"" << exported.output << "\"))"
-                << std::endl;
+      export_checkpoint(exported.format, exported.model, exported.ckpt_path,
+                        exported.default_root_dir, exported.output, exported.dtype,
+                        exported.max_shard_size);
       return 0;
     }
     if (prepare_command->parsed()) {

@@ -41,10 +41,17 @@
 #include "pipetrain/fused_adamw.h"
 #include "pipetrain/lr_scheduler.h"
 
-// Building blocks a model calls: Linear and LayerNorm the pipe can fuse, chunked cross-entropy.
+// Building blocks a model calls: Linear and LayerNorm the pipe can fuse, chunked cross-entropy,
+// and pipetrain::nn's transformer modules (Llama 3 and Qwen3 are decoder() configurations).
 #include "pipetrain/cross_entropy.h"
 #include "pipetrain/layer_norm.h"
 #include "pipetrain/linear.h"
+#include "pipetrain/nn/attention.h"
+#include "pipetrain/nn/decoder.h"
+#include "pipetrain/nn/embedding.h"
+#include "pipetrain/nn/mlp.h"
+#include "pipetrain/nn/rms_norm.h"
+#include "pipetrain/nn/rotary_embedding.h"
 
 // The pipeline itself, for programs that drive it without a Trainer: how to balance it, and
 // schedules as data (built, drawn, read from and written to CSV files, simulated).

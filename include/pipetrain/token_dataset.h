@@ -1,14 +1,18 @@
 // A language model's training data: a file of tokens, memory-mapped (never read whole), cut into
-// windows of block_size + 1 tokens that give the inputs and, shifted by one, the targets. Two
-// layouts are read, told apart by their first four bytes:
-// - nanoGPT's train.bin / val.bin: raw little-endian uint16 tokens;
-// - llm.c's shards: a header of 256 int32 (magic 20240520, version 1, token count), then the
-//   uint16 tokens.
+// windows of block_size + 1 tokens that give the inputs and, shifted by one, the targets. The
+// layouts nanoGPT and llm.c write are read, told apart by their first four bytes:
+// - nanoGPT's train.bin / val.bin: raw little-endian uint16 tokens (uint32 ones when the reader is
+//   told so: a raw file cannot say its width);
+// - llm.c's shards: a header of 256 int32 (magic, version, token count), then the tokens, whose
+//   width the header gives as llm.c's dev/data/data_common.py writes it: magic 20240520 and
+//   version 1 for GPT-2's uint16 tokens, magic 20240801 and version 7 for Llama 3's uint32 ones
+//   (vocabularies above 65536 ids need those).
 // Window i starts at token i x block_size, so consecutive windows share one token and every token
 // but the first is a target exactly once per epoch; the DataLoader shuffles the windows' order.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,14 +20,21 @@
 
 namespace pipetrain {
 
+// kNanoGpt: raw tokens, no header; kLlmc: llm.c's 1024-byte header first.
 enum class TokenFileFormat { kNanoGpt, kLlmc };
+// The width of a file's token ids.
+enum class TokenDtype { kUint16, kUint32 };
 
 class TokenDataset : public Dataset {
  public:
-  // Maps `path`. Throws std::invalid_argument naming the file and what is wrong with it: an odd
-  // byte count, a header whose magic, version or token count disagrees with the file's size, or
-  // fewer than block_size + 1 tokens. Token ids are checked against vocab_size as they are read.
-  TokenDataset(const std::string& path, int64_t block_size, int64_t vocab_size);
+  // Maps `path`. `dtype` is the width of a raw file's tokens (unset: uint16, nanoGPT's); an llm.c
+  // shard's header gives its own, which a set `dtype` must match. Throws std::invalid_argument
+  // naming the file and what is wrong with it: a byte count that is not a whole number of tokens,
+  // a header whose magic, version or token count disagrees with the file's size, a header's width
+  // other than `dtype`, or fewer than block_size + 1 tokens. Token ids are checked against
+  // vocab_size as they are read.
+  TokenDataset(const std::string& path, int64_t block_size, int64_t vocab_size,
+               std::optional<TokenDtype> dtype = std::nullopt);
   ~TokenDataset() override;
   TokenDataset(const TokenDataset&) = delete;
   TokenDataset& operator=(const TokenDataset&) = delete;
@@ -38,21 +49,27 @@ class TokenDataset : public Dataset {
   int64_t num_tokens() const { return num_tokens_; }
   int64_t block_size() const { return block_size_; }
   TokenFileFormat format() const { return format_; }
+  TokenDtype dtype() const { return dtype_; }
 
  private:
   std::string path_;
   int64_t block_size_;
   int64_t vocab_size_;
   TokenFileFormat format_ = TokenFileFormat::kNanoGpt;
+  TokenDtype dtype_ = TokenDtype::kUint16;
   void* mapping_ = nullptr;
   size_t mapped_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  const unsigned char* tokens_ = nullptr;  // the first token's byte
   int64_t num_tokens_ = 0;
 };
 
-// Writes `tokens` to `path` in `format`, replacing the file atomically; throws std::runtime_error
-// with the path and the system's reason when the write fails.
+// Writes `tokens` to `path` in `format`, replacing the file atomically, at the tokens' width:
+// uint16 (an llm.c shard of GPT-2's header) or uint32 (raw, or llm.c's Llama 3 header). Throws
+// std::invalid_argument for more tokens than an llm.c header can count (2^31 - 1), and
+// std::runtime_error with the path and the system's reason when the write fails.
 void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens,
+                      TokenFileFormat format = TokenFileFormat::kNanoGpt);
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
                       TokenFileFormat format = TokenFileFormat::kNanoGpt);
 
 }  // namespace pipetrain

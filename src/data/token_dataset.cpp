@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "io/file_writer.h"
@@ -16,14 +17,26 @@
 namespace pipetrain {
 namespace {
 
-// llm.c's shard header: 256 int32, of which the first three are used.
-constexpr int32_t kLlmcMagic = 20240520;
-constexpr int32_t kLlmcVersion = 1;  // uint16 tokens (version 2 holds uint32 ones)
+// llm.c's shard header: 256 int32, of which the first three are used (magic, version, token
+// count). The magic and version say the tokens' width (llm.c's dev/data/data_common.py).
+constexpr int32_t kLlmcGpt2Magic = 20240520;  // version 1: uint16 tokens
+constexpr int32_t kLlmcGpt2Version = 1;
+constexpr int32_t kLlmcLlama3Magic = 20240801;  // version 7: uint32 tokens
+constexpr int32_t kLlmcLlama3Version = 7;
 constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
+
+size_t width_of(TokenDtype dtype) { return dtype == TokenDtype::kUint32 ? 4 : 2; }
+std::string name_of(TokenDtype dtype) { return dtype == TokenDtype::kUint32 ? "uint32" : "uint16"; }
+
+// What llm.c writes, for the messages about a shard that is not that.
+const char* const kLlmcShards =
+    "llm.c writes version 1 (GPT-2, uint16 tokens) under magic 20240520 and version 7 (Llama 3, "
+    "uint32 tokens) under magic 20240801";
 
 }  // namespace
 
-TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t vocab_size)
+TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t vocab_size,
+                           std::optional<TokenDtype> dtype)
     : path_(path), block_size_(block_size), vocab_size_(vocab_size) {
   if (block_size < 1) {
     throw std::invalid_argument("block size " + std::to_string(block_size) +
@@ -63,32 +76,50 @@ TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t 
   size_t first_token = 0;
   int32_t magic = 0;
   if (mapped_bytes_ >= sizeof(magic)) std::memcpy(&magic, bytes, sizeof(magic));
-  if (magic == kLlmcMagic) {
+  if (magic == kLlmcGpt2Magic || magic == kLlmcLlama3Magic) {
     format_ = TokenFileFormat::kLlmc;
     if (mapped_bytes_ < kLlmcHeaderBytes) {
-      fail("starts with llm.c's magic 20240520 but is shorter (" + std::to_string(mapped_bytes_) +
-           " bytes) than its 1024-byte header");
+      fail("starts with llm.c's magic " + std::to_string(magic) + " but is shorter (" +
+           std::to_string(mapped_bytes_) + " bytes) than its 1024-byte header");
     }
     int32_t header[3];
     std::memcpy(header, bytes, sizeof(header));
-    if (header[1] != kLlmcVersion) {
-      fail("is an llm.c shard of version " + std::to_string(header[1]) +
-           "; only version 1 (uint16 tokens) is read");
+    const int32_t expected_version =
+        magic == kLlmcGpt2Magic ? kLlmcGpt2Version : kLlmcLlama3Version;
+    if (header[1] != expected_version) {
+      fail("is an llm.c shard of version " + std::to_string(header[1]) + " (magic " +
+           std::to_string(magic) + "), which llm.c does not write: " + kLlmcShards);
+    }
+    dtype_ = magic == kLlmcGpt2Magic ? TokenDtype::kUint16 : TokenDtype::kUint32;
+    if (dtype && *dtype != dtype_) {
+      fail("is an llm.c shard of " + name_of(dtype_) + " tokens (magic " + std::to_string(magic) +
+           ", version " + std::to_string(header[1]) + "), not " + name_of(*dtype) +
+           " ones as asked");
     }
     first_token = kLlmcHeaderBytes;
+    const size_t width = width_of(dtype_);
     const size_t payload = mapped_bytes_ - kLlmcHeaderBytes;
-    if (payload % 2 != 0 || static_cast<int64_t>(payload / 2) != header[2]) {
+    if (payload % width != 0 || static_cast<int64_t>(payload / width) != header[2]) {
       fail("has a header saying " + std::to_string(header[2]) + " tokens, but " +
-           std::to_string(payload) + " bytes follow it (" + std::to_string(payload / 2) +
-           " uint16 tokens" + (payload % 2 ? " and an odd byte" : "") +
+           std::to_string(payload) + " bytes follow it (" + std::to_string(payload / width) + " " +
+           name_of(dtype_) + " tokens" +
+           (payload % width ? " and " + std::to_string(payload % width) + " bytes more" : "") +
            "): the file is truncated or not an llm.c shard");
     }
-  } else if (mapped_bytes_ % 2 != 0) {
-    fail("has an odd number of bytes (" + std::to_string(mapped_bytes_) +
-         "), so it is not uint16 tokens (nanoGPT's .bin) nor an llm.c shard (magic 20240520)");
+  } else {
+    dtype_ = dtype.value_or(TokenDtype::kUint16);
+    const size_t width = width_of(dtype_);
+    if (mapped_bytes_ % width != 0) {
+      fail(width == 2 ? "has an odd number of bytes (" + std::to_string(mapped_bytes_) +
+                            "), so it is not uint16 tokens (nanoGPT's .bin) nor an llm.c shard "
+                            "(magic 20240520 or 20240801)"
+                      : "has " + std::to_string(mapped_bytes_) +
+                            " bytes, not a multiple of 4, so it is not uint32 tokens nor an llm.c "
+                            "shard (magic 20240520 or 20240801)");
+    }
   }
-  num_tokens_ = static_cast<int64_t>((mapped_bytes_ - first_token) / 2);
-  tokens_ = reinterpret_cast<const uint16_t*>(bytes + first_token);
+  num_tokens_ = static_cast<int64_t>((mapped_bytes_ - first_token) / width_of(dtype_));
+  tokens_ = bytes + first_token;
   if (num_tokens_ < block_size_ + 1) {
     fail("holds " + std::to_string(num_tokens_) + " tokens, fewer than one window of block size " +
          std::to_string(block_size_) + " + 1: use a longer file or a smaller --block-size");
@@ -115,21 +146,29 @@ Batch TokenDataset::get_batch(const std::vector<int64_t>& indices,
       throw std::out_of_range("window " + std::to_string(index) + " is outside token file " +
                               path_ + " (" + std::to_string(size()) + " windows)");
     }
-    const uint16_t* window = tokens_ + index * block_size_;
+    const size_t token_bytes = width_of(dtype_);
+    const unsigned char* window = tokens_ + static_cast<size_t>(index * block_size_) * token_bytes;
+    int64_t* row_out = out + row * width;
+    // Both widths are aligned: the mapping starts on a page and a header is 1024 bytes.
+    if (dtype_ == TokenDtype::kUint32) {
+      const auto* tokens = reinterpret_cast<const uint32_t*>(window);
+      for (int64_t t = 0; t < width; ++t) row_out[t] = tokens[t];
+    } else {
+      const auto* tokens = reinterpret_cast<const uint16_t*>(window);
+      for (int64_t t = 0; t < width; ++t) row_out[t] = tokens[t];
+    }
     for (int64_t t = 0; t < width; ++t) {
-      const int64_t token = window[t];
-      if (token >= vocab_size_) {
+      if (row_out[t] >= vocab_size_) {
         throw std::invalid_argument(
-            "token file " + path_ + " holds token id " + std::to_string(token) + " at position " +
-            std::to_string(index * block_size_ + t) + ", not below the vocabulary size " +
-            std::to_string(vocab_size_) + " (--vocab-size)");
+            "token file " + path_ + " holds token id " + std::to_string(row_out[t]) +
+            " at position " + std::to_string(index * block_size_ + t) +
+            ", not below the vocabulary size " + std::to_string(vocab_size_) + " (--vocab-size)");
       }
-      out[row * width + t] = token;
     }
     // The bytes are copied out: drop this window's pages from the process (the page cache keeps
     // them), so an epoch over a large file does not leave all of it resident.
     const auto begin = reinterpret_cast<uintptr_t>(window) / page * page;
-    const auto end = reinterpret_cast<uintptr_t>(window + width);
+    const auto end = reinterpret_cast<uintptr_t>(window + static_cast<size_t>(width) * token_bytes);
     madvise(reinterpret_cast<void*>(begin),
             std::min<size_t>(end - begin, mapped_bytes_ - (begin - base)), MADV_DONTNEED);
   }
@@ -139,18 +178,39 @@ Batch TokenDataset::get_batch(const std::vector<int64_t>& indices,
   return batch;
 }
 
-void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens,
-                      TokenFileFormat format) {
+namespace {
+
+template <typename Token>
+void write_tokens(const std::string& path, const std::vector<Token>& tokens,
+                  TokenFileFormat format) {
+  if (format == TokenFileFormat::kLlmc &&
+      tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    throw std::invalid_argument("token file " + path + ": " + std::to_string(tokens.size()) +
+                                " tokens are more than an llm.c header counts (2^31 - 1)");
+  }
   AtomicFile file(path);
   if (format == TokenFileFormat::kLlmc) {
+    const bool wide = sizeof(Token) == 4;
     int32_t header[256] = {};
-    header[0] = kLlmcMagic;
-    header[1] = kLlmcVersion;
+    header[0] = wide ? kLlmcLlama3Magic : kLlmcGpt2Magic;
+    header[1] = wide ? kLlmcLlama3Version : kLlmcGpt2Version;
     header[2] = static_cast<int32_t>(tokens.size());
     file.write(header, sizeof(header));
   }
-  file.write(tokens.data(), tokens.size() * sizeof(uint16_t));
+  file.write(tokens.data(), tokens.size() * sizeof(Token));
   file.commit();
+}
+
+}  // namespace
+
+void write_token_file(const std::string& path, const std::vector<uint16_t>& tokens,
+                      TokenFileFormat format) {
+  write_tokens(path, tokens, format);
+}
+
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
+                      TokenFileFormat format) {
+  write_tokens(path, tokens, format);
 }
 
 }  // namespace pipetrain

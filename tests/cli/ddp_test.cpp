@@ -12,6 +12,7 @@
 #include "pipetrain/safetensors.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/trainer_run.h"
 
 namespace pipetrain::testing::ddp_test {
 namespace {
@@ -42,10 +43,7 @@ void expect_same_run(const std::string& expected_root, const std::string& actual
   const auto expected = read_csv_column(metrics_csv(expected_root), "train_loss");
   const auto actual = read_csv_column(metrics_csv(actual_root), "train_loss");
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
-  }
+  expect_same_losses(expected, actual, 1e-5);
   const auto expected_weights = final_weights(expected_root);
   const auto actual_weights = final_weights(actual_root);
   ASSERT_EQ(actual_weights.size(), expected_weights.size());

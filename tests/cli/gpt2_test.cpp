@@ -1,5 +1,5 @@
-// GPT-2 as the command builds it (--model gpt2): its initialisation and weight decay groups, the
-// fused attention against the written-out one, and a small GPT-2 under `pipe` on 2 and 3 stages
+// GPT-2 as the command builds it (--model gpt2): its initialisation and weight decay groups, and a
+// small GPT-2 under `pipe` on 2 and 3 stages
 // (the tied embedding on the first and last) with every schedule and checkpoint mode, fused
 // gradient accumulation on and off, against `single` on the same data and initial weights,
 // including a resume across layouts.
@@ -70,29 +70,6 @@ TEST(Gpt2, DecaysMatricesAndEmbeddingsOnly) {
   EXPECT_EQ(weight_decay(groups[1]), 0.0);
 }
 
-TEST(Gpt2, FusedAttentionGivesTheWrittenOutOne) {
-#if TORCH_VERSION_MAJOR < 2
-  GTEST_SKIP() << "this Torch (" << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
-               << ") has no scaled_dot_product_attention: both paths are the written-out one";
-#endif
-  torch::manual_seed(3);
-  const auto q = torch::randn({2, 3, 10, 8}), k = torch::randn({2, 3, 10, 8}),
-             v = torch::randn({2, 3, 10, 8});
-  EXPECT_TRUE(torch::allclose(cli::causal_attention(q, k, v, 0),
-                              cli::causal_attention_explicit(q, k, v, 0), 1e-5, 1e-5));
-}
-
-TEST(Gpt2, AttentionIsCausal) {
-  torch::manual_seed(4);
-  auto q = torch::randn({1, 1, 6, 4}), k = torch::randn({1, 1, 6, 4}),
-       v = torch::randn({1, 1, 6, 4});
-  const auto before = cli::causal_attention(q, k, v, 0);
-  k.select(2, 5).fill_(9), v.select(2, 5).fill_(9);  // the last position alone changes
-  const auto after = cli::causal_attention(q, k, v, 0);
-  EXPECT_TRUE(torch::allclose(before.slice(2, 0, 5), after.slice(2, 0, 5)));
-  EXPECT_FALSE(torch::allclose(before.select(2, 5), after.select(2, 5)));
-}
-
 // Random token windows, the same on every rank.
 TensorDataset token_windows() {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(17);
@@ -134,13 +111,6 @@ class Gpt2Pipe : public ::testing::Test {
   std::string dir = make_temp_dir("gpt2");
 };
 
-void expect_same_losses(const std::vector<double>& expected, const std::vector<double>& actual) {
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << "step " << i;
-  }
-}
-
 TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointMode) {
   Gpt2Run single;
   single.root = dir + "/single";
@@ -177,7 +147,7 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
     pipe.virtual_stages = layout.virtual_stages;
     pipe.fused = layout.fused;
     train_in_ranks(pipe);
-    expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"));
+    expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"), 1e-5);
     expect_same_weights(single.final_weights(), pipe.final_weights(), 1e-5);
   }
 }
@@ -200,7 +170,7 @@ TEST_F(Gpt2Pipe, ACheckpointOfTwoStagesResumesInOneProcess) {
   auto seen = read_csv_column(metrics_csv(pipe.root), "train_loss");
   const auto rest = read_csv_column(metrics_csv(resumed.root), "train_loss");
   seen.insert(seen.end(), rest.begin(), rest.end());
-  expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"), seen);
+  expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"), seen, 1e-5);
   expect_same_weights(single.final_weights(), resumed.final_weights(), 1e-5);
 }
 

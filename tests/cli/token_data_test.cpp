@@ -1,9 +1,13 @@
 // `pipetrain prepare-data` and the language model trained from token files: a run split into two
-// stages, an exact resume mid-epoch, and bad files refused with a usage error.
+// stages, an exact resume mid-epoch, 32-bit tokens in llm.c's Llama 3 shards, the learning-rate
+// schedule of GPT-2 logged step by step, and bad files and flags refused with a usage error.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "support/command.h"
 #include "support/multiprocess.h"
@@ -64,6 +68,69 @@ TEST_F(TokenData, AResumeMidEpochContinuesWithTheBatchesOfAnUninterruptedRun) {
   EXPECT_EQ(seen, expected);
 }
 
+TEST_F(TokenData, ThirtyTwoBitShardsOfPrepareDataTrainTheLanguageModel) {
+  run_ok({PIPETRAIN_CLI, "prepare-data", "--input", "/usr/share/common-licenses/GPL-3", "--output",
+          dir + "/wide", "--format", "llmc", "--token-dtype", "uint32"});
+  // llm.c's Llama 3 header (magic 20240801, version 7, the token count), then 4 bytes a token.
+  std::ifstream in(dir + "/wide/train.bin", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 1024u);
+  int32_t header[3];
+  std::memcpy(header, bytes.data(), sizeof(header));
+  EXPECT_EQ(header[0], 20240801);
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(bytes.size(), 1024u + 4u * static_cast<size_t>(header[2]));
+
+  const auto result = run_command(fit(dir + "/wide-run", 2, {}, dir + "/wide/train.bin"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(read_csv_column(metrics_csv(dir + "/wide-run"), "train_loss").size(), 2u);
+
+  // A raw file cannot say it holds 32-bit tokens.
+  const auto raw =
+      run_command({PIPETRAIN_CLI, "prepare-data", "--input", "/usr/share/common-licenses/GPL-3",
+                   "--output", dir + "/raw", "--token-dtype", "uint32"});
+  EXPECT_EQ(raw.exit_code, 2) << raw.output;
+  EXPECT_NE(raw.output.find("--token-dtype uint32 needs --format llmc"), std::string::npos)
+      << raw.output;
+}
+
+TEST_F(TokenData, ACosineScheduleIsLoggedStepByStep) {
+  std::vector<std::string> schedule{"--lr",   "1e-3",           "--lr-schedule",
+                                    "cosine", "--warmup-steps", "2"};
+  schedule.insert(schedule.end(), {"--min-lr", "1e-4", "--log-every-n-steps", "1"});
+  schedule.insert(schedule.end(), {"--num-sanity-val-steps", "0", "--limit-val-batches", "1"});
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), schedule.begin(), schedule.end());
+    return tiny_gpt2_fit_command(dir + "/cosine", dir + "/data/train.bin", extra);
+  };
+  run_ok(with({"--max-steps", "6"}));
+  // Worked out by hand: warmup 1e-3 x 1/2, 2/2; then t = (step - 2) / 4 and
+  // 1e-4 + 9e-4 x 0.5 x (1 + cos(pi t)): t = 0.25 gives 1e-4 + 9e-4 x 0.853553391.
+  const std::vector<double> expected{5e-4, 1e-3, 1e-3, 8.68198052e-4, 5.5e-4, 2.31801948e-4};
+  // Both param groups (matrices, and the rest) follow the schedule.
+  for (const std::string group : {"pg1", "pg2"}) {
+    SCOPED_TRACE(group);
+    const auto lrs = read_csv_column(metrics_csv(dir + "/cosine"), "lr-AdamW/" + group);
+    ASSERT_EQ(lrs.size(), expected.size());
+    for (size_t step = 0; step < expected.size(); ++step) {
+      EXPECT_NEAR(lrs[step], expected[step], 1e-6 * expected[step]) << "step " << step;
+    }
+  }
+
+  // A decay needs an end: --max-steps (or --decay-steps).
+  const auto endless = run_command(with({}));
+  EXPECT_EQ(endless.exit_code, 2) << endless.output;
+  EXPECT_NE(endless.output.find("--lr-schedule cosine decays to --min-lr over the run: pass "
+                                "--max-steps N (or --decay-steps N)"),
+            std::string::npos)
+      << endless.output;
+  const auto unknown = run_command(with({"--max-steps", "6", "--lr-schedule", "cosin"}));
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("--lr-schedule cosin: use constant, cosine, linear"),
+            std::string::npos)
+      << unknown.output;
+}
+
 TEST_F(TokenData, BadFilesAndMisplacedFlagsAreUsageErrors) {
   std::ofstream(dir + "/odd.bin", std::ios::binary) << "abc";
   auto odd = run_command(fit(dir + "/odd", 2, {}, dir + "/odd.bin"));
@@ -81,7 +148,7 @@ TEST_F(TokenData, BadFilesAndMisplacedFlagsAreUsageErrors) {
   auto mlp = run_command({PIPETRAIN_CLI, "fit", "--model", "mlp", "--train-data",
                           dir + "/data/train.bin", "--default-root-dir", dir + "/mlp"});
   EXPECT_EQ(mlp.exit_code, 2) << mlp.output;
-  EXPECT_NE(mlp.output.find("token files are for the language models (--model gpt, gpt2)"),
+  EXPECT_NE(mlp.output.find("token files are for the language models (--model gpt, gpt2"),
             std::string::npos)
       << mlp.output;
 

@@ -1,12 +1,15 @@
-// Token files of both layouts against an independent reading in Python (struct only), and every
-// malformed file refused with its path and what is wrong.
+// Token files of both layouts against an independent reading in Python (struct only), 32-bit
+// tokens against bytes laid out here as llm.c's data_common.py writes them, and every malformed
+// file refused with its path and what is wrong.
 #include "pipetrain/token_dataset.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "support/command.h"
@@ -96,9 +99,9 @@ void write_bytes(const std::string& file, const std::string& bytes) {
   std::ofstream(file, std::ios::binary) << bytes;
 }
 
-std::string llmc_header(int32_t version, int32_t count) {
+std::string llmc_header(int32_t version, int32_t count, int32_t magic = 20240520) {
   std::string header(1024, '\0');
-  const int32_t fields[3] = {20240520, version, count};
+  const int32_t fields[3] = {magic, version, count};
   std::memcpy(header.data(), fields, sizeof(fields));
   return header;
 }
@@ -110,10 +113,18 @@ TEST_F(TokenFiles, MalformedFilesAreRefusedWithTheirPathAndFault) {
   const std::vector<Case> cases{
       {"odd.bin", std::string(101, '\1'), "has an odd number of bytes (101)"},
       {"version.bin", llmc_header(2, 10) + std::string(40, '\1'),
-       "is an llm.c shard of version 2; only version 1"},
+       "is an llm.c shard of version 2 (magic 20240520), which llm.c does not write: llm.c writes "
+       "version 1 (GPT-2, uint16 tokens) under magic 20240520 and version 7 (Llama 3, uint32 "
+       "tokens) under magic 20240801"},
+      {"version-llama.bin", llmc_header(1, 10, 20240801) + std::string(40, '\1'),
+       "is an llm.c shard of version 1 (magic 20240801), which llm.c does not write"},
       {"count.bin", llmc_header(1, 50) + std::string(40, '\1'),
        "has a header saying 50 tokens, but 40 bytes follow it (20 uint16 tokens)"},
+      {"count-llama.bin", llmc_header(7, 50, 20240801) + std::string(42, '\1'),
+       "has a header saying 50 tokens, but 42 bytes follow it (10 uint32 tokens and 2 bytes more)"},
       {"header.bin", llmc_header(1, 0).substr(0, 100), "shorter (100 bytes) than its 1024-byte"},
+      {"header-llama.bin", llmc_header(7, 0, 20240801).substr(0, 8),
+       "starts with llm.c's magic 20240801 but is shorter (8 bytes)"},
       {"short.bin", std::string(16, '\1'), "holds 8 tokens, fewer than one window of block size 8"},
       {"empty.bin", "", "holds 0 tokens"},
   };
@@ -127,6 +138,103 @@ TEST_F(TokenFiles, MalformedFilesAreRefusedWithTheirPathAndFault) {
   const std::string missing = construction_error(path("missing.bin"), 8, 256);
   EXPECT_NE(missing.find("cannot open token file " + path("missing.bin")), std::string::npos)
       << missing;
+}
+
+// Little-endian uint32 `tokens`, after llm.c's Llama 3 header (magic 20240801, version 7, the
+// count) where `header`: the bytes llm.c's write_datafile(..., model_desc="llama-3") writes.
+std::string uint32_bytes(const std::vector<uint32_t>& tokens, bool header) {
+  std::string bytes = header ? llmc_header(7, static_cast<int32_t>(tokens.size()), 20240801) : "";
+  for (uint32_t token : tokens) {
+    for (int shift = 0; shift < 32; shift += 8) bytes += static_cast<char>((token >> shift) & 0xff);
+  }
+  return bytes;
+}
+
+std::string file_bytes(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Ids of a Llama 3 vocabulary (128256), most of them above what uint16 holds.
+std::vector<uint32_t> wide_tokens(int count) {
+  std::vector<uint32_t> tokens;
+  for (int i = 0; i < count; ++i) tokens.push_back(static_cast<uint32_t>((i * 70001) % 128256));
+  return tokens;
+}
+
+TEST_F(TokenFiles, ThirtyTwoBitTokensReadBackFromARawFileAndALlama3Shard) {
+  const auto tokens = wide_tokens(300);
+  for (const bool header : {false, true}) {
+    SCOPED_TRACE(header ? "llm.c Llama 3 shard" : "raw uint32");
+    const std::string file = path(header ? "llama3.bin" : "raw32.bin");
+    write_bytes(file, uint32_bytes(tokens, header));
+    // The shard's header says its width; a raw file's is told.
+    const TokenDataset dataset =
+        header ? TokenDataset(file, 8, 128256) : TokenDataset(file, 8, 128256, TokenDtype::kUint32);
+    EXPECT_EQ(dataset.dtype(), TokenDtype::kUint32);
+    EXPECT_EQ(dataset.format(), header ? TokenFileFormat::kLlmc : TokenFileFormat::kNanoGpt);
+    EXPECT_EQ(dataset.num_tokens(), 300);
+    EXPECT_EQ(dataset.size(), 299 / 8);
+    const std::vector<int64_t> indices{0, 36, 12};
+    const Batch batch = dataset.get_batch(indices, {});
+    for (size_t row = 0; row < indices.size(); ++row) {
+      for (int64_t t = 0; t < 8; ++t) {
+        const size_t at = static_cast<size_t>(indices[row] * 8 + t);
+        EXPECT_EQ(batch.data[row][t].item<int64_t>(), tokens[at]);
+        EXPECT_EQ(batch.target[row][t].item<int64_t>(), tokens[at + 1]);
+      }
+    }
+    EXPECT_GT(batch.data.max().item<int64_t>(), 65535);
+    // The writer lays out the same bytes.
+    const std::string written = path(header ? "written-llama3.bin" : "written-raw32.bin");
+    write_token_file(written, tokens, header ? TokenFileFormat::kLlmc : TokenFileFormat::kNanoGpt);
+    EXPECT_EQ(file_bytes(written), file_bytes(file));
+  }
+}
+
+TEST_F(TokenFiles, AWidthThatDisagreesWithTheFileIsRefused) {
+  write_bytes(path("llama3.bin"), uint32_bytes(wide_tokens(20), true));
+  const std::string narrow = construction_error(path("llama3.bin"), 8, 128256);
+  EXPECT_EQ(narrow, "") << narrow;
+  std::string asked;
+  try {
+    TokenDataset dataset(path("llama3.bin"), 8, 128256, TokenDtype::kUint16);
+  } catch (const std::invalid_argument& e) {
+    asked = e.what();
+  }
+  EXPECT_NE(asked.find("token file " + path("llama3.bin") +
+                       " is an llm.c shard of uint32 tokens (magic 20240801, version 7), not "
+                       "uint16 ones as asked"),
+            std::string::npos)
+      << asked;
+  write_bytes(path("odd32.bin"), std::string(42, '\1'));
+  std::string odd;
+  try {
+    TokenDataset dataset(path("odd32.bin"), 8, 128256, TokenDtype::kUint32);
+  } catch (const std::invalid_argument& e) {
+    odd = e.what();
+  }
+  EXPECT_NE(odd.find("has 42 bytes, not a multiple of 4, so it is not uint32 tokens"),
+            std::string::npos)
+      << odd;
+}
+
+TEST_F(TokenFiles, AThirtyTwoBitTokenOutsideTheVocabularyIsNamedWithItsPosition) {
+  std::vector<uint32_t> tokens(100, 70000);
+  tokens[45] = 128256;
+  write_token_file(path("wide.bin"), tokens, TokenFileFormat::kLlmc);
+  const TokenDataset dataset(path("wide.bin"), 10, 128256);
+  EXPECT_NO_THROW(dataset.get_batch({0, 1, 2, 3}, {}));
+  const auto error = error_of<std::invalid_argument>([&] { dataset.get_batch({1, 4}, {}); });
+  EXPECT_NE(error.find("token file " + path("wide.bin") +
+                       " holds token id 128256 at position 45, not below the vocabulary size "
+                       "128256 (--vocab-size)"),
+            std::string::npos)
+      << error;
+  // A uint16 vocabulary's model on these tokens stops at the first.
+  const TokenDataset small(path("wide.bin"), 10, 65536);
+  const auto first = error_of<std::invalid_argument>([&] { small.get_batch({0}, {}); });
+  EXPECT_NE(first.find("holds token id 70000 at position 0"), std::string::npos) << first;
 }
 
 TEST_F(TokenFiles, ATokenOutsideTheVocabularyIsNamedWithItsPosition) {

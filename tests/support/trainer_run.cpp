@@ -1,7 +1,9 @@
 #include "support/trainer_run.h"
 
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include <cmath>
 
 #include "pipetrain/model_checkpoint.h"
 #include "pipetrain/safetensors.h"
@@ -39,6 +41,14 @@ void expect_same_weights(const std::string& expected_path, const std::string& ac
     const auto difference = (actual.at(name).to(torch::kDouble) - tensor.to(torch::kDouble)).abs();
     EXPECT_TRUE(difference.numel() == 0 || difference.max().item<double>() <= tolerance)
         << name << " differs by " << difference.max().item<double>();
+  }
+}
+
+void expect_same_losses(const std::vector<double>& expected, const std::vector<double>& actual,
+                        double relative) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], relative * std::abs(expected[i])) << "step " << i;
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "pipetrain/module.h"
 #include "pipetrain/trainer_options.h"
@@ -20,5 +21,9 @@ void save_local_tensors(const Module& module, const std::string& path);
 // The safetensors files hold the same names with values within `tolerance` (absolute).
 void expect_same_weights(const std::string& expected_path, const std::string& actual_path,
                          double tolerance);
+
+// As many losses, each within `relative` of the expected one (named by its step on failure).
+void expect_same_losses(const std::vector<double>& expected, const std::vector<double>& actual,
+                        double relative);
 
 }  // namespace pipetrain::testing

@@ -1,9 +1,9 @@
 // The character-level GPT: its vocabulary and corpus, the Sequential a pipeline splits, the
-// Module the Trainer drives, and sampling. Attention is the written-out causal_attention_explicit
-// (models/attention.h), the same on Debian's 1.13 and on 2.x.
+// Module the Trainer drives, and sampling. Attention is written out
+// (nn::AttentionKernel::kExplicit), the same on Debian's 1.13 and on 2.x.
 #include "models/gpt.h"
 
-#include "models/attention.h"
+#include <pipetrain/nn/attention.h>
 #include "models/token_embedding.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -61,13 +61,13 @@ std::string read_default_corpus() {
   return text;
 }
 
-// Written out (causal_attention_explicit): the same numbers on every Torch.
-CausalSelfAttentionOptions attention_options(const GptConfig& config) {
-  return {config.n_embd,
-          config.n_head,
-          config.dropout,
-          {"qkv", "proj", "resid_dropout"},
-          causal_attention_explicit};
+// Written out (AttentionKernel::kExplicit): the same numbers on every Torch.
+nn::CausalSelfAttentionOptions attention_options(const GptConfig& config) {
+  return nn::CausalSelfAttentionOptions(config.n_embd, config.n_head)
+      .bias(true)
+      .fused_qkv(true)
+      .dropout(config.dropout)
+      .kernel(nn::AttentionKernel::kExplicit);
 }
 
 // Pre-norm transformer block; residual connections keep it one tensor in, one tensor out, so that
@@ -77,7 +77,7 @@ class BlockImpl : public torch::nn::Module {
   explicit BlockImpl(const GptConfig& config)
       : ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions(
                                         std::vector<int64_t>{config.n_embd})))),
-        attn_(register_module("attn", CausalSelfAttention(attention_options(config)))),
+        attn_(register_module("attn", nn::CausalSelfAttention(attention_options(config)))),
         ln2_(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions(
                                         std::vector<int64_t>{config.n_embd})))),
         mlp_(register_module(
@@ -93,7 +93,7 @@ class BlockImpl : public torch::nn::Module {
 
  private:
   torch::nn::LayerNorm ln1_;
-  CausalSelfAttention attn_;
+  nn::CausalSelfAttention attn_;
   torch::nn::LayerNorm ln2_;
   torch::nn::Sequential mlp_;
 };
@@ -220,7 +220,7 @@ torch::nn::Sequential make_gpt(const GptConfig& config) {
 }
 
 GptModel::GptModel(const GptConfig& config, double lr)
-    : LanguageModel(make_gpt(config), config, lr) {}
+    : LanguageModel(make_gpt(config), config, OptimizerRecipe{lr}) {}
 
 at::Tensor GptModel::loss(const Batch& batch) {
   const auto logits = forward(batch.data);  // [B, T, V]

@@ -8,22 +8,13 @@
 #include <stdexcept>
 
 #include <pipetrain/cross_entropy.h>
-#include <pipetrain/fused_adamw.h>
 #include <pipetrain/layer_norm.h>
-#include <pipetrain/linear.h>
+#include <pipetrain/nn/attention.h>
+#include <pipetrain/nn/mlp.h>
 #include <pipetrain/trainer.h>
 
 namespace pipetrain::cli {
 namespace {
-
-// pipetrain::linear (at::linear, which fuses gradient accumulation where the stage does), not
-// torch::nn::Linear's forward: LibTorch's functional linear computes a 3-D input as matmul then
-// `+= bias`, an unfused add that under autocast also mixes the bf16 output with the fp32 bias (a
-// tenth of a GPT-2 step on an H200); at::linear folds [B, T, C] into one GEMM with the bias in its
-// epilogue.
-at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
-  return pipetrain::linear(x, layer->weight, layer->bias);
-}
 
 // torch::nn::LayerNorm (its parameters, names and initialisation) whose forward is
 // pipetrain::layer_norm, on a GPU pipetrain's kernels. Every LayerNorm of GPT-2 feeds a matmul
@@ -40,37 +31,23 @@ class Gpt2LayerNormImpl : public torch::nn::LayerNormImpl {
 };
 TORCH_MODULE(Gpt2LayerNorm);
 
-class Gpt2MlpImpl : public torch::nn::Module {
- public:
-  explicit Gpt2MlpImpl(const Gpt2Config& config)
-      : c_fc(register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd))),
-        c_proj(register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd))),
-        drop_(register_module("drop", torch::nn::Dropout(config.dropout))) {}
-
-  at::Tensor forward(const at::Tensor& x) {
-    return drop_(linear(c_proj, torch::gelu(linear(c_fc, x), "tanh")));
-  }
-
-  torch::nn::Linear c_fc, c_proj;
-
- private:
-  torch::nn::Dropout drop_;
-};
-TORCH_MODULE(Gpt2Mlp);
-
-// GPT-2's names (those of its released weights), its projections through pipetrain::linear.
-CausalSelfAttentionOptions attention_options(const Gpt2Config& config) {
-  return {config.n_embd,    config.n_head,    config.dropout, {"c_attn", "c_proj", "resid_drop"},
-          causal_attention, pipetrain::linear};
+// GPT-2's names (those of its released weights): one c_attn projection to q, k and v, c_proj
+// after; biases everywhere.
+nn::CausalSelfAttentionOptions attention_options(const Gpt2Config& config) {
+  return nn::CausalSelfAttentionOptions(config.n_embd, config.n_head)
+      .bias(true)
+      .fused_qkv(true)
+      .dropout(config.dropout);
 }
 
 class Gpt2BlockImpl : public torch::nn::Module {
  public:
   explicit Gpt2BlockImpl(const Gpt2Config& config)
       : ln_1(register_module("ln_1", Gpt2LayerNorm(config.n_embd))),
-        attn(register_module("attn", CausalSelfAttention(attention_options(config)))),
+        attn(register_module("attn", nn::CausalSelfAttention(attention_options(config)))),
         ln_2(register_module("ln_2", Gpt2LayerNorm(config.n_embd))),
-        mlp(register_module("mlp", Gpt2Mlp(config))) {}
+        mlp(register_module("mlp", nn::GeluMlp(nn::GeluMlpOptions(config.n_embd, 4 * config.n_embd)
+                                                   .dropout(config.dropout)))) {}
 
   at::Tensor forward(const at::Tensor& x) {
     // ln_1(x) beside x, then h = x + attn(ln_1(x)) and ln_2(h) in one pass; each LayerNorm's
@@ -85,9 +62,9 @@ class Gpt2BlockImpl : public torch::nn::Module {
   }
 
   Gpt2LayerNorm ln_1;
-  CausalSelfAttention attn;
+  nn::CausalSelfAttention attn;
   Gpt2LayerNorm ln_2;
-  Gpt2Mlp mlp;
+  nn::GeluMlp mlp;
 };
 TORCH_MODULE(Gpt2Block);
 
@@ -180,7 +157,10 @@ torch::nn::Sequential make_gpt2(const Gpt2Config& config) {
 }
 
 Gpt2Model::Gpt2Model(const Gpt2Config& config, double lr)
-    : LanguageModel(make_gpt2(config), config, lr) {}
+    : Gpt2Model(config, OptimizerRecipe{lr}) {}
+
+Gpt2Model::Gpt2Model(const Gpt2Config& config, const OptimizerRecipe& recipe)
+    : LanguageModel(make_gpt2(config), config, recipe) {}
 
 at::Tensor Gpt2Model::loss(const Batch& batch) {
   // Never holds fp32 logits (3.3 GB at B=16, T=1024 under bf16-mixed); every position is a
@@ -198,17 +178,7 @@ void PerplexityLogger::on_validation_end(Trainer& trainer, Module&) {
 }
 
 OptimizerConfig Gpt2Model::configure_optimizers() {
-  std::vector<at::Tensor> decayed, kept;
-  for (const auto& parameter : parameters())
-    (parameter.dim() >= 2 ? decayed : kept).push_back(parameter);
-  const auto options = torch::optim::AdamWOptions(lr()).betas({0.9, 0.95}).eps(1e-8);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decayed,
-                      std::make_unique<torch::optim::AdamWOptions>(
-                          torch::optim::AdamWOptions(options).weight_decay(config().weight_decay)));
-  groups.emplace_back(kept, std::make_unique<torch::optim::AdamWOptions>(
-                                torch::optim::AdamWOptions(options).weight_decay(0)));
-  return std::make_unique<FusedAdamW>(std::move(groups), options);
+  return adamw_with_recipe(parameters(), recipe());
 }
 
 }  // namespace pipetrain::cli

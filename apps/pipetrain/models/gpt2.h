@@ -19,7 +19,6 @@
 #include <pipetrain/callback.h>
 #include <pipetrain/module.h>
 
-#include "models/attention.h"
 #include "models/language_model.h"
 
 namespace pipetrain::cli {
@@ -32,7 +31,6 @@ struct Gpt2Config {
   // GPT-2's 50257 tokens padded to a multiple of 64 (as nanoGPT does, for faster GEMMs).
   int64_t vocab_size = 50304;
   double dropout = 0.0;
-  double weight_decay = 0.1;  // on matrices and embeddings only
 };
 
 // GPT-2 small, medium, large, xl: "124M", "350M", "774M", "1558M" (n_layer, n_head, n_embd of the
@@ -48,11 +46,11 @@ double gpt2_flops_per_token(const Gpt2Config& config);
 // std::invalid_argument for a shape that does not fit (n_embd not a multiple of n_head, ...).
 torch::nn::Sequential make_gpt2(const Gpt2Config& config);
 
-// Next-token prediction: mean cross-entropy over every position; AdamW (betas 0.9, 0.95) with
-// weight decay on matrices and embeddings alone.
+// Next-token prediction: mean cross-entropy over every position; adamw_with_recipe.
 class Gpt2Model : public LanguageModel<Gpt2Config> {
  public:
   explicit Gpt2Model(const Gpt2Config& config, double lr = 6e-4);
+  Gpt2Model(const Gpt2Config& config, const OptimizerRecipe& recipe);
 
   OptimizerConfig configure_optimizers() override;
 

@@ -1,15 +1,36 @@
-// What the built-in language models (gpt, gpt2) share as Modules: next-token prediction, whose
-// train_loss and val_loss are the model's loss() of a batch, both shown in the progress bar.
+// What the built-in language models (gpt, gpt2, llama, qwen3) share as Modules: next-token
+// prediction, whose train_loss and val_loss are the model's loss() of a batch, both shown in the
+// progress bar; and the recipe of their optimizer.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <pipetrain/module.h>
 
 namespace pipetrain::cli {
+
+// How gpt2, llama and qwen3 train: AdamW (betas 0.9, 0.95, eps 1e-8; pipetrain's fused one) with
+// decoupled weight decay on matrices and embeddings alone (decaying norms' gains and biases only
+// fights the normalisation), and the learning rate's schedule.
+struct OptimizerRecipe {
+  double lr = 6e-4;
+  double weight_decay = 0.1;
+  std::string lr_schedule = "constant";  // constant, cosine or linear, after the warmup
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  int64_t decay_steps = 0;  // the step the schedule reaches min_lr; 0: no decay
+};
+
+// The optimizer and, for a schedule other than a constant one without warmup, its step-wise
+// WarmupDecayLR. Throws std::invalid_argument naming a value that does not fit (a learning rate
+// or a decay below 0, and WarmupDecayLR's own errors).
+OptimizerConfig adamw_with_recipe(const std::vector<at::Tensor>& parameters,
+                                  const OptimizerRecipe& recipe);
 
 // A Module of the Sequential a `Config` describes, trained at learning rate `lr`. Subclasses give
 // loss() and configure_optimizers().
@@ -28,17 +49,18 @@ class LanguageModel : public Module {
   const Config& config() const { return config_; }
 
  protected:
-  LanguageModel(torch::nn::Sequential layers, const Config& config, double lr)
-      : Module(std::move(layers)), config_(config), lr_(lr) {}
+  LanguageModel(torch::nn::Sequential layers, const Config& config, OptimizerRecipe recipe)
+      : Module(std::move(layers)), config_(config), recipe_(std::move(recipe)) {}
 
   // The mean cross-entropy of predicting batch.target (the token after each position) from
   // batch.data (token ids [B, T]).
   virtual at::Tensor loss(const Batch& batch) = 0;
-  double lr() const { return lr_; }
+  double lr() const { return recipe_.lr; }
+  const OptimizerRecipe& recipe() const { return recipe_; }
 
  private:
   Config config_;
-  double lr_;
+  OptimizerRecipe recipe_;
 };
 
 }  // namespace pipetrain::cli

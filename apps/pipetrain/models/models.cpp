@@ -11,6 +11,7 @@
 #include <pipetrain/checkpoint_io.h>
 
 #include "models/gpt2.h"
+#include "models/hf_decoder.h"
 #include "models/hf_gpt2.h"
 
 namespace pipetrain::cli {
@@ -134,9 +135,89 @@ std::string all_bytes() {
   return bytes;
 }
 
+bool is_decoder(const std::string& name) { return name == "llama" || name == "qwen3"; }
+
+// The presets of one family ("llama", "qwen3"), for an error message.
+std::string presets_of(const std::string& family) {
+  std::string names;
+  for (const auto& name : nn::decoder_preset_names()) {
+    if (name.rfind(family, 0) == 0) names += (names.empty() ? "" : ", ") + name;
+  }
+  return names;
+}
+
 }  // namespace
 
-std::vector<std::string> model_names() { return {"boring", "mlp", "gpt", "gpt2"}; }
+std::vector<std::string> model_names() {
+  return {"boring", "mlp", "gpt", "gpt2", "llama", "qwen3"};
+}
+
+OptimizerRecipe optimizer_recipe(const ModelOptions& options) {
+  OptimizerRecipe recipe;
+  recipe.lr = options.lr;
+  recipe.weight_decay = options.weight_decay;
+  recipe.lr_schedule = options.lr_schedule;
+  recipe.warmup_steps = options.warmup_steps;
+  recipe.min_lr = options.min_lr;
+  recipe.decay_steps = options.decay_steps;
+  return recipe;
+}
+
+nn::DecoderConfig decoder_config(const ModelOptions& options) {
+  nn::DecoderConfig config;
+  if (!options.init_from.empty()) {
+    std::string model_type;
+    config = read_hf_decoder_config(options.init_from, &model_type);
+    if (model_type != options.name) {
+      throw std::invalid_argument("--init-from " + options.init_from + " holds a " + model_type +
+                                  " model (config.json's model_type): use --model " + model_type);
+    }
+    // The folder's shape; a flag may only repeat it.
+    const auto differs = [](auto flag, auto value) { return flag > 0 && flag != value; };
+    if (!options.model_size.empty() || differs(options.n_layer, config.n_layer) ||
+        differs(options.n_head, config.n_head) || differs(options.n_embd, config.n_embd) ||
+        differs(options.vocab_size, config.vocab_size) ||
+        differs(options.n_kv_head, config.kv_heads()) ||
+        differs(options.head_dim, config.head_size()) ||
+        differs(options.intermediate_size, config.intermediate_size) ||
+        differs(options.rope_theta, config.rope.theta()) ||
+        differs(options.rms_norm_eps, config.rms_norm_eps) ||
+        (options.tie_word_embeddings &&
+         *options.tie_word_embeddings != config.tie_word_embeddings)) {
+      throw std::invalid_argument(
+          "--init-from " + options.init_from +
+          " holds a model of its own shape (config.json): leave out --model-size and the shape "
+          "flags (--n-layer, --n-head, --n-kv-head, --n-embd, --head-dim, --intermediate-size, "
+          "--vocab-size, --rope-theta, --rms-norm-eps, --tie-word-embeddings)");
+    }
+  } else {
+    const std::string size = !options.model_size.empty() ? options.model_size
+                             : options.name == "llama"   ? "llama-150m"
+                                                         : "qwen3-0.6b";
+    if (size.rfind(options.name, 0) != 0) {
+      throw std::invalid_argument("--model-size " + size + " is not a " + options.name +
+                                  " preset: use " + presets_of(options.name));
+    }
+    config = nn::decoder_preset(size);
+    if (options.n_layer > 0) config.n_layer = options.n_layer;
+    if (options.n_head > 0) config.n_head = options.n_head;
+    if (options.n_kv_head > 0) config.n_kv_head = options.n_kv_head;
+    if (options.n_embd > 0) config.n_embd = options.n_embd;
+    if (options.head_dim > 0) config.head_dim = options.head_dim;
+    if (options.intermediate_size > 0) config.intermediate_size = options.intermediate_size;
+    if (options.vocab_size > 0) config.vocab_size = options.vocab_size;
+    if (options.rope_theta > 0) config.rope.theta(options.rope_theta);
+    if (options.rms_norm_eps > 0) config.rms_norm_eps = options.rms_norm_eps;
+    if (options.tie_word_embeddings) config.tie_word_embeddings = *options.tie_word_embeddings;
+  }
+  // The sequence length trained on is not a shape: any, up to the model's positions.
+  if (options.block_size > 0) config.block_size = options.block_size;
+  if (config.max_position_embeddings > 0) {
+    config.block_size = std::min(config.block_size, config.max_position_embeddings);
+  }
+  nn::check_decoder_config(config);
+  return config;
+}
 
 Gpt2Config gpt2_config(const ModelOptions& options) {
   if (!options.init_from.empty()) {
@@ -153,7 +234,7 @@ Gpt2Config gpt2_config(const ModelOptions& options) {
     stored.dropout = options.dropout;
     return stored;
   }
-  Gpt2Config config = gpt2_preset(options.model_size);
+  Gpt2Config config = gpt2_preset(options.model_size.empty() ? "124M" : options.model_size);
   if (options.n_layer > 0) config.n_layer = options.n_layer;
   if (options.n_head > 0) config.n_head = options.n_head;
   if (options.n_embd > 0) config.n_embd = options.n_embd;
@@ -170,6 +251,13 @@ ThroughputMonitorOptions throughput_options(const ModelOptions& options) {
         .items_per_sample(config.block_size)
         .flops_per_sample(gpt2_flops_per_token(config) * static_cast<double>(config.block_size));
   }
+  if (is_decoder(options.name)) {
+    const nn::DecoderConfig config = decoder_config(options);
+    return ThroughputMonitorOptions()
+        .items_per_sample(config.block_size)
+        .flops_per_sample(nn::decoder_flops_per_token(config) *
+                          static_cast<double>(config.block_size));
+  }
   if (options.name == "gpt") {
     return ThroughputMonitorOptions().items_per_sample(
         options.block_size > 0 ? options.block_size : GptConfig().block_size);
@@ -179,12 +267,14 @@ ThroughputMonitorOptions throughput_options(const ModelOptions& options) {
 
 BuiltInModel make_model(const ModelOptions& options) {
   torch::NoGradGuard no_grad;
-  const bool language_model = options.name == "gpt" || options.name == "gpt2";
+  const bool language_model =
+      options.name == "gpt" || options.name == "gpt2" || is_decoder(options.name);
   if (!language_model && !options.train_data.empty()) {
-    throw std::invalid_argument("--train-data " + options.train_data +
-                                ": token files are for the language models (--model gpt, gpt2), "
-                                "not " +
-                                options.name);
+    throw std::invalid_argument(
+        "--train-data " + options.train_data +
+        ": token files are for the language models (--model gpt, gpt2, llama, qwen3), "
+        "not " +
+        options.name);
   }
   BuiltInModel built;
   if (options.name == "boring") {
@@ -208,12 +298,25 @@ BuiltInModel make_model(const ModelOptions& options) {
           "llm.c shard, or what `pipetrain prepare-data` makes from any text)");
     }
     const Gpt2Config config = gpt2_config(options);
-    built.module = std::make_unique<Gpt2Model>(config, options.lr);
+    built.module = std::make_unique<Gpt2Model>(config, optimizer_recipe(options));
     if (!options.init_from.empty()) {
       // The head is the token embedding's tensor: load_weights fills it through wte's name.
       auto layers = built.module->layers();
       load_weights(layers, read_hf_gpt2_weights(options.init_from, config),
                    options.init_from + "/model.safetensors");
+    }
+    read_token_files(options, config.block_size, config.vocab_size, built);
+  } else if (is_decoder(options.name)) {
+    if (options.train_data.empty()) {
+      throw std::invalid_argument("--model " + options.name +
+                                  " trains on token files: pass --train-data FILE (tokens of the "
+                                  "model's vocabulary, 32-bit above 65535 tokens)");
+    }
+    const nn::DecoderConfig config = decoder_config(options);
+    built.module = std::make_unique<DecoderModel>(config, optimizer_recipe(options));
+    if (!options.init_from.empty()) {
+      auto layers = built.module->layers();
+      load_weights(layers, read_hf_decoder_weights(options.init_from, config), options.init_from);
     }
     read_token_files(options, config.block_size, config.vocab_size, built);
   } else if (options.name == "gpt" && !options.train_data.empty()) {

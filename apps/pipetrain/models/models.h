@@ -11,6 +11,7 @@
 #include <pipetrain/module.h>
 #include <pipetrain/throughput_monitor.h>
 
+#include "models/decoder_model.h"
 #include "models/gpt.h"
 #include "models/gpt2.h"
 
@@ -27,13 +28,31 @@ struct ModelOptions {
   std::string val_data;
   int64_t vocab_size = 0;  // token files: 0 means 256 (byte tokens, as prepare-data writes)
   int64_t block_size = 0;  // 0: the model's default
-  // gpt2: a preset (124M, 350M, 774M, 1558M) and any shape of its own (0: the preset's).
-  std::string model_size = "124M";
+  // A preset of the model's (empty: its smallest) and any shape of its own (0: the preset's):
+  // gpt2 124M, 350M, 774M, 1558M; llama and qwen3 nn::decoder_preset_names() of their family.
+  std::string model_size;
   int64_t n_layer = 0;
   int64_t n_head = 0;
   int64_t n_embd = 0;
-  // gpt2: a Hugging Face GPT-2 folder (config.json, model.safetensors) to start from.
+  // llama, qwen3: a preset (nn::decoder_preset_names()) and the shape flags beyond gpt2's (0 or
+  // unset: the preset's).
+  int64_t n_kv_head = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate_size = 0;
+  double rope_theta = 0;
+  double rms_norm_eps = 0;
+  std::optional<bool> tie_word_embeddings;
+  // gpt2, llama, qwen3: a Hugging Face folder (config.json, safetensors) to start from.
   std::string init_from;
+  // The language models' optimizer and learning-rate schedule: AdamW's decoupled weight decay on
+  // matrices (gpt2, llama, qwen3); the schedule "constant", "cosine" or "linear" (after
+  // warmup_steps of linear warmup from 0, down to min_lr at decay_steps; decay_steps 0: the run's
+  // max_steps, which the command fills in).
+  double weight_decay = 0.1;
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  int64_t decay_steps = 0;
 };
 
 struct BuiltInModel {
@@ -50,8 +69,13 @@ BuiltInModel make_model(const ModelOptions& options);
 // GPT-2's shape: from the preset and the flags that override it, or the --init-from folder's
 // config.json (a flag that contradicts it is refused with std::invalid_argument).
 Gpt2Config gpt2_config(const ModelOptions& options);
-// What a language model's ThroughputMonitor counts: tokens per sample (its block), and for gpt2
-// the model FLOPs.
+// Llama's or Qwen3's shape: from the preset and the flags that override it, or the --init-from
+// folder's config.json (a flag that contradicts it is refused with std::invalid_argument).
+nn::DecoderConfig decoder_config(const ModelOptions& options);
+// The optimizer recipe of the flags (lr, weight decay, the schedule).
+OptimizerRecipe optimizer_recipe(const ModelOptions& options);
+// What a language model's ThroughputMonitor counts: tokens per sample (its block), and for gpt2,
+// llama and qwen3 the model FLOPs.
 ThroughputMonitorOptions throughput_options(const ModelOptions& options);
 
 }  // namespace pipetrain::cli

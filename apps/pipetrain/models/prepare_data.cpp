@@ -20,6 +20,15 @@ std::string prepare_data(const PrepareDataOptions& options) {
   if (options.format != "nanogpt" && options.format != "llmc") {
     throw std::invalid_argument("--format " + options.format + ": use nanogpt or llmc");
   }
+  if (options.token_dtype != "uint16" && options.token_dtype != "uint32") {
+    throw std::invalid_argument("--token-dtype " + options.token_dtype + ": use uint16 or uint32");
+  }
+  const bool wide = options.token_dtype == "uint32";
+  if (wide && options.format != "llmc") {
+    throw std::invalid_argument(
+        "--token-dtype uint32 needs --format llmc: llm.c's Llama 3 header says the tokens are "
+        "32-bit, which a raw file (nanoGPT's, uint16) cannot");
+  }
   std::ifstream in(options.input, std::ios::binary);
   if (!in) {
     throw std::invalid_argument("--input " + options.input +
@@ -30,7 +39,7 @@ std::string prepare_data(const PrepareDataOptions& options) {
 
   const size_t train_tokens =
       text.size() - static_cast<size_t>(static_cast<double>(text.size()) * options.val_fraction);
-  std::vector<uint16_t> train, val;
+  std::vector<uint32_t> train, val;
   for (size_t i = 0; i < text.size(); ++i) {
     (i < train_tokens ? train : val).push_back(static_cast<unsigned char>(text[i]));
   }
@@ -43,8 +52,16 @@ std::string prepare_data(const PrepareDataOptions& options) {
   const auto format = options.format == "llmc" ? TokenFileFormat::kLlmc : TokenFileFormat::kNanoGpt;
   const auto train_path = (std::filesystem::path(options.output) / "train.bin").string();
   const auto val_path = (std::filesystem::path(options.output) / "val.bin").string();
-  write_token_file(train_path, train, format);
-  write_token_file(val_path, val, format);
+  // Byte tokens fit either width.
+  const auto write = [&](const std::string& path, const std::vector<uint32_t>& tokens) {
+    if (wide) {
+      write_token_file(path, tokens, format);
+    } else {
+      write_token_file(path, std::vector<uint16_t>(tokens.begin(), tokens.end()), format);
+    }
+  };
+  write(train_path, train);
+  write(val_path, val);
   return "wrote " + std::to_string(train.size()) + " tokens to " + train_path + " and " +
          std::to_string(val.size()) + " to " + val_path +
          " (byte tokens: train with --model gpt --train-data " + train_path + ")";

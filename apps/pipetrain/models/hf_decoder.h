@@ -1,0 +1,79 @@
+// Llama 3 and Qwen3 in the layout of Hugging Face's transformers (LlamaForCausalLM,
+// Qwen3ForCausalLM), for the Sequential nn::decoder(config) builds: a folder holding config.json
+// and the weights in safetensors, one model.safetensors or shards named by
+// model.safetensors.index.json. Hugging Face's names are pipetrain's below the layer index
+// ("model.layers.2.self_attn.q_proj.weight" is "3.self_attn.q_proj.weight"; "model.embed_tokens",
+// "model.norm" and "lm_head" are layers 0, n_layer + 1 and n_layer + 2), and both store Linear
+// weights [out, in], so a tensor moves between the two unchanged. A tied head is stored once, under
+// the embedding's name, on both sides.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <pipetrain/nn/decoder.h>
+
+namespace pipetrain::cli {
+
+// transformers' save_pretrained shards past "5GB" (powers of 1000).
+constexpr int64_t kHfDefaultMaxShardBytes = 5'000'000'000;
+
+// The model_type values read and written: "llama" (Llama 3) and "qwen3" (Qwen3: qk_norm).
+std::vector<std::string> hf_decoder_model_types();
+
+// A shard size as transformers' max_shard_size spells it: "5GB", "500MB", "100KB" (powers of
+// 1000), "2GiB", "512MiB", "64KiB" (powers of 1024), or plain bytes ("1000000"); upper or lower
+// case, a fraction allowed ("1.5GB"). Throws std::invalid_argument naming `text`.
+int64_t parse_max_shard_size(const std::string& text);
+
+// The shape `dir`/config.json describes. model_type must be llama or qwen3 (which sets qk_norm);
+// the RoPE may be spelled as transformers 4 does (top-level rope_theta and rope_scaling, its kind
+// under "rope_type" or the older "type") or as transformers 5 does (rope_parameters, rope_theta
+// inside), of kind default or llama3. Keys a config.json may leave out take transformers' defaults
+// for that model_type (Qwen3's head_dim is 128, Llama's hidden_size / num_attention_heads).
+// max_position_embeddings is the config's, and block_size DecoderConfig's default cut to it. Fills
+// `*model_type` and `*dtype` (torch_dtype, or transformers 5's dtype: "bfloat16", "float32"...;
+// "" when absent) when given. Throws std::invalid_argument naming the file and the key: a missing
+// or mistyped key, another model_type (mistral, qwen2...) or rope kind (yarn, dynamic, linear,
+// longrope), a variant pipetrain does not build (sliding-window layers, an MLP bias, another
+// activation).
+nn::DecoderConfig read_hf_decoder_config(const std::string& dir, std::string* model_type = nullptr,
+                                         std::string* dtype = nullptr);
+
+// The weights in `dir` of a decoder of shape `config` (as read_hf_decoder_config gives it), under
+// pipetrain's names and in fp32 whatever the folder stores (fp32, bf16, fp16), ready for
+// load_weights. A tied head is not returned: load_weights fills it through "0.weight". Only the
+// tensors whose pipetrain name `wanted` accepts are read (all when it is empty; with a tied head,
+// "0.weight" when either it or the head is wanted), so a rank reads only its own stages, and of a
+// sharded folder it opens only the shards that hold them. Throws std::invalid_argument naming the
+// tensor, the file and what to do when the folder lacks a tensor of `config`, holds one `config`
+// has no place for (a tied folder's lm_head.weight and old files' rotary_emb.inv_freq buffers are
+// passed over, as transformers does), or holds one of another shape (naming the shape expected).
+std::map<std::string, at::Tensor> read_hf_decoder_weights(
+    const std::string& dir, const nn::DecoderConfig& config,
+    const std::function<bool(const std::string& pipetrain_name)>& wanted = {});
+
+// Writes `weights` (pipetrain's names, as in a checkpoint's model.safetensors; a tied head's second
+// name may be there or not) of a decoder of shape `config` into `dir` (created if missing), as
+// transformers' save_pretrained lays out a `model_type` (llama or qwen3) model: config.json
+// (transformers 4's spelling), generation_config.json, and the weights in `dtype` (bf16, fp16 or
+// fp32) in one model.safetensors when they fit in `max_shard_bytes`, else in shards
+// model-00001-of-0000N.safetensors named by model.safetensors.index.json; weight files of an
+// earlier export into `dir` that this one does not write are removed, as save_pretrained does. With
+// `tokenizer_from` (a Hugging Face folder of the same vocabulary), its tokenizer files are copied,
+// its generation_config.json replaces the minimal one, and its config.json's bos_token_id and
+// eos_token_id are kept. Every file is written atomically. Throws std::invalid_argument (before
+// writing anything) naming the tensor or argument that does not fit, std::runtime_error naming the
+// file when a write fails.
+void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
+                       const nn::DecoderConfig& config, const std::string& model_type,
+                       const std::string& dir, int64_t max_shard_bytes = kHfDefaultMaxShardBytes,
+                       at::ScalarType dtype = at::kBFloat16,
+                       const std::string& tokenizer_from = "");
+
+}  // namespace pipetrain::cli

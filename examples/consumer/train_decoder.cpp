@@ -1,0 +1,80 @@
+// A small language model of one's own composed from pipetrain::nn's blocks (the ones Llama 3 and
+// Qwen3 are made of), trained as a two-stage pipeline on a task it can learn in a minute on a
+// CPU: continue a sequence whose every token is the one two places before it, plus one.
+//   ./train_decoder [ROOT] [STRATEGY]   # STRATEGY "pipe" (the default) or "single"
+#include <pipetrain/pipetrain.h>
+#include <torch/torch.h>
+
+#include <exception>
+#include <iostream>
+#include <string>
+
+namespace nn = pipetrain::nn;
+
+constexpr int64_t kVocabulary = 32, kWidth = 64, kLength = 16;
+
+// Embedding, four pre-norm blocks of grouped-query attention (4 query heads over 2 key/value
+// heads, rotary positions, Qwen3's q/k norms) and SwiGLU, the final RMSNorm, and a head tied to
+// the embedding: the pipe may put the two ends on different stages and keeps them one tensor.
+torch::nn::Sequential my_decoder() {
+  const auto attention =
+      nn::CausalSelfAttentionOptions(kWidth, 4).n_kv_head(2).qk_norm(true).rotary(
+          nn::RotaryEmbeddingOptions().theta(10000));
+  nn::Embedding embedding(nn::EmbeddingOptions(kVocabulary, kWidth));
+  torch::nn::Sequential layers(embedding);
+  for (int i = 0; i < 4; ++i) {
+    layers->push_back(
+        nn::DecoderBlock(nn::DecoderBlockOptions(attention, nn::SwiGLUOptions(kWidth, 128))));
+  }
+  layers->push_back(nn::RMSNorm(kWidth));
+  layers->push_back(nn::LMHead(embedding));
+  return layers;
+}
+
+class Continuation : public pipetrain::Module {
+ public:
+  Continuation() : Module(my_decoder()) {}
+
+  at::Tensor training_step(const pipetrain::Batch& batch, int64_t) override {
+    auto loss = pipetrain::chunked_cross_entropy(forward(batch.data), batch.target);
+    log("train_loss", loss);
+    return loss;
+  }
+
+  pipetrain::OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(3e-3));
+  }
+};
+
+int run(int argc, char** argv) {
+  const std::string root = argc > 1 ? argv[1] : ".";
+  const bool pipelined = argc <= 2 || std::string(argv[2]) != "single";
+  auto options =
+      pipetrain::TrainerOptions().max_epochs(3).log_every_n_steps(4).default_root_dir(root);
+  if (pipelined) {
+    options.strategy("pipe").devices(2).pipe(pipetrain::PipeOptions().chunks(4).schedule("1f1b"));
+  }
+  if (const auto status = pipetrain::launch_ranks(options)) return *status;
+  pipetrain::Trainer trainer(options);
+  Continuation model;  // after the Trainer: it seeded the generator on every rank
+
+  // Sequences t[i] = t[i - 2] + 1 (mod the vocabulary) from two random first tokens.
+  torch::manual_seed(0);
+  auto tokens = torch::empty({256, kLength + 1}, torch::kInt64);
+  tokens.slice(1, 0, 2).random_(0, kVocabulary);
+  for (int64_t i = 2; i <= kLength; ++i) {
+    tokens.select(1, i).copy_((tokens.select(1, i - 2) + 1) % kVocabulary);
+  }
+  pipetrain::TensorDataset data{tokens.slice(1, 0, kLength), tokens.slice(1, 1, kLength + 1)};
+  trainer.fit(model, pipetrain::DataLoader(data, pipetrain::DataLoaderOptions().batch_size(16)));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "train_decoder: " << e.what() << "\n";
+    return 1;
+  }
+}

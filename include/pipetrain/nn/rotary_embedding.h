@@ -1,0 +1,63 @@
+// Rotary position embeddings (Su et al. 2021) in Hugging Face's convention ("rotate half": the
+// first and second halves of each head's features are the pairs rotated, not interleaved
+// neighbours), with the frequency scalings Llama 3.1 introduced.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+namespace pipetrain::nn {
+
+struct RotaryEmbeddingOptions {
+  /* implicit */ RotaryEmbeddingOptions(int64_t head_dim = 0) : head_dim_(head_dim) {}
+  // Features per head rotated (all of them; even).
+  TORCH_ARG(int64_t, head_dim);
+  // The base of the frequencies: theta^(-2i / head_dim).
+  TORCH_ARG(double, theta) = 10000.0;
+  // "default", or "llama3": Llama 3.1's scaling of the low frequencies, by the four below.
+  TORCH_ARG(std::string, rope_type) = "default";
+  TORCH_ARG(double, factor) = 8.0;
+  TORCH_ARG(double, low_freq_factor) = 1.0;
+  TORCH_ARG(double, high_freq_factor) = 4.0;
+  TORCH_ARG(int64_t, original_max_position_embeddings) = 8192;
+};
+
+// Throws std::invalid_argument naming what does not fit (an odd head_dim, a rope_type other than
+// default and llama3, a scaling whose high_freq_factor is not above low_freq_factor).
+void check_rotary_options(const RotaryEmbeddingOptions& options);
+
+// The inverse frequencies [head_dim / 2], fp32 on the CPU: Hugging Face's
+// _compute_default_rope_parameters and _compute_llama3_parameters.
+at::Tensor rotary_inverse_frequencies(const RotaryEmbeddingOptions& options);
+
+// x [B, H, T, head_dim] rotated by position: x * cos + rotate_half(x) * sin, cos and sin [T,
+// head_dim] in x's dtype.
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Holds no parameters (nothing saved): cos and sin tables, computed in fp32 and cached per device,
+// dtype and length (the longest asked for, sliced for shorter sequences).
+class RotaryEmbeddingImpl : public torch::nn::Module {
+ public:
+  explicit RotaryEmbeddingImpl(const RotaryEmbeddingOptions& options);
+
+  // {cos, sin} of positions 0..length-1, [length, head_dim], on `like`'s device in its dtype.
+  std::tuple<at::Tensor, at::Tensor> tables(int64_t length, const at::Tensor& like);
+  // q or k [B, H, T, head_dim] rotated by positions 0..T-1.
+  at::Tensor forward(const at::Tensor& x);
+
+  RotaryEmbeddingOptions options;
+
+ private:
+  at::Tensor inverse_frequencies_;
+  std::mutex mutex_;  // stages may run on threads of one process
+  std::map<std::string, std::tuple<at::Tensor, at::Tensor>> cache_;
+};
+TORCH_MODULE(RotaryEmbedding);
+
+}  // namespace pipetrain::nn

@@ -1,0 +1,155 @@
+#include "pipetrain/nn/attention.h"
+
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include <pipetrain/linear.h>
+
+namespace pipetrain::nn {
+namespace {
+
+// k or v [B, Hkv, T, D] with each head repeated for the `groups` query heads that read it.
+at::Tensor repeat_heads(const at::Tensor& x, int64_t groups) {
+  if (groups == 1) return x;
+  return x.repeat_interleave(groups, /*dim=*/1);
+}
+
+at::Tensor explicit_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              double dropout) {
+  const int64_t time = q.size(-2);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  const auto steps = torch::arange(time, q.options().dtype(torch::kInt64));
+  const auto future = steps.unsqueeze(0) > steps.unsqueeze(1);  // [T, T], true above diagonal
+  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  auto weights = torch::softmax(scores, -1);
+  if (dropout > 0) weights = torch::dropout(weights, dropout, /*train=*/true);
+  return torch::matmul(weights, v);
+}
+
+at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
+  return pipetrain::linear(x, layer->weight, layer->bias);
+}
+
+}  // namespace
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double dropout, AttentionKernel kernel) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.size(1) % k.size(1) != 0) {
+    throw std::invalid_argument(
+        "causal_attention: q [B, H, T, D] and k, v [B, Hkv, T, D] with H a multiple of Hkv; got " +
+        std::to_string(q.dim()) + "-D q with " + std::to_string(q.dim() == 4 ? q.size(1) : 0) +
+        " heads and " + std::to_string(k.dim() == 4 ? k.size(1) : 0) + " key heads");
+  }
+  const int64_t groups = q.size(1) / k.size(1);
+  (void)kernel;  // a Torch without scaled_dot_product_attention has the written-out path alone
+#if TORCH_VERSION_MAJOR >= 2
+  if (kernel == AttentionKernel::kSdpa) {
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, dropout,
+                                            /*is_causal=*/true, /*scale=*/std::nullopt,
+                                            /*enable_gqa=*/groups > 1);
+#else
+    return at::scaled_dot_product_attention(q, repeat_heads(k, groups), repeat_heads(v, groups),
+                                            /*attn_mask=*/{}, dropout, /*is_causal=*/true);
+#endif
+  }
+#endif
+  return explicit_attention(q, repeat_heads(k, groups), repeat_heads(v, groups), dropout);
+}
+
+void check_attention_options(const CausalSelfAttentionOptions& options) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument("CausalSelfAttention: " + message);
+  };
+  const int64_t n_kv_head = options.n_kv_head() > 0 ? options.n_kv_head() : options.n_head();
+  require(options.n_embd() > 0 && options.n_head() > 0,
+          "n_embd and n_head must be positive (got " + std::to_string(options.n_embd()) + ", " +
+              std::to_string(options.n_head()) + ")");
+  require(options.head_dim() > 0 || options.n_embd() % options.n_head() == 0,
+          "n_embd " + std::to_string(options.n_embd()) + " is not a multiple of n_head " +
+              std::to_string(options.n_head()) + ": give head_dim");
+  require(options.n_head() % n_kv_head == 0, "n_head " + std::to_string(options.n_head()) +
+                                                 " must be a multiple of n_kv_head " +
+                                                 std::to_string(n_kv_head));
+  require(!options.fused_qkv() ||
+              (n_kv_head == options.n_head() && options.head_dim() <= 0 && !options.qk_norm()),
+          "fused_qkv (GPT-2's one projection) has n_kv_head = n_head, head_dim = n_embd / "
+          "n_head and no qk_norm");
+  require(options.dropout() >= 0 && options.dropout() < 1, "dropout must be in [0, 1)");
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOptions& options_)
+    : options(options_) {
+  check_attention_options(options);
+  if (options.n_kv_head() <= 0) options.n_kv_head(options.n_head());
+  if (options.head_dim() <= 0) options.head_dim(options.n_embd() / options.n_head());
+  const int64_t q_width = options.n_head() * options.head_dim();
+  const int64_t kv_width = options.n_kv_head() * options.head_dim();
+  const auto projection = [&](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(options.bias()));
+  };
+  if (options.fused_qkv()) {
+    c_attn = register_module("c_attn", projection(options.n_embd(), 3 * options.n_embd()));
+    output = register_module("c_proj", projection(options.n_embd(), options.n_embd()));
+  } else {
+    q_proj = register_module("q_proj", projection(options.n_embd(), q_width));
+    k_proj = register_module("k_proj", projection(options.n_embd(), kv_width));
+    v_proj = register_module("v_proj", projection(options.n_embd(), kv_width));
+    output = register_module("o_proj", projection(q_width, options.n_embd()));
+  }
+  if (options.qk_norm()) {
+    q_norm = register_module("q_norm",
+                             RMSNorm(RMSNormOptions(options.head_dim()).eps(options.norm_eps())));
+    k_norm = register_module("k_norm",
+                             RMSNorm(RMSNormOptions(options.head_dim()).eps(options.norm_eps())));
+  }
+  if (options.rotary()) {
+    auto rotary_options = *options.rotary();
+    rotary_options.head_dim(options.head_dim());
+    rotary = register_module("rotary_emb", RotaryEmbedding(rotary_options));
+  }
+  resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(options.dropout()));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t batch = x.size(0), time = x.size(1);
+  const int64_t head_dim = options.head_dim();
+  // [B, T, H * D] -> [B, T, H, D]; the per-head norms apply there, then heads go first.
+  const auto split_heads = [&](const at::Tensor& t, int64_t heads) {
+    return t.view({batch, time, heads, head_dim});
+  };
+  at::Tensor q, k, v;
+  if (options.fused_qkv()) {
+    // Split, not indexed: the backward of a split is one concatenation, where each index's would
+    // zero-fill and add a whole [B, T, 3C] gradient.
+    const auto qkv = linear(c_attn, x).split(options.n_embd(), 2);
+    q = split_heads(qkv[0], options.n_head());
+    k = split_heads(qkv[1], options.n_head());
+    v = split_heads(qkv[2], options.n_head());
+  } else {
+    q = split_heads(linear(q_proj, x), options.n_head());
+    k = split_heads(linear(k_proj, x), options.n_kv_head());
+    v = split_heads(linear(v_proj, x), options.n_kv_head());
+  }
+  if (options.qk_norm()) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  if (!rotary.is_empty()) {
+    q = rotary(q);
+    k = rotary(k);
+  }
+  const auto y =
+      causal_attention(q, k, v, is_training() ? options.dropout() : 0.0, options.kernel());
+  const auto merged = y.transpose(1, 2).reshape({batch, time, options.n_head() * head_dim});
+  return resid_dropout_(linear(output, merged));
+}
+
+}  // namespace pipetrain::nn

@@ -1,0 +1,214 @@
+#include "pipetrain/nn/decoder.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include <pipetrain/nn/embedding.h>
+
+#include "util/compat.h"
+
+namespace pipetrain::nn {
+namespace {
+
+// A norm's output, read by several matmuls (q, k and v; gate and up), in autocast's dtype where
+// autocast is on: each matmul would cast the fp32 tensor again; cast once, the same values.
+at::Tensor for_matmuls(const at::Tensor& normalised) {
+  const auto device = normalised.device().type();
+  if (!autocast_enabled(device)) return normalised;
+  return normalised.to(autocast_dtype(device));
+}
+
+}  // namespace
+
+DecoderBlockImpl::DecoderBlockImpl(const DecoderBlockOptions& options_)
+    : options(options_),
+      input_layernorm(register_module(
+          "input_layernorm",
+          RMSNorm(RMSNormOptions(options_.attention().n_embd()).eps(options_.norm_eps())))),
+      self_attn(register_module("self_attn", CausalSelfAttention(options_.attention()))),
+      post_attention_layernorm(register_module(
+          "post_attention_layernorm",
+          RMSNorm(RMSNormOptions(options_.attention().n_embd()).eps(options_.norm_eps())))),
+      mlp(register_module("mlp", SwiGLU(options_.mlp()))) {}
+
+at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) {
+  const auto h = x + self_attn(for_matmuls(input_layernorm(x)));
+  return h + mlp(for_matmuls(post_attention_layernorm(h)));
+}
+
+void check_decoder_config(const DecoderConfig& config) {
+  auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument("decoder: " + message);
+  };
+  auto positive = [&](int64_t value, const std::string& field, const std::string& flag) {
+    require(value > 0, field + " (" + flag + ") must be positive, got " + std::to_string(value));
+  };
+  positive(config.vocab_size, "vocab_size", "--vocab-size");
+  positive(config.n_layer, "n_layer", "--n-layer");
+  positive(config.n_embd, "n_embd", "--n-embd");
+  positive(config.n_head, "n_head", "--n-head");
+  positive(config.intermediate_size, "intermediate_size", "--intermediate-size");
+  positive(config.block_size, "block_size", "--block-size");
+  require(config.n_kv_head >= 0 && config.n_head % config.kv_heads() == 0,
+          "n_head (--n-head " + std::to_string(config.n_head) +
+              ") must be a multiple of n_kv_head (--n-kv-head " +
+              std::to_string(config.kv_heads()) + ")");
+  require(config.head_dim > 0 || config.n_embd % config.n_head == 0,
+          "n_embd (--n-embd " + std::to_string(config.n_embd) +
+              ") is not a multiple of n_head (--n-head " + std::to_string(config.n_head) +
+              "): give head_dim (--head-dim)");
+  require(config.rms_norm_eps > 0, "rms_norm_eps (--rms-norm-eps) must be positive");
+  auto rope = config.rope;
+  rope.head_dim(config.head_size());
+  check_rotary_options(rope);
+}
+
+namespace {
+
+DecoderConfig llama3(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t intermediate,
+                     bool tied, double factor) {
+  DecoderConfig config;
+  config.vocab_size = 128256;
+  config.n_layer = n_layer;
+  config.n_embd = n_embd;
+  config.n_head = n_head;
+  config.n_kv_head = 8;
+  config.intermediate_size = intermediate;
+  config.max_position_embeddings = 131072;
+  config.rms_norm_eps = 1e-5;
+  config.tie_word_embeddings = tied;
+  config.rope.theta(500000)
+      .rope_type("llama3")
+      .factor(factor)
+      .low_freq_factor(1)
+      .high_freq_factor(4)
+      .original_max_position_embeddings(8192);
+  return config;
+}
+
+DecoderConfig qwen3(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t intermediate,
+                    bool tied) {
+  DecoderConfig config;
+  config.vocab_size = 151936;
+  config.n_layer = n_layer;
+  config.n_embd = n_embd;
+  config.n_head = n_head;
+  config.n_kv_head = 8;
+  config.head_dim = 128;
+  config.intermediate_size = intermediate;
+  config.max_position_embeddings = 40960;
+  config.rms_norm_eps = 1e-6;
+  config.tie_word_embeddings = tied;
+  config.qk_norm = true;
+  config.rope.theta(1000000);
+  return config;
+}
+
+const std::map<std::string, DecoderConfig>& presets() {
+  static const std::map<std::string, DecoderConfig> all = [] {
+    std::map<std::string, DecoderConfig> by_name;
+    by_name["llama3.2-1b"] = llama3(16, 2048, 32, 8192, true, 32);
+    by_name["llama3.2-3b"] = llama3(28, 3072, 24, 8192, true, 32);
+    by_name["llama3.2-3b"].head_dim = 128;
+    by_name["llama3.1-8b"] = llama3(32, 4096, 32, 14336, false, 8);
+    by_name["qwen3-0.6b"] = qwen3(28, 1024, 16, 3072, true);
+    by_name["qwen3-1.7b"] = qwen3(28, 2048, 16, 6144, true);
+    by_name["qwen3-4b"] = qwen3(36, 2560, 32, 9728, true);
+    by_name["qwen3-8b"] = qwen3(36, 4096, 32, 12288, false);
+    DecoderConfig small;  // the defaults: 12 layers of 768, FFN 2048, vocabulary 32000
+    small.n_kv_head = 4;
+    small.tie_word_embeddings = true;
+    small.rope.theta(500000);
+    by_name["llama-150m"] = small;
+    return by_name;
+  }();
+  return all;
+}
+
+}  // namespace
+
+std::vector<std::string> decoder_preset_names() {
+  return {"llama-150m", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b",
+          "qwen3-0.6b", "qwen3-1.7b",  "qwen3-4b",    "qwen3-8b"};
+}
+
+DecoderConfig decoder_preset(const std::string& name) {
+  const auto found = presets().find(name);
+  if (found == presets().end()) {
+    std::string names;
+    for (const auto& known : decoder_preset_names()) names += (names.empty() ? "" : ", ") + known;
+    throw std::invalid_argument("unknown decoder preset '" + name + "': use " + names);
+  }
+  return found->second;
+}
+
+torch::nn::Sequential decoder(const DecoderConfig& config) {
+  check_decoder_config(config);
+  torch::NoGradGuard no_grad;
+  auto rope = config.rope;
+  rope.head_dim(config.head_size());
+  const auto attention = CausalSelfAttentionOptions(config.n_embd, config.n_head)
+                             .n_kv_head(config.kv_heads())
+                             .head_dim(config.head_size())
+                             .bias(config.attention_bias)
+                             .qk_norm(config.qk_norm)
+                             .norm_eps(config.rms_norm_eps)
+                             .rotary(rope)
+                             .kernel(config.attention);
+  const auto block =
+      DecoderBlockOptions(attention, SwiGLUOptions(config.n_embd, config.intermediate_size))
+          .norm_eps(config.rms_norm_eps);
+
+  torch::nn::Sequential layers;
+  Embedding embedding(EmbeddingOptions(config.vocab_size, config.n_embd));
+  embedding->weight.normal_(0, config.init_std);
+  layers->push_back(embedding);
+  for (int64_t l = 0; l < config.n_layer; ++l) {
+    DecoderBlock decoder_block(block);
+    // torchtitan's depth initialisation: what block l adds to the residual stream shrinks with l.
+    const double residual_std = config.init_std / std::sqrt(2.0 * static_cast<double>(l + 1));
+    for (auto& item : decoder_block->named_parameters()) {
+      const std::string& name = item.key();
+      auto& tensor = item.value();
+      if (name.find("norm") != std::string::npos) continue;  // RMSNorm weights: ones
+      if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+        tensor.zero_();
+      } else if (name.rfind("self_attn.o_proj", 0) == 0 || name.rfind("mlp.up_proj", 0) == 0 ||
+                 name.rfind("mlp.down_proj", 0) == 0) {
+        tensor.normal_(0, residual_std);
+      } else {
+        tensor.normal_(0, config.init_std);
+      }
+    }
+    layers->push_back(decoder_block);
+  }
+  layers->push_back(RMSNorm(RMSNormOptions(config.n_embd).eps(config.rms_norm_eps)));
+  if (config.tie_word_embeddings) {
+    layers->push_back(LMHead(embedding));
+  } else {
+    LMHead head(config.n_embd, config.vocab_size);
+    head->weight.normal_(0, config.init_std);
+    layers->push_back(head);
+  }
+  return layers;
+}
+
+double decoder_flops_per_token(const DecoderConfig& config) {
+  const double width = static_cast<double>(config.n_embd);
+  const double q_width = static_cast<double>(config.n_head * config.head_size());
+  const double kv_width = static_cast<double>(config.kv_heads() * config.head_size());
+  const double ffn = static_cast<double>(config.intermediate_size);
+  // Per block: q, k, v and o projections, the three MLP matrices (norms and biases are not
+  // multiplications worth counting).
+  const double block = width * (2 * q_width + 2 * kv_width) + 3 * width * ffn;
+  const double head = static_cast<double>(config.vocab_size) * width;
+  const double parameters = static_cast<double>(config.n_layer) * block + head;
+  return 6 * parameters + 12 * static_cast<double>(config.n_layer) * q_width *
+                              static_cast<double>(config.block_size);
+}
+
+}  // namespace pipetrain::nn

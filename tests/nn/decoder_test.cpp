@@ -1,0 +1,257 @@
+// A decoder of one's own built from pipetrain::nn (small Llama and Qwen3 shapes: GQA, RoPE, tied
+// and untied heads, q/k norms), trained by a Module a user would write, under `pipe` on 2 and 3
+// stages with every schedule and checkpoint mode against `single` on the same data and initial
+// weights, and a checkpoint of 3 stages resumed on 2; plus the Sequential's layout, presets and
+// errors.
+// Tolerance: fp32 on CPU, relative 1e-5 on per-step losses and absolute 1e-5 on the final
+// weights, where only the order of sums differs (micro-batches, the tied gradient's two halves);
+// 3e-5 on the weights of the resumed run, whose two layouts' roundings add up (measured: 1.6e-5
+// at most, one weight of an MLP).
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "pipetrain/pipetrain.h"
+#include "support/command.h"
+#include "support/fit_run.h"
+#include "support/multiprocess.h"
+#include "support/trainer_run.h"
+
+namespace pipetrain::testing::decoder_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+nn::DecoderConfig small_llama() {
+  nn::DecoderConfig config;
+  config.vocab_size = 40;
+  config.n_layer = 3;
+  config.n_embd = 32;
+  config.n_head = 4;
+  config.n_kv_head = 2;
+  config.intermediate_size = 48;
+  config.block_size = 8;
+  config.tie_word_embeddings = true;
+  config.rope.theta(500000).rope_type("llama3").factor(32).original_max_position_embeddings(4);
+  return config;
+}
+
+nn::DecoderConfig small_qwen3() {
+  nn::DecoderConfig config = small_llama();
+  config.n_kv_head = 1;  // multi-query
+  config.head_dim = 16;  // not n_embd / n_head
+  config.qk_norm = true;
+  config.tie_word_embeddings = false;
+  config.rms_norm_eps = 1e-6;
+  config.rope = nn::RotaryEmbeddingOptions().theta(1e6);
+  return config;
+}
+
+// What a user writes around decoder(): mean next-token cross-entropy, AdamW.
+class LanguageModel : public Module {
+ public:
+  explicit LanguageModel(const nn::DecoderConfig& config) : Module(nn::decoder(config)) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = chunked_cross_entropy(forward(batch.data), batch.target);
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(3e-3));
+  }
+};
+
+// Random token windows, the same on every rank.
+TensorDataset token_windows() {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(19);
+  const auto tokens = torch::randint(0, 40, {32, 9}, generator, torch::kInt64);
+  return {tokens.slice(1, 0, 8), tokens.slice(1, 1, 9)};
+}
+
+struct DecoderRun : FitRun {
+  bool qwen3 = false;
+  int64_t virtual_stages = 1;
+
+  template <typename Visit>
+  void fields(Visit&& visit) {
+    FitRun::fields(visit);
+    PIPETRAIN_VISIT_FIELDS(visit, qwen3, virtual_stages);
+  }
+};
+
+// Two epochs of 4 batches of 8 windows, shuffled, gradients clipped at 1.
+void train(const DecoderRun& run) {
+  Trainer trainer(run.trainer_options(PipeOptions().virtual_stages(run.virtual_stages))
+                      .max_epochs(2)
+                      .gradient_clip_val(1.0));
+  torch::manual_seed(5);
+  LanguageModel model(run.qwen3 ? small_qwen3() : small_llama());
+  const DataLoader loader(token_windows(), DataLoaderOptions().batch_size(8).shuffle(true).seed(2));
+  trainer.fit(model, loader, nullptr, run.resume);
+}
+
+PIPETRAIN_WORKER(decoder_worker) { train_from_env(train); }
+
+void train_in_ranks(const DecoderRun& run) {
+  fs::create_directories(run.root);
+  ASSERT_EQ(run_ranks(static_cast<int>(run.devices), "decoder_worker", to_env(run)), 0) << run.root;
+}
+
+class DecoderPipe : public ::testing::Test {
+ protected:
+  void TearDown() override { fs::remove_all(dir); }
+  std::string dir = make_temp_dir("decoder");
+};
+
+struct Layout {
+  int64_t stages;
+  std::string schedule, checkpoint;
+  int64_t virtual_stages = 1;
+};
+
+void expect_layouts_train_as_one_process(const std::string& dir, bool qwen3,
+                                         const std::vector<Layout>& layouts) {
+  DecoderRun single;
+  single.root = dir + "/single";
+  single.qwen3 = qwen3;
+  train(single);
+  const auto expected = read_csv_column(metrics_csv(single.root), "train_loss");
+  ASSERT_EQ(expected.size(), 8u);
+  for (const auto& layout : layouts) {
+    DecoderRun pipe;
+    pipe.root =
+        dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" + layout.checkpoint;
+    SCOPED_TRACE(pipe.root);
+    pipe.qwen3 = qwen3;
+    pipe.strategy = "pipe";
+    pipe.devices = layout.stages;
+    pipe.chunks = 4;
+    pipe.schedule = layout.schedule;
+    pipe.checkpoint = layout.checkpoint;
+    pipe.virtual_stages = layout.virtual_stages;
+    train_in_ranks(pipe);
+    expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"), 1e-5);
+    expect_same_weights(single.final_weights(), pipe.final_weights(), 1e-5);
+  }
+}
+
+// Llama: GQA, llama3 RoPE scaling, the tied embedding on the first stage and the head on the last.
+TEST_F(DecoderPipe, TiedLlamaTrainsAsOneProcessInEveryScheduleAndCheckpointMode) {
+  expect_layouts_train_as_one_process(dir, false,
+                                      {{2, "gpipe", "always"},
+                                       {2, "1f1b", "except_last"},
+                                       {2, "zbh1", "never"},
+                                       {3, "1f1b", "never"},
+                                       {3, "zbh2", "always"},
+                                       {2, "interleaved1f1b", "except_last", 2},
+                                       {2, "zbv", "always", 2}});
+}
+
+// Qwen3: multi-query, q/k norms, head_dim apart from n_embd / n_head, an untied head.
+TEST_F(DecoderPipe, UntiedQwen3TrainsAsOneProcess) {
+  expect_layouts_train_as_one_process(
+      dir, true, {{2, "1f1b", "always"}, {3, "gpipe", "except_last"}, {3, "zbh1", "never"}});
+}
+
+TEST_F(DecoderPipe, ACheckpointOfThreeStagesResumesOnTwo) {
+  DecoderRun single;
+  single.root = dir + "/single";
+  train(single);
+  DecoderRun three;
+  three.root = dir + "/three";
+  three.strategy = "pipe";
+  three.devices = 3;
+  three.chunks = 2;
+  three.max_steps = 3;  // mid-epoch 0
+  train_in_ranks(three);
+  DecoderRun two;
+  two.root = dir + "/two";
+  two.strategy = "pipe";
+  two.devices = 2;
+  two.chunks = 4;
+  two.schedule = "1f1b";
+  two.resume = three.last_checkpoint();
+  train_in_ranks(two);
+  auto seen = read_csv_column(metrics_csv(three.root), "train_loss");
+  const auto rest = read_csv_column(metrics_csv(two.root), "train_loss");
+  seen.insert(seen.end(), rest.begin(), rest.end());
+  expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"), seen, 1e-5);
+  expect_same_weights(single.final_weights(), two.final_weights(), 3e-5);
+}
+
+TEST(Decoder, LayersAreEmbeddingBlocksNormAndHeadWithHuggingFaceNames) {
+  torch::manual_seed(1);
+  const auto config = small_qwen3();
+  auto layers = nn::decoder(config);
+  ASSERT_EQ(layers->size(), 6u);  // embedding, 3 blocks, norm, head
+  const auto parameters = layers->named_parameters();
+  EXPECT_EQ(parameters["0.weight"].sizes(), (std::vector<int64_t>{40, 32}));
+  EXPECT_EQ(parameters["1.self_attn.q_proj.weight"].sizes(), (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(parameters["1.self_attn.k_proj.weight"].sizes(), (std::vector<int64_t>{16, 32}));
+  EXPECT_EQ(parameters["2.self_attn.k_norm.weight"].sizes(), (std::vector<int64_t>{16}));
+  EXPECT_EQ(parameters["3.mlp.gate_proj.weight"].sizes(), (std::vector<int64_t>{48, 32}));
+  EXPECT_EQ(parameters["3.post_attention_layernorm.weight"].sizes(), (std::vector<int64_t>{32}));
+  EXPECT_EQ(parameters["4.weight"].sizes(), (std::vector<int64_t>{32}));
+  EXPECT_EQ(parameters["5.weight"].sizes(), (std::vector<int64_t>{40, 32}));
+  // Depth initialisation: block l's residual projections drawn at 0.02 / sqrt(2 (l + 1)).
+  EXPECT_NEAR(parameters["1.mlp.gate_proj.weight"].std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(parameters["3.mlp.down_proj.weight"].std().item<double>(), 0.02 / std::sqrt(6.0),
+              0.002);
+  EXPECT_EQ(layers->forward(torch::zeros({2, 8}, torch::kInt64)).sizes(),
+            (std::vector<int64_t>{2, 8, 40}));
+
+  auto tied = nn::decoder(small_llama())->named_parameters();
+  EXPECT_TRUE(tied["0.weight"].is_same(tied["5.weight"]));
+}
+
+TEST(Decoder, SdpaAndExplicitAttentionGiveTheSameLogits) {
+  for (auto config : {small_llama(), small_qwen3()}) {
+    torch::manual_seed(2);
+    auto fused = nn::decoder(config);
+    config.attention = nn::AttentionKernel::kExplicit;
+    torch::manual_seed(2);
+    auto written_out = nn::decoder(config);
+    const auto ids = torch::randint(0, 40, {2, 8});
+    EXPECT_TRUE(torch::allclose(fused->forward(ids), written_out->forward(ids), 1e-5, 1e-5));
+  }
+}
+
+TEST(Decoder, PresetsHaveThePublishedShapes) {
+  const auto llama = nn::decoder_preset("llama3.2-1b");
+  EXPECT_EQ(llama.n_layer, 16);
+  EXPECT_EQ(llama.n_embd, 2048);
+  EXPECT_EQ(llama.kv_heads(), 8);
+  EXPECT_EQ(llama.head_size(), 64);
+  EXPECT_EQ(llama.vocab_size, 128256);
+  EXPECT_TRUE(llama.tie_word_embeddings);
+  EXPECT_EQ(llama.rope.factor(), 32);
+  const auto qwen = nn::decoder_preset("qwen3-0.6b");
+  EXPECT_EQ(qwen.head_size(), 128);
+  EXPECT_TRUE(qwen.qk_norm);
+  EXPECT_EQ(qwen.rms_norm_eps, 1e-6);
+  EXPECT_FALSE(nn::decoder_preset("qwen3-8b").tie_word_embeddings);
+  // 1.24 B parameters (a tied head counted once), as published.
+  const double matmul =
+      nn::decoder_flops_per_token(llama) - 12.0 * 16 * 2048 * static_cast<double>(llama.block_size);
+  EXPECT_NEAR(matmul / 6, 1.2358e9, 0.001e9);
+  EXPECT_THROW(nn::decoder_preset("llama4"), std::invalid_argument);
+}
+
+TEST(Decoder, RefusesAShapeThatDoesNotFit) {
+  auto config = small_llama();
+  config.n_kv_head = 3;
+  try {
+    nn::decoder(config);
+    FAIL() << "4 heads over 3 key/value heads were accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("--n-kv-head 3"), std::string::npos) << error.what();
+  }
+  config = small_llama();
+  config.rope.rope_type("yarn");
+  EXPECT_THROW(nn::decoder(config), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing::decoder_test
