@@ -8,7 +8,7 @@ head_dim apart from hidden / heads, untied), made here with random weights and s
 2. a few steps of `pipetrain fit` from that folder on the GPU, `pipetrain export --format hf`,
    and transformers loads the export and gives the loss pipetrain validates the checkpoint at.
 Everything in fp32 (TF32 off on both sides); tolerance relative 1e-5. One JSON line per check
-goes to OUT/transformers_check.jsonl; exits non-zero when a check fails.
+goes to OUT/transformers_check.jsonl as it is made; exits non-zero when a check fails.
 """
 import glob
 import json
@@ -75,6 +75,8 @@ def check(name, expected, actual, results):
     results.append({"check": name, "transformers": expected, "pipetrain": actual,
                     "relative": relative, "ok": ok})
     print(json.dumps(results[-1]), flush=True)
+    with open(os.path.join(OUT, "transformers_check.jsonl"), "a") as f:
+        f.write(json.dumps(results[-1]) + "\n")
 
 
 def main():
@@ -116,9 +118,6 @@ def main():
             "--limit-val-batches", str(WINDOWS // B))
         check(f"{model_type}: export after fit", hf_loss(exported, cls, tokens), val_loss(after),
               results)
-    with open(os.path.join(OUT, "transformers_check.jsonl"), "w") as f:
-        for r in results:
-            f.write(json.dumps(r) + "\n")
     sys.exit(0 if all(r["ok"] for r in results) else 1)
 
 

@@ -528,13 +528,13 @@ TEST_F(HfDecoder, AnExportCarriesTheTokenizerOfItsSourceFolder) {
             Json::parse(R"({"_from_model_config": true})"));
   EXPECT_FALSE(fs::exists(folder("bare") + "/tokenizer.json"));
 
+  // A source folder of weights alone: nothing to copy, its token ids still kept.
   fs::remove(source + "/tokenizer.json");
   fs::remove(source + "/merges.txt");
-  expect_mentions(invalid_argument_of([&] {
-                    export_hf_decoder(weights, config, "qwen3", folder("none"),
-                                      kHfDefaultMaxShardBytes, at::kBFloat16, source);
-                  }),
-                  {source, "holds no tokenizer"});
+  export_hf_decoder(weights, config, "qwen3", folder("none"), kHfDefaultMaxShardBytes,
+                    at::kBFloat16, source);
+  EXPECT_FALSE(fs::exists(folder("none") + "/tokenizer.json"));
+  EXPECT_EQ(read_json(folder("none") + "/config.json").at("bos_token_id"), 1);
 }
 
 TEST(HfDecoderShardSize, ReadsTransformersSpellings) {

@@ -269,15 +269,7 @@ TokenizerSource read_tokenizer_source(const std::string& tokenizer_from) {
   for (const char* name : kTokenizerFiles) {
     if (fs::is_regular_file(folder / name)) source.files.push_back(folder / name);
   }
-  const bool has_tokenizer = fs::is_regular_file(folder / "tokenizer.json") ||
-                             fs::is_regular_file(folder / "tokenizer.model") ||
-                             fs::is_regular_file(folder / "vocab.json");
-  if (!has_tokenizer) {
-    throw std::invalid_argument(
-        "the tokenizer folder " + tokenizer_from +
-        " holds no tokenizer (tokenizer.json, tokenizer.model or vocab.json): pass the Hugging "
-        "Face folder of the model whose vocabulary this one was trained on");
-  }
+  // A folder of weights alone (save_pretrained of a model made from a config) has none to copy.
   if (fs::is_regular_file(folder / "config.json")) {
     const Json config = read_json_object(folder / "config.json");
     for (const char* key : {"bos_token_id", "eos_token_id"}) {

@@ -65,11 +65,11 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
 // fp32) in one model.safetensors when they fit in `max_shard_bytes`, else in shards
 // model-00001-of-0000N.safetensors named by model.safetensors.index.json; weight files of an
 // earlier export into `dir` that this one does not write are removed, as save_pretrained does. With
-// `tokenizer_from` (a Hugging Face folder of the same vocabulary), its tokenizer files are copied,
-// its generation_config.json replaces the minimal one, and its config.json's bos_token_id and
-// eos_token_id are kept. Every file is written atomically. Throws std::invalid_argument (before
-// writing anything) naming the tensor or argument that does not fit, std::runtime_error naming the
-// file when a write fails.
+// `tokenizer_from` (a Hugging Face folder of the same vocabulary), the tokenizer files it holds (if
+// any) are copied, its generation_config.json replaces the minimal one, and its config.json's
+// bos_token_id and eos_token_id are kept. Every file is written atomically. Throws
+// std::invalid_argument (before writing anything) naming the tensor or argument that does not fit,
+// std::runtime_error naming the file when a write fails.
 void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
                        const nn::DecoderConfig& config, const std::string& model_type,
                        const std::string& dir, int64_t max_shard_bytes = kHfDefaultMaxShardBytes,
