@@ -474,6 +474,17 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   if (dtype != "bf16" && dtype != "fp32") {
     throw std::invalid_argument("--dtype " + dtype + ": use bf16 or fp32");
   }
+  if (gpt2) {
+    // GPT-2's shape is its tensors' (n_head aside); its folder is fp32 in one file.
+    if (!model.init_from.empty() || !model.model_size.empty() || model.n_layer > 0 ||
+        model.n_embd > 0 || model.vocab_size > 0 || model.block_size > 0 || dtype != "bf16" ||
+        max_shard_size != "5GB") {
+      throw std::invalid_argument(
+          "export of --model gpt2 reads its shape from the checkpoint and writes one fp32 file: "
+          "of the shape flags give only --n-head, and leave out --init-from, --dtype and "
+          "--max-shard-size");
+    }
+  }
   // "last" and "best" as the Trainer resolves them for the other subcommands.
   const std::string checkpoint = pipetrain::resolve_checkpoint_path(ckpt_path, default_root_dir);
   const auto weights = pipetrain::read_checkpoint_weights(checkpoint);

@@ -35,4 +35,12 @@ at::Tensor chunked_cross_entropy(const at::Tensor& logits, const at::Tensor& tar
                                  std::optional<int64_t> ignore_index = -100,
                                  int64_t block_rows = 0);
 
+// The sum over the rows not ignored instead of their mean (0 when every row is ignored), for a
+// loss weighted by tokens: a step's sum divided by the tokens of its whole batch, as a pipe's
+// micro-batches or a gradient-accumulation window need, where a mean per micro-batch would weigh
+// each micro-batch alike. The same kernels, the kept gradient not divided by the rows' count.
+at::Tensor chunked_cross_entropy_sum(const at::Tensor& logits, const at::Tensor& target,
+                                     std::optional<int64_t> ignore_index = -100,
+                                     int64_t block_rows = 0);
+
 }  // namespace pipetrain

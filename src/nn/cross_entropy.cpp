@@ -23,18 +23,18 @@ constexpr int64_t kBlockElements = int64_t{1} << 25;
 
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
-  // logits [N, C], target [N]. Saves the gradient of the summed loss when `keep_grad`; rows of
-  // `ignore_index` (ignore < 0 means none) get none.
+  // logits [N, C], target [N]. Saves the gradient of the loss when `keep_grad`; rows of
+  // `ignore_index` (when `ignore`) get none. The rows' sum when `sum`, else their mean.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& target, int64_t ignore_index, bool ignore,
-                            int64_t block, bool keep_grad) {
+                            int64_t block, bool keep_grad, bool sum) {
     // Autocast would copy each block to fp32 before log_softmax, as log_softmax's dtype argument
     // does anyway for bf16 (Torch 2.11's CUDA kernel converts in one pass for fp16 alone).
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
     if (const auto dtype = kernels::kernel_dtype(logits)) {
       return on_device(ctx, *dtype, logits.contiguous(), target.contiguous(), ignore_index, ignore,
-                       keep_grad);
+                       keep_grad, sum);
     }
 #endif
     const int64_t rows = logits.size(0);
@@ -58,8 +58,10 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       }
     }
     if (ignore) row_loss.masked_fill_(ignored, 0);
-    const auto count = ignore ? ignored.logical_not().sum().to(at::kFloat)
-                              : at::full({}, static_cast<double>(rows), row_loss.options());
+    // What the sum is divided by: 1 for a sum (also where every row is ignored: 0, not 0 / 0).
+    const auto count = sum      ? at::ones({}, row_loss.options())
+                       : ignore ? ignored.logical_not().sum().to(at::kFloat)
+                                : at::full({}, static_cast<double>(rows), row_loss.options());
     if (keep_grad) ctx->save_for_backward({grad, count});
     ctx->saved_data["on_device"] = false;
     return row_loss.sum() / count;
@@ -70,10 +72,11 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
   // by the count, so the backward only multiplies by its incoming gradient, on the device.
   static at::Tensor on_device(torch::autograd::AutogradContext* ctx, kernels::Dtype dtype,
                               const at::Tensor& logits, const at::Tensor& target,
-                              int64_t ignore_index, bool ignore, bool keep_grad) {
+                              int64_t ignore_index, bool ignore, bool keep_grad, bool sum) {
     const int64_t rows = logits.size(0);
     const auto float_options = logits.options().dtype(at::kFloat);
-    const at::Tensor inv_count = ignore
+    const at::Tensor inv_count = sum ? at::ones({}, float_options)
+                                 : ignore
                                      ? target.ne(ignore_index).sum().to(at::kFloat).reciprocal()
                                      : at::full({}, 1.0 / static_cast<double>(rows), float_options);
     const at::Tensor row_loss = at::empty({rows}, float_options);
@@ -100,7 +103,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       kernels::scale_by(*kernels::kernel_dtype(grad), grad.data_ptr(), grad.numel(),
                         factor.data_ptr<float>(), kernels::current_stream());
       torch::autograd::impl::bump_version(grad);  // as an in-place op: a second backward fails
-      return {grad, {}, {}, {}, {}, {}};
+      return {grad, {}, {}, {}, {}, {}, {}};
     }
 #endif
     // Scaled in place, in fp32, and rounded once to the logits' dtype: by a number on the host,
@@ -109,14 +112,12 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     // Reading it waits for the forward just queued, so the device idles only while the next
     // kernel is launched.
     grad.mul_((grad_output[0].to(at::kDouble) / saved[1]).item<double>());
-    return {grad, {}, {}, {}, {}, {}};
+    return {grad, {}, {}, {}, {}, {}, {}};
   }
 };
 
-}  // namespace
-
-at::Tensor chunked_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
-                                 std::optional<int64_t> ignore_index, int64_t block_rows) {
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
+                         std::optional<int64_t> ignore_index, int64_t block_rows, bool sum) {
   const auto refuse = [&](const std::string& what) {
     std::ostringstream message;
     message << "chunked_cross_entropy: " << what << " (logits " << logits.scalar_type() << " "
@@ -139,7 +140,19 @@ at::Tensor chunked_cross_entropy(const at::Tensor& logits, const at::Tensor& tar
   const auto flat_target = target.reshape({-1});
   const bool keep_grad = at::GradMode::is_enabled() && logits.requires_grad();
   return ChunkedCrossEntropy::apply(flat_logits, flat_target, ignore_index.value_or(0),
-                                    ignore_index.has_value(), block, keep_grad);
+                                    ignore_index.has_value(), block, keep_grad, sum);
+}
+
+}  // namespace
+
+at::Tensor chunked_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
+                                 std::optional<int64_t> ignore_index, int64_t block_rows) {
+  return cross_entropy(logits, target, ignore_index, block_rows, /*sum=*/false);
+}
+
+at::Tensor chunked_cross_entropy_sum(const at::Tensor& logits, const at::Tensor& target,
+                                     std::optional<int64_t> ignore_index, int64_t block_rows) {
+  return cross_entropy(logits, target, ignore_index, block_rows, /*sum=*/true);
 }
 
 }  // namespace pipetrain

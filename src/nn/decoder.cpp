@@ -62,6 +62,8 @@ void check_decoder_config(const DecoderConfig& config) {
               ") is not a multiple of n_head (--n-head " + std::to_string(config.n_head) +
               "): give head_dim (--head-dim)");
   require(config.rms_norm_eps > 0, "rms_norm_eps (--rms-norm-eps) must be positive");
+  require(config.n_kv_head >= 0 && config.head_dim >= 0 && config.max_position_embeddings >= 0,
+          "n_kv_head, head_dim and max_position_embeddings are positive, or 0 for their defaults");
   auto rope = config.rope;
   rope.head_dim(config.head_size());
   check_rotary_options(rope);
@@ -122,6 +124,7 @@ const std::map<std::string, DecoderConfig>& presets() {
     DecoderConfig small;  // the defaults: 12 layers of 768, FFN 2048, vocabulary 32000
     small.n_kv_head = 4;
     small.tie_word_embeddings = true;
+    small.max_position_embeddings = 8192;  // Llama 3's
     small.rope.theta(500000);
     by_name["llama-150m"] = small;
     return by_name;
@@ -132,8 +135,9 @@ const std::map<std::string, DecoderConfig>& presets() {
 }  // namespace
 
 std::vector<std::string> decoder_preset_names() {
-  return {"llama-150m", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b",
-          "qwen3-0.6b", "qwen3-1.7b",  "qwen3-4b",    "qwen3-8b"};
+  std::vector<std::string> names;
+  for (const auto& [name, config] : presets()) names.push_back(name);
+  return names;
 }
 
 DecoderConfig decoder_preset(const std::string& name) {
@@ -158,7 +162,7 @@ torch::nn::Sequential decoder(const DecoderConfig& config) {
                              .qk_norm(config.qk_norm)
                              .norm_eps(config.rms_norm_eps)
                              .rotary(rope)
-                             .kernel(config.attention);
+                             .kernel(config.attention_kernel);
   const auto block =
       DecoderBlockOptions(attention, SwiGLUOptions(config.n_embd, config.intermediate_size))
           .norm_eps(config.rms_norm_eps);

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "util/compat.h"
+
 namespace pipetrain::nn {
 
 void check_rotary_options(const RotaryEmbeddingOptions& options) {
@@ -60,22 +62,22 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 RotaryEmbeddingImpl::RotaryEmbeddingImpl(const RotaryEmbeddingOptions& options_)
     : options(options_), inverse_frequencies_(rotary_inverse_frequencies(options_)) {}
 
-std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::tables(int64_t length,
-                                                               const at::Tensor& like) {
+std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::tables(int64_t length, c10::Device device,
+                                                               at::ScalarType dtype) {
   std::ostringstream key;
-  key << like.device() << '/' << like.scalar_type();
+  key << device << '/' << dtype;
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = cache_.find(key.str());
   if (found == cache_.end() || std::get<0>(found->second).size(0) < length) {
     torch::NoGradGuard no_grad;
-    const auto inverse = inverse_frequencies_.to(like.device());
+    const auto inverse = inverse_frequencies_.to(device);
     const auto positions = torch::arange(length, inverse.options());
     // Hugging Face's inv_freq @ positions is a product of one term: the outer product exactly.
     const auto angles = torch::outer(positions, inverse);
     const auto both = torch::cat({angles, angles}, -1);
     found = cache_
-                .insert_or_assign(key.str(), std::make_tuple(both.cos().to(like.scalar_type()),
-                                                             both.sin().to(like.scalar_type())))
+                .insert_or_assign(key.str(),
+                                  std::make_tuple(both.cos().to(dtype), both.sin().to(dtype)))
                 .first;
   }
   const auto& [cos, sin] = found->second;
@@ -83,7 +85,8 @@ std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::tables(int64_t length,
 }
 
 at::Tensor RotaryEmbeddingImpl::forward(const at::Tensor& x) {
-  const auto [cos, sin] = tables(x.size(-2), x);
+  const auto dtype = autocast_enabled(x.device().type()) ? at::kFloat : x.scalar_type();
+  const auto [cos, sin] = tables(x.size(-2), x.device(), dtype);
   return apply_rotary(x, cos, sin);
 }
 

@@ -56,6 +56,41 @@ TEST(BadInput, OutOfRangeValuesNameTheirFlag) {
   }
 }
 
+// A flag the model does not read is refused, not ignored; so are a Llama's 32-bit tokens read as
+// 16-bit and a sequence longer than the model's positions.
+TEST(BadInput, FlagsAModelDoesNotReadAndTokensItCannotHold) {
+  const std::string dir = make_temp_dir("bad-input-llama");
+  ASSERT_EQ(run_command(pipetrain_command({"prepare-data", "--input",
+                                           "/usr/share/common-licenses/GPL-3", "--output", dir}))
+                .exit_code,
+            0);
+  const std::vector<std::string> tiny{"--n-layer",    "1",  "--n-embd",     "16",
+                                      "--n-head",     "2",  "--train-data", dir + "/train.bin",
+                                      "--vocab-size", "256"};
+  std::vector<std::string> tiny_llama = tiny;
+  tiny_llama.insert(tiny_llama.end(), {"--n-kv-head", "1", "--intermediate-size", "32"});
+  const auto with = [&](std::vector<std::string> flags, const std::vector<std::string>& more) {
+    flags.insert(flags.end(), more.begin(), more.end());
+    return flags;
+  };
+  expect_failure_mentioning(fit({"--weight-decay", "0.2"}),
+                            {"--model mlp does not use --weight-decay"});
+  expect_failure_mentioning(run_command(pipetrain_command({"fit", "--model", "llama"},
+                                                          with(tiny_llama, {"--dropout", "0.1"}))),
+                            {"--model llama does not use --dropout"});
+  expect_failure_mentioning(
+      run_command(pipetrain_command({"fit", "--model", "gpt2"}, with(tiny, {"--n-kv-head", "1"}))),
+      {"--model gpt2 does not use --n-kv-head"});
+  expect_failure_mentioning(
+      run_command(pipetrain_command({"fit", "--model", "llama"},
+                                    with(tiny_llama, {"--vocab-size", "70000"}))),
+      {dir + "/train.bin holds 16-bit tokens", "vocabulary of 70000", "--token-dtype uint32"});
+  expect_failure_mentioning(
+      run_command(pipetrain_command({"fit", "--model", "llama"},
+                                    with(tiny_llama, {"--block-size", "9000"}))),
+      {"--block-size 9000", "max_position_embeddings 8192"});
+}
+
 TEST(BadInput, BalanceSummingToTheWrongLength) {
   expect_failure_mentioning(fit({"--strategy", "pipe", "--devices", "2", "--balance", "3,3"}),
                             {"balance 3,3 sums to 6", "15 layers"});

@@ -188,6 +188,43 @@ TEST(ChunkedCrossEntropy, WithoutAnIgnoreIndexCountsEveryRow) {
   EXPECT_TRUE(torch::allclose(actual.grad, expected.grad, 1e-5, 1e-7));
 }
 
+// The sum over the rows that count, as F::cross_entropy's reduction "sum", with its gradient; 0
+// (and zero gradients) where every row is ignored, where the mean is NaN. On the CPU, and on a GPU
+// (pipetrain's kernel) where there is one.
+void expect_sum_is_torchs(torch::Device device) {
+  torch::manual_seed(6);
+  const auto logits = torch::randn({13, 8}).to(device);
+  auto target = torch::randint(8, {13}, torch::kLong);
+  target.index_put_({torch::tensor({1, 4, 5})}, -100);
+  target = target.to(device);
+  const auto sum = F::CrossEntropyFuncOptions().reduction(torch::kSum);
+  const auto expected =
+      run(logits, [&](const at::Tensor& x) { return F::cross_entropy(x, target, sum); });
+  const auto actual = run(
+      logits, [&](const at::Tensor& x) { return chunked_cross_entropy_sum(x, target, -100, 4); });
+  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, 1e-5, 0));
+  EXPECT_TRUE(torch::allclose(actual.grad, expected.grad, 1e-5, 1e-7));
+
+  const auto every_row = target.clamp_min(0);
+  EXPECT_TRUE(torch::allclose(chunked_cross_entropy_sum(logits, every_row, std::nullopt),
+                              F::cross_entropy(logits, every_row, sum), 1e-5, 0));
+
+  const auto ignored = run(logits, [&](const at::Tensor& x) {
+    return chunked_cross_entropy_sum(x, torch::full({13}, -100, target.options()));
+  });
+  EXPECT_EQ(ignored.loss.item<double>(), 0.0);
+  EXPECT_EQ(ignored.grad.abs().max().item<double>(), 0.0);
+}
+
+TEST(ChunkedCrossEntropy, SumIsTorchsSumOverTheRowsNotIgnored) {
+  expect_sum_is_torchs(torch::kCPU);
+}
+
+TEST(ChunkedCrossEntropy, CudaSumIsTorchsSumOverTheRowsNotIgnored) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  expect_sum_is_torchs(torch::kCUDA);
+}
+
 TEST(ChunkedCrossEntropy, ASecondBackwardThroughARetainedGraphFails) {
   const auto logits = torch::randn({4, 5}).requires_grad_();
   const auto loss = chunked_cross_entropy(logits, torch::zeros({4}, torch::kLong));

@@ -210,7 +210,7 @@ TEST(Decoder, SdpaAndExplicitAttentionGiveTheSameLogits) {
   for (auto config : {small_llama(), small_qwen3()}) {
     torch::manual_seed(2);
     auto fused = nn::decoder(config);
-    config.attention = nn::AttentionKernel::kExplicit;
+    config.attention_kernel = nn::AttentionKernel::kExplicit;
     torch::manual_seed(2);
     auto written_out = nn::decoder(config);
     const auto ids = torch::randint(0, 40, {2, 8});

@@ -18,8 +18,4 @@ OptimizerConfig DecoderModel::configure_optimizers() {
   return adamw_with_recipe(parameters(), recipe());
 }
 
-std::string decoder_model_type(const nn::DecoderConfig& config) {
-  return config.qk_norm ? "qwen3" : "llama";
-}
-
 }  // namespace pipetrain::cli

@@ -24,7 +24,4 @@ class DecoderModel : public LanguageModel<nn::DecoderConfig> {
   at::Tensor loss(const Batch& batch) override;
 };
 
-// "llama" for a decoder without q/k norms, "qwen3" for one with them: Hugging Face's model_type.
-std::string decoder_model_type(const nn::DecoderConfig& config);
-
 }  // namespace pipetrain::cli

@@ -379,8 +379,6 @@ void remove_stale_weight_files(const fs::path& dir, const std::set<std::string>&
 
 }  // namespace
 
-std::vector<std::string> hf_decoder_model_types() { return {"llama", "qwen3"}; }
-
 int64_t parse_max_shard_size(const std::string& text) {
   const auto fail = [&]() -> int64_t {
     throw std::invalid_argument("shard size \"" + text +
@@ -627,6 +625,15 @@ void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
                                   " of " + shape_words(config) +
                                   " has no place for: they are of another shape or model");
     }
+  }
+  // A head of its own written as tied would be dropped, and the folder would say another model.
+  const auto head = weights.find(tied_head), embedding = weights.find("0.weight");
+  if (config.tie_word_embeddings && head != weights.end() && embedding != weights.end() &&
+      !head->second.equal(embedding->second)) {
+    throw std::invalid_argument("the weights' head \"" + tied_head +
+                                "\" is not the token embedding \"0.weight\", but the shape to "
+                                "export has a tied head: the model was trained untied (pass "
+                                "--tie-word-embeddings false, as its fit had it)");
   }
   std::vector<int64_t> bytes;
   for (const auto& tensor : tensors) {

@@ -23,9 +23,6 @@ namespace pipetrain::cli {
 // transformers' save_pretrained shards past "5GB" (powers of 1000).
 constexpr int64_t kHfDefaultMaxShardBytes = 5'000'000'000;
 
-// The model_type values read and written: "llama" (Llama 3) and "qwen3" (Qwen3: qk_norm).
-std::vector<std::string> hf_decoder_model_types();
-
 // A shard size as transformers' max_shard_size spells it: "5GB", "500MB", "100KB" (powers of
 // 1000), "2GiB", "512MiB", "64KiB" (powers of 1024), or plain bytes ("1000000"); upper or lower
 // case, a fraction allowed ("1.5GB"). Throws std::invalid_argument naming `text`.
@@ -49,8 +46,10 @@ nn::DecoderConfig read_hf_decoder_config(const std::string& dir, std::string* mo
 // pipetrain's names and in fp32 whatever the folder stores (fp32, bf16, fp16), ready for
 // load_weights. A tied head is not returned: load_weights fills it through "0.weight". Only the
 // tensors whose pipetrain name `wanted` accepts are read (all when it is empty; with a tied head,
-// "0.weight" when either it or the head is wanted), so a rank reads only its own stages, and of a
-// sharded folder it opens only the shards that hold them. Throws std::invalid_argument naming the
+// "0.weight" when either it or the head is wanted), and of a sharded folder only the shards that
+// hold them are opened (each whole: the library reads a safetensors file at once). The command
+// reads every tensor, as every rank builds the whole model; a rank that builds only its stages
+// will pass them here. Throws std::invalid_argument naming the
 // tensor, the file and what to do when the folder lacks a tensor of `config`, holds one `config`
 // has no place for (a tied folder's lm_head.weight and old files' rotary_emb.inv_freq buffers are
 // passed over, as transformers does), or holds one of another shape (naming the shape expected).

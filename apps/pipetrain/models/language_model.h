@@ -23,7 +23,7 @@ struct OptimizerRecipe {
   std::string lr_schedule = "constant";  // constant, cosine or linear, after the warmup
   int64_t warmup_steps = 0;
   double min_lr = 0.0;
-  int64_t decay_steps = 0;  // the step the schedule reaches min_lr; 0: no decay
+  int64_t decay_steps = 0;  // the step cosine and linear reach min_lr (constant: unused)
 };
 
 // The optimizer and, for a schedule other than a constant one without warmup, its step-wise

@@ -117,16 +117,34 @@ std::string sibling(const std::string& path, const std::string& name) {
   return (std::filesystem::path(path).parent_path() / name).string();
 }
 
+// A token file of a model's vocabulary. 16-bit tokens cannot hold a vocabulary past 65536: such
+// a file (nanoGPT's raw layout) is most likely 32-bit tokens read two halves at a time, which
+// would train on ids that all lie in range, so it is refused.
+std::shared_ptr<TokenDataset> token_file(const std::string& path, int64_t block_size,
+                                         int64_t vocab_size) {
+  auto data = std::make_shared<TokenDataset>(path, block_size, vocab_size);
+  constexpr int64_t kUint16Tokens = int64_t{1} << 16;
+  if (vocab_size > kUint16Tokens && data->dtype() == TokenDtype::kUint16) {
+    throw std::invalid_argument(
+        path +
+        " holds 16-bit tokens (a raw file, or an llm.c GPT-2 shard), which cannot hold a "
+        "vocabulary of " +
+        std::to_string(vocab_size) +
+        ": write llm.c's Llama 3 shards of 32-bit tokens (pipetrain prepare-data --format llmc "
+        "--token-dtype uint32, or llm.c's own)");
+  }
+  return data;
+}
+
 // A language model's data: --train-data, and --val-data or else a val.bin beside the training file.
 void read_token_files(const ModelOptions& options, int64_t block_size, int64_t vocab_size,
                       BuiltInModel& built) {
-  built.train = std::make_shared<TokenDataset>(options.train_data, block_size, vocab_size);
+  built.train = token_file(options.train_data, block_size, vocab_size);
   std::string val_data = options.val_data;
   if (val_data.empty() && std::filesystem::exists(sibling(options.train_data, "val.bin"))) {
     val_data = sibling(options.train_data, "val.bin");
   }
-  if (!val_data.empty())
-    built.val = std::make_shared<TokenDataset>(val_data, block_size, vocab_size);
+  if (!val_data.empty()) built.val = token_file(val_data, block_size, vocab_size);
 }
 
 std::string all_bytes() {
@@ -211,9 +229,14 @@ nn::DecoderConfig decoder_config(const ModelOptions& options) {
     if (options.tie_word_embeddings) config.tie_word_embeddings = *options.tie_word_embeddings;
   }
   // The sequence length trained on is not a shape: any, up to the model's positions.
-  if (options.block_size > 0) config.block_size = options.block_size;
-  if (config.max_position_embeddings > 0) {
-    config.block_size = std::min(config.block_size, config.max_position_embeddings);
+  if (options.block_size > 0) {
+    if (config.max_position_embeddings > 0 && options.block_size > config.max_position_embeddings) {
+      throw std::invalid_argument(
+          "--block-size " + std::to_string(options.block_size) +
+          " is longer than the model's positions (max_position_embeddings " +
+          std::to_string(config.max_position_embeddings) + ")");
+    }
+    config.block_size = options.block_size;
   }
   nn::check_decoder_config(config);
   return config;
@@ -224,12 +247,14 @@ Gpt2Config gpt2_config(const ModelOptions& options) {
     // The folder's shape; a flag may only repeat it.
     Gpt2Config stored = read_hf_gpt2_config(options.init_from);
     const auto differs = [](int64_t flag, int64_t value) { return flag > 0 && flag != value; };
-    if (differs(options.n_layer, stored.n_layer) || differs(options.n_head, stored.n_head) ||
-        differs(options.n_embd, stored.n_embd) || differs(options.block_size, stored.block_size) ||
+    if (!options.model_size.empty() || differs(options.n_layer, stored.n_layer) ||
+        differs(options.n_head, stored.n_head) || differs(options.n_embd, stored.n_embd) ||
+        differs(options.block_size, stored.block_size) ||
         differs(options.vocab_size, stored.vocab_size)) {
       throw std::invalid_argument("--init-from " + options.init_from +
                                   " holds a GPT-2 of its own shape (config.json): leave out "
-                                  "--n-layer, --n-head, --n-embd, --block-size and --vocab-size");
+                                  "--model-size, --n-layer, --n-head, --n-embd, --block-size and "
+                                  "--vocab-size");
     }
     stored.dropout = options.dropout;
     return stored;
@@ -265,7 +290,42 @@ ThroughputMonitorOptions throughput_options(const ModelOptions& options) {
   return {};
 }
 
+namespace {
+
+// A flag a model does not read is refused, never ignored: the run would not be what was asked.
+void check_flags_apply(const ModelOptions& options) {
+  const ModelOptions defaults;
+  std::vector<std::string> ignored;
+  const auto unless = [&](bool used, bool given, const std::string& flag) {
+    if (!used && given) ignored.push_back(flag);
+  };
+  const bool decoder = is_decoder(options.name), gpt2 = options.name == "gpt2";
+  unless(decoder, options.n_kv_head > 0, "--n-kv-head");
+  unless(decoder, options.head_dim > 0, "--head-dim");
+  unless(decoder, options.intermediate_size > 0, "--intermediate-size");
+  unless(decoder, options.rope_theta > 0, "--rope-theta");
+  unless(decoder, options.rms_norm_eps > 0, "--rms-norm-eps");
+  unless(decoder, options.tie_word_embeddings.has_value(), "--tie-word-embeddings");
+  unless(!decoder, options.dropout != defaults.dropout, "--dropout");
+  unless(decoder || gpt2, !options.init_from.empty(), "--init-from");
+  unless(decoder || gpt2, !options.model_size.empty(), "--model-size");
+  const bool recipe = decoder || gpt2;
+  unless(recipe, options.lr_schedule != defaults.lr_schedule, "--lr-schedule");
+  unless(recipe, options.warmup_steps != defaults.warmup_steps, "--warmup-steps");
+  unless(recipe, options.min_lr != defaults.min_lr, "--min-lr");
+  unless(recipe, options.decay_steps != defaults.decay_steps, "--decay-steps");
+  unless(recipe, options.weight_decay != defaults.weight_decay, "--weight-decay");
+  if (ignored.empty()) return;
+  std::string flags;
+  for (const auto& flag : ignored) flags += (flags.empty() ? "" : ", ") + flag;
+  throw std::invalid_argument("--model " + options.name + " does not use " + flags + ": leave " +
+                              (ignored.size() == 1 ? "it" : "them") + " out");
+}
+
+}  // namespace
+
 BuiltInModel make_model(const ModelOptions& options) {
+  check_flags_apply(options);
   torch::NoGradGuard no_grad;
   const bool language_model =
       options.name == "gpt" || options.name == "gpt2" || is_decoder(options.name);

@@ -26,7 +26,7 @@ struct ModelOptions {
   // means val.bin beside train_data where there is one, else no validation data.
   std::string train_data;
   std::string val_data;
-  int64_t vocab_size = 0;  // token files: 0 means 256 (byte tokens, as prepare-data writes)
+  int64_t vocab_size = 0;  // 0: the model's (gpt on token files: 256, byte tokens)
   int64_t block_size = 0;  // 0: the model's default
   // A preset of the model's (empty: its smallest) and any shape of its own (0: the preset's):
   // gpt2 124M, 350M, 774M, 1558M; llama and qwen3 nn::decoder_preset_names() of their family.

@@ -30,7 +30,8 @@ struct DecoderBlockOptions {
       : attention_(std::move(attention)), mlp_(std::move(mlp)) {}
   TORCH_ARG(CausalSelfAttentionOptions, attention);
   TORCH_ARG(SwiGLUOptions, mlp);
-  TORCH_ARG(double, norm_eps) = 1e-5;
+  // Of the block's two RMSNorms (the attention's q/k norms take the attention options' own).
+  TORCH_ARG(double, norm_eps) = 1e-6;
 };
 
 // Pre-norm, residual: one tensor in, one out, so a stage boundary between blocks carries a single
@@ -64,7 +65,7 @@ struct DecoderConfig {
   bool qk_norm = false;                 // Qwen3 (model_type "qwen3")
   bool attention_bias = false;          // attention_bias
   RotaryEmbeddingOptions rope;          // rope_theta, rope_scaling (head_dim is filled in)
-  AttentionKernel attention = AttentionKernel::kSdpa;
+  AttentionKernel attention_kernel = AttentionKernel::kSdpa;
   double init_std = 0.02;  // initializer_range
 
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
@@ -80,10 +81,11 @@ void check_decoder_config(const DecoderConfig& config);
 DecoderConfig decoder_preset(const std::string& name);
 std::vector<std::string> decoder_preset_names();
 
-// The Sequential above, its weights drawn from the default generator as torchtitan draws a
-// Llama's: every matrix and embedding N(0, init_std), the projections back into the residual
-// stream of block l (o_proj, and the MLP's up_proj and down_proj) N(0, init_std / sqrt(2 (l + 1)))
-// (l from 0), RMSNorm weights 1, biases 0.
+// The Sequential above, its weights drawn from the default generator: every matrix and embedding
+// N(0, init_std) (Hugging Face's initializer_range), except that block l's projections into the
+// residual stream (o_proj, and the MLP's up_proj and down_proj) are N(0, init_std / sqrt(2 (l +
+// 1))) (l from 0), torchtitan's depth scaling (torchtitan itself truncates its normals and draws
+// the embedding at 1 and its untied head at n_embd^-1/2); RMSNorm weights 1, biases 0.
 torch::nn::Sequential decoder(const DecoderConfig& config);
 
 // Model FLOPs of one token's forward and backward at block_size: 6 N + 12 n_layer n_head head_dim

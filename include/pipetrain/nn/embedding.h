@@ -17,8 +17,9 @@ struct EmbeddingOptions {
 };
 
 // Token ids [B, T] (an integer dtype) -> weight[ids], [B, T, n_embd]. Its parameter is "weight",
-// [vocab_size, n_embd]. Anything but integer ids is an std::invalid_argument saying that the
-// embedding is a model's first layer.
+// [vocab_size, n_embd], drawn N(0, 1) as torch::nn::Embedding's: redraw it smaller (decoder() uses
+// N(0, 0.02)) where an LMHead is tied to it, or the first logits are large. Anything but integer
+// ids is an std::invalid_argument saying that the embedding is a model's first layer.
 class EmbeddingImpl : public torch::nn::Module {
  public:
   explicit EmbeddingImpl(const EmbeddingOptions& options);

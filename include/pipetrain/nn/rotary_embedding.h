@@ -46,9 +46,12 @@ class RotaryEmbeddingImpl : public torch::nn::Module {
  public:
   explicit RotaryEmbeddingImpl(const RotaryEmbeddingOptions& options);
 
-  // {cos, sin} of positions 0..length-1, [length, head_dim], on `like`'s device in its dtype.
-  std::tuple<at::Tensor, at::Tensor> tables(int64_t length, const at::Tensor& like);
-  // q or k [B, H, T, head_dim] rotated by positions 0..T-1.
+  // {cos, sin} of positions 0..length-1, [length, head_dim], on `device` in `dtype`.
+  std::tuple<at::Tensor, at::Tensor> tables(int64_t length, c10::Device device,
+                                            at::ScalarType dtype);
+  // q or k [B, H, T, head_dim] rotated by positions 0..T-1, with tables in x's dtype; under
+  // autocast in fp32 (a bf16 x comes out fp32), as Hugging Face's and torchtitan's Llama do: their
+  // tables take the dtype of the residual stream, fp32 under autocast.
   at::Tensor forward(const at::Tensor& x);
 
   RotaryEmbeddingOptions options;
