@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -420,6 +421,14 @@ int run(const std::string& command, const Args& given) {
     return loader(model.val, a, false);
   };
   if (command == "fit") {
+    if ((a.model.name == "llama" || a.model.name == "qwen3") && trainer.is_global_zero()) {
+      // Beside the checkpoints (in the run's folder, or the root's without a logger), what their
+      // weights do not say, for export.
+      const auto& dir = trainer.options().loggers().empty() ? trainer.options().default_root_dir()
+                                                            : trainer.log_dir();
+      pipetrain::cli::write_hf_decoder_config(pipetrain::cli::decoder_config(a.model), a.model.name,
+                                              dir);
+    }
     const auto train = loader(model.train, a, true);
     std::optional<pipetrain::DataLoader> val_loader;
     if (model.val) val_loader = loader(model.val, a, false);
@@ -496,9 +505,13 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
               << std::endl;
     return;
   }
-  // The shape is the flags' (a preset, shape flags, or the --init-from folder trained from), as
-  // fit was given them; a tensor of another shape is refused, naming it.
-  const auto config = pipetrain::cli::decoder_config(model);
+  // The shape is the config.json fit keeps beside its checkpoints; for a checkpoint without one,
+  // the flags' (a preset, shape flags, or the --init-from folder trained from), as fit was given
+  // them. A tensor of another shape is refused, naming it.
+  const auto run_dir = std::filesystem::path(checkpoint).parent_path().parent_path();
+  auto shape = model;
+  if (std::filesystem::exists(run_dir / "config.json")) shape.init_from = run_dir.string();
+  const auto config = pipetrain::cli::decoder_config(shape);
   pipetrain::cli::export_hf_decoder(weights, config, model.name, output,
                                     pipetrain::cli::parse_max_shard_size(max_shard_size),
                                     dtype == "bf16" ? at::kBFloat16 : at::kFloat, model.init_from);

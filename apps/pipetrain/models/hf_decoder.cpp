@@ -696,4 +696,14 @@ void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
   remove_stale_weight_files(folder, written);
 }
 
+void write_hf_decoder_config(const nn::DecoderConfig& config, const std::string& model_type,
+                             const std::string& dir) {
+  nn::check_decoder_config(config);
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) throw std::runtime_error("cannot create " + dir + ": " + error.message());
+  write_file((fs::path(dir) / "config.json").string(),
+             config_json(config, model_type, at::kFloat, Json::object()).dump(2) + "\n");
+}
+
 }  // namespace pipetrain::cli

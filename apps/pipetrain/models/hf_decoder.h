@@ -75,4 +75,10 @@ void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
                        at::ScalarType dtype = at::kBFloat16,
                        const std::string& tokenizer_from = "");
 
+// `dir`/config.json of a `model_type` decoder of shape `config` (fp32), as export writes it: the
+// command keeps one beside a fit's checkpoints, so that export knows what the weights do not say
+// (RoPE, eps, positions). Creates `dir`; writes atomically.
+void write_hf_decoder_config(const nn::DecoderConfig& config, const std::string& model_type,
+                             const std::string& dir);
+
 }  // namespace pipetrain::cli

@@ -1,0 +1,84 @@
+// `pipetrain export --format hf` of a Llama: the shape comes from the config.json that fit keeps
+// beside its checkpoints, so what the weights do not say (RoPE's theta, RMSNorm's epsilon, an
+// untied head) reaches the folder without repeating fit's flags, and a flag that contradicts it is
+// refused.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/command.h"
+#include "support/multiprocess.h"
+
+namespace pipetrain::testing::decoder_export_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
+  const std::string dir = make_temp_dir("decoder-export");
+  ASSERT_EQ(
+      run_command(pipetrain_command({"prepare-data", "--input", "/usr/share/common-licenses/GPL-3",
+                                     "--output", dir + "/data"}))
+          .exit_code,
+      0);
+  run_ok(pipetrain_command({"fit",
+                            "--model",
+                            "llama",
+                            "--n-layer",
+                            "1",
+                            "--n-embd",
+                            "16",
+                            "--n-head",
+                            "2",
+                            "--n-kv-head",
+                            "1",
+                            "--intermediate-size",
+                            "32",
+                            "--vocab-size",
+                            "256",
+                            "--block-size",
+                            "8",
+                            "--rope-theta",
+                            "12345",
+                            "--rms-norm-eps",
+                            "0.0001",
+                            "--tie-word-embeddings",
+                            "false",
+                            "--train-data",
+                            dir + "/data/train.bin",
+                            "--batch-size",
+                            "4",
+                            "--max-steps",
+                            "1",
+                            "--limit-val-batches",
+                            "0",
+                            "--num-sanity-val-steps",
+                            "0",
+                            "--enable-progress-bar",
+                            "false",
+                            "--default-root-dir",
+                            dir + "/run"}));
+  const auto export_command = [&](const std::string& output, std::vector<std::string> extra) {
+    return pipetrain_command({"export", "--format", "hf", "--model", "llama", "--ckpt-path", "last",
+                              "--default-root-dir", dir + "/run", "--output", output},
+                             extra);
+  };
+  run_ok(export_command(dir + "/hf", {}));
+  std::ifstream file(dir + "/hf/config.json");
+  const auto config = nlohmann::json::parse(file);
+  EXPECT_EQ(config.at("rope_theta"), 12345.0);
+  EXPECT_EQ(config.at("rms_norm_eps"), 0.0001);
+  EXPECT_EQ(config.at("tie_word_embeddings"), false);
+  EXPECT_EQ(config.at("num_key_value_heads"), 1);
+
+  const auto contradicted = run_command(export_command(dir + "/other", {"--rope-theta", "99"}));
+  EXPECT_NE(contradicted.exit_code, 0);
+  EXPECT_NE(contradicted.output.find("--rope-theta"), std::string::npos) << contradicted.output;
+  EXPECT_FALSE(fs::exists(dir + "/other/config.json"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pipetrain::testing::decoder_export_test
