@@ -110,14 +110,21 @@ std::string env_name(const std::string& flag) {
 // The built-in models trained with the language models' optimizer recipe (AdamW with weight decay
 // on matrices, the learning-rate schedule flags).
 bool has_optimizer_recipe(const std::string& model) {
-  return model == "gpt2" || model == "llama" || model == "qwen3";
+  return model == "gpt2" || pipetrain::cli::is_decoder(model);
+}
+
+// A flag of `app` writing `value`, also read from its environment variable.
+template <typename Value>
+CLI::Option* add_flag(CLI::App& app, const std::string& flag, Value& value,
+                      const std::string& help) {
+  return app.add_option(flag, value, help)->envname(env_name(flag));
 }
 
 // The flags that say a language model's shape (or the Hugging Face folder that holds it), for
 // the training subcommands and export alike.
 void add_shape_flags(CLI::App& app, pipetrain::cli::ModelOptions& m) {
   auto add = [&](const std::string& flag, auto& value, const std::string& help) {
-    return app.add_option(flag, value, help)->envname(env_name(flag));
+    return add_flag(app, flag, value, help);
   };
   // A true/false flag that may also be left unset, which keeps what the model would choose (a
   // preset's, a Hugging Face folder's).
@@ -157,7 +164,7 @@ void add_shape_flags(CLI::App& app, pipetrain::cli::ModelOptions& m) {
 // The flags of every subcommand, declared once: each writes the options field it names.
 void add_flags(CLI::App& app, Args& a) {
   auto add = [&](const std::string& flag, auto& value, const std::string& help) {
-    return app.add_option(flag, value, help)->envname(env_name(flag));
+    return add_flag(app, flag, value, help);
   };
   // A number of batches or a fraction of them ("10", "0.25"), read by BatchLimit::parse.
   auto add_limit = [&](const std::string& flag, pipetrain::BatchLimit& limit,
@@ -421,7 +428,7 @@ int run(const std::string& command, const Args& given) {
     return loader(model.val, a, false);
   };
   if (command == "fit") {
-    if ((a.model.name == "llama" || a.model.name == "qwen3") && trainer.is_global_zero()) {
+    if (pipetrain::cli::is_decoder(a.model.name) && trainer.is_global_zero()) {
       // Beside the checkpoints (in the run's folder, or the root's without a logger), what their
       // weights do not say, for export.
       const auto& dir = trainer.options().loggers().empty() ? trainer.options().default_root_dir()
@@ -476,7 +483,7 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
     throw std::invalid_argument("--format " + format + ": use hf" +
                                 (gpt2 ? " (or hf-gpt2, its old name)" : ""));
   }
-  if (!gpt2 && model.name != "llama" && model.name != "qwen3") {
+  if (!gpt2 && !pipetrain::cli::is_decoder(model.name)) {
     throw std::invalid_argument("--model " + model.name +
                                 ": export writes gpt2, llama and qwen3 checkpoints");
   }

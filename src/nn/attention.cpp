@@ -143,8 +143,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
   if (!rotary.is_empty()) {
-    q = rotary(q);
-    k = rotary(k);
+    std::tie(q, k) = rotary->rotate(q, k);
   }
   const auto y =
       causal_attention(q, k, v, is_training() ? options.dropout() : 0.0, options.kernel());

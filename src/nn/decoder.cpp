@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <map>
-#include <set>
 #include <stdexcept>
 
 #include <pipetrain/nn/embedding.h>
@@ -153,15 +152,13 @@ DecoderConfig decoder_preset(const std::string& name) {
 torch::nn::Sequential decoder(const DecoderConfig& config) {
   check_decoder_config(config);
   torch::NoGradGuard no_grad;
-  auto rope = config.rope;
-  rope.head_dim(config.head_size());
   const auto attention = CausalSelfAttentionOptions(config.n_embd, config.n_head)
                              .n_kv_head(config.kv_heads())
                              .head_dim(config.head_size())
                              .bias(config.attention_bias)
                              .qk_norm(config.qk_norm)
                              .norm_eps(config.rms_norm_eps)
-                             .rotary(rope)
+                             .rotary(config.rope)  // its head_dim is the attention's
                              .kernel(config.attention_kernel);
   const auto block =
       DecoderBlockOptions(attention, SwiGLUOptions(config.n_embd, config.intermediate_size))

@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 
 #include "util/compat.h"
@@ -64,10 +63,10 @@ RotaryEmbeddingImpl::RotaryEmbeddingImpl(const RotaryEmbeddingOptions& options_)
 
 std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::tables(int64_t length, c10::Device device,
                                                                at::ScalarType dtype) {
-  std::ostringstream key;
-  key << device << '/' << dtype;
+  const std::tuple<int, int, int> key{static_cast<int>(device.type()), device.index(),
+                                      static_cast<int>(dtype)};
   std::lock_guard<std::mutex> lock(mutex_);
-  auto found = cache_.find(key.str());
+  auto found = cache_.find(key);
   if (found == cache_.end() || std::get<0>(found->second).size(0) < length) {
     torch::NoGradGuard no_grad;
     const auto inverse = inverse_frequencies_.to(device);
@@ -75,19 +74,28 @@ std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::tables(int64_t length, c
     // Hugging Face's inv_freq @ positions is a product of one term: the outer product exactly.
     const auto angles = torch::outer(positions, inverse);
     const auto both = torch::cat({angles, angles}, -1);
-    found = cache_
-                .insert_or_assign(key.str(),
-                                  std::make_tuple(both.cos().to(dtype), both.sin().to(dtype)))
-                .first;
+    found =
+        cache_.insert_or_assign(key, std::make_tuple(both.cos().to(dtype), both.sin().to(dtype)))
+            .first;
   }
   const auto& [cos, sin] = found->second;
   return {cos.narrow(0, 0, length), sin.narrow(0, 0, length)};
 }
 
-at::Tensor RotaryEmbeddingImpl::forward(const at::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::tables_for(const at::Tensor& x) {
   const auto dtype = autocast_enabled(x.device().type()) ? at::kFloat : x.scalar_type();
-  const auto [cos, sin] = tables(x.size(-2), x.device(), dtype);
+  return tables(x.size(-2), x.device(), dtype);
+}
+
+at::Tensor RotaryEmbeddingImpl::forward(const at::Tensor& x) {
+  const auto [cos, sin] = tables_for(x);
   return apply_rotary(x, cos, sin);
+}
+
+std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::rotate(const at::Tensor& q,
+                                                               const at::Tensor& k) {
+  const auto [cos, sin] = tables_for(q);
+  return {apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)};
 }
 
 }  // namespace pipetrain::nn

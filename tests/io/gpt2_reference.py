@@ -7,33 +7,19 @@ that an export is checked against a reading of the layout that shares no code wi
 """
 import json
 import math
-import struct
 import sys
 
 import torch
 
-DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
-
-
-def load_safetensors(path):
-    data = open(path, "rb").read()
-    (length,) = struct.unpack_from("<Q", data, 0)
-    header = json.loads(data[8:8 + length])
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        raw = bytearray(data[8 + length + begin:8 + length + end])
-        tensors[name] = torch.frombuffer(raw, dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
-    return tensors
+# The same reading of safetensors as the Llama reference's (this folder's llama_reference.py).
+from llama_reference import read_safetensors
 
 
 def main():
     folder, ids = sys.argv[1], [int(t) for t in sys.argv[2:]]
     config = json.load(open(folder + "/config.json"))
     w = {k.removeprefix("transformer."): v.float() for k, v in
-         load_safetensors(folder + "/model.safetensors").items()}
+         read_safetensors(folder + "/model.safetensors").items()}
     layers, heads, width = config["n_layer"], config["n_head"], config["n_embd"]
     eps = config["layer_norm_epsilon"]
     tokens = torch.tensor(ids)

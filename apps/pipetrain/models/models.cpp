@@ -153,8 +153,6 @@ std::string all_bytes() {
   return bytes;
 }
 
-bool is_decoder(const std::string& name) { return name == "llama" || name == "qwen3"; }
-
 // The presets of one family ("llama", "qwen3"), for an error message.
 std::string presets_of(const std::string& family) {
   std::string names;
@@ -165,6 +163,8 @@ std::string presets_of(const std::string& family) {
 }
 
 }  // namespace
+
+bool is_decoder(const std::string& name) { return name == "llama" || name == "qwen3"; }
 
 std::vector<std::string> model_names() {
   return {"boring", "mlp", "gpt", "gpt2", "llama", "qwen3"};

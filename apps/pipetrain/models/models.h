@@ -63,6 +63,8 @@ struct BuiltInModel {
 };
 
 std::vector<std::string> model_names();
+// llama and qwen3: the models nn::decoder() builds (Hugging Face's model_type is the name).
+bool is_decoder(const std::string& name);
 // Builds the model (its initial weights come from the default generator) and its data (the same
 // on every rank and every run).
 BuiltInModel make_model(const ModelOptions& options);

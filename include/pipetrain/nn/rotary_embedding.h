@@ -53,13 +53,19 @@ class RotaryEmbeddingImpl : public torch::nn::Module {
   // autocast in fp32 (a bf16 x comes out fp32), as Hugging Face's and torchtitan's Llama do: their
   // tables take the dtype of the residual stream, fp32 under autocast.
   at::Tensor forward(const at::Tensor& x);
+  // q and k both, as forward() each, the tables looked up once.
+  std::tuple<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k);
 
   RotaryEmbeddingOptions options;
 
  private:
+  // The tables forward() rotates `x` by.
+  std::tuple<at::Tensor, at::Tensor> tables_for(const at::Tensor& x);
+
   at::Tensor inverse_frequencies_;
   std::mutex mutex_;  // stages may run on threads of one process
-  std::map<std::string, std::tuple<at::Tensor, at::Tensor>> cache_;
+  // By device type, device index and dtype.
+  std::map<std::tuple<int, int, int>, std::tuple<at::Tensor, at::Tensor>> cache_;
 };
 TORCH_MODULE(RotaryEmbedding);
 
