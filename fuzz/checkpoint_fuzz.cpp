@@ -1,5 +1,5 @@
-// A checkpoint's weights, fuzzed, loaded into a model as resuming does (read_checkpoint_weights,
-// then load_weights with its name, shape and dtype checks): a clear std::exception or loaded
+// A checkpoint's weights, fuzzed, loaded into a model as resuming does (StoredWeights' listing,
+// then load_weights with its name and shape checks and the tensors read): a clear std::exception or loaded
 // weights, never a crash. PIPETRAIN_FUZZ_SEEDS names a directory to write a valid file into.
 #include <cstdlib>
 #include <filesystem>
@@ -24,10 +24,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static auto model = pipetrain::fuzz::small_model();
   const std::string checkpoint = pipetrain::fuzz::scratch_dir() + "/weights.ckpt";
   std::filesystem::create_directories(checkpoint);
-  pipetrain::fuzz::write_bytes(pipetrain::checkpoint_weights_path(checkpoint), data, size);
+  pipetrain::fuzz::write_bytes(checkpoint + "/model.safetensors", data, size);
   try {
-    const auto weights = pipetrain::read_checkpoint_weights(checkpoint);
-    pipetrain::load_weights(model, weights, pipetrain::checkpoint_weights_path(checkpoint));
+    pipetrain::load_weights(model, pipetrain::StoredWeights(checkpoint));
   } catch (const std::exception&) {
   }
   return 0;

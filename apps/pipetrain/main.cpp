@@ -453,8 +453,7 @@ int run(const std::string& command, const Args& given) {
       if (!a.ckpt_path.empty()) {
         const auto path = trainer.resolve_checkpoint(a.ckpt_path);
         auto layers = model.module->layers();
-        pipetrain::load_weights(layers, pipetrain::read_checkpoint_weights(path),
-                                pipetrain::checkpoint_weights_path(path));
+        pipetrain::load_weights(layers, pipetrain::StoredWeights(path));
       }
       std::cout << pipetrain::cli::generate(model.module->layers(), *model.vocabulary, a.prompt,
                                             a.max_new_tokens, a.temperature, a.trainer.seed())

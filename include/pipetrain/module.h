@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "pipetrain/data.h"
+#include "pipetrain/layer_spec.h"
 #include "pipetrain/lr_scheduler.h"
 
 namespace pipetrain {
@@ -87,6 +88,9 @@ class LoggedMetrics {
 class Module {
  public:
   explicit Module(torch::nn::Sequential layers);
+  // A model built per rank (layer_spec.h): when the Trainer sets it up, each process builds only
+  // the layers of its own stages; until then layers() holds placeholders alone.
+  explicit Module(std::vector<LayerSpec> layers);
   virtual ~Module() = default;
 
   // One step's loss: a mean over the batch's samples, or what sum_over() returns.
@@ -116,7 +120,8 @@ class Module {
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options = {});
   void log(const std::string& name, double value, const LogOptions& options = {});
 
-  // The whole model as built (every rank builds all of it).
+  // The whole model as built: every layer, or, built per rank, this process's layers with NotHeld
+  // placeholders for the others'.
   torch::nn::Sequential layers() const { return layers_; }
   // True while the Trainer is training (false in validate/test/predict and sanity checks).
   bool training() const { return layers_->is_training(); }
@@ -133,6 +138,10 @@ class Module {
   using ForwardFn = std::function<at::Tensor(const at::Tensor&)>;
   // How forward() runs and which parameters this process trains.
   void place(ForwardFn forward, torch::nn::Sequential local_layers);
+  // The layers as described, where the model is built per rank; empty where it was built whole.
+  const std::vector<LayerSpec>& layer_specs() const { return specs_; }
+  // Builds the layers `held` names (per rank, layer_spec.h's build_layers) under `seed`.
+  void build_layers(const std::vector<bool>& held, uint64_t seed);
   // The layers this process runs.
   torch::nn::Sequential local_layers() const { return local_layers_; }
   // Where log() goes while a step (or micro-batch of `samples` rows) runs; nullptr to drop.
@@ -151,6 +160,7 @@ class Module {
 
  private:
   std::optional<SummedLoss> summed_;
+  std::vector<LayerSpec> specs_;
   torch::nn::Sequential layers_;
   torch::nn::Sequential local_layers_;
   ForwardFn forward_;

@@ -96,6 +96,11 @@ struct PipeOptions {
   TORCH_ARG(std::shared_ptr<Trace>, trace) = nullptr;
 };
 
+// The rank of the pipeline (of `ranks` processes) running each stage under `options`: stage s on
+// rank s, or where interleaved and V-shaped schedules (or a schedule file) place it. What a model
+// built per rank needs to know before any Pipe exists: which layers each process builds.
+std::vector<int64_t> stage_ranks(const PipeOptions& options, int64_t ranks);
+
 // Runs on the last stage once per micro-batch: given the pipeline's output for that micro-batch,
 // returns its loss as a mean over the micro-batch's samples. The pipe scales it by the
 // micro-batch's share of the batch, so gradients equal those of the full-batch mean loss.

@@ -16,7 +16,9 @@
 // its users: pipetrain's internals stay in its sources.
 #pragma once
 
-// Training: the Trainer and its options, the user's Module, strategies by name.
+// Training: the Trainer and its options, the user's Module (a Sequential, or layers described to be
+// built per rank), strategies by name.
+#include "pipetrain/layer_spec.h"
 #include "pipetrain/module.h"
 #include "pipetrain/strategy.h"
 #include "pipetrain/trainer.h"

@@ -6,8 +6,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace pipetrain {
 
@@ -31,5 +34,20 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
 // whose message names the file, says what is wrong and what to do about it.
 TensorMap load_safetensors(const std::string& path,
                            std::map<std::string, std::string>* metadata = nullptr);
+
+// The named tensors of `path` alone (the file validated whole, the others' bytes not read); a name
+// the file does not hold throws, naming it.
+TensorMap load_safetensors(const std::string& path, const std::set<std::string>& names);
+
+// A tensor as the header lists it.
+struct SafetensorsEntry {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  int64_t nbytes = 0;
+};
+
+// Every tensor of `path` as its header lists it, the file validated as load_safetensors does, but
+// no tensor read: what a file holds, for the cost of its header.
+std::map<std::string, SafetensorsEntry> read_safetensors_header(const std::string& path);
 
 }  // namespace pipetrain

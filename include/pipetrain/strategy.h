@@ -33,6 +33,12 @@ class Strategy {
 
   // Processes this strategy runs on (the Trainer launches them when no launcher did).
   virtual int64_t world_size() const = 0;
+  // Builds a model described layer by layer (Module::layer_specs) on this process of `world`: the
+  // layers this process will hold, under `seed` (layer_spec.h). By default, every layer. Called
+  // before setup.
+  virtual void build_layers(Module& module, const World& /*world*/, uint64_t seed) {
+    module.build_layers(std::vector<bool>(module.layer_specs().size(), true), seed);
+  }
   // Places `module` on this process: after it, module.forward() and module.parameters() mean what
   // they mean for this rank.
   virtual void setup(Module& module, std::shared_ptr<World> world) = 0;
@@ -60,16 +66,26 @@ class Strategy {
   // The L2 norm of all gradients of the whole model (every stage), as one process would compute
   // it: a float64 scalar on this rank's device, which the host need not wait for. A collective.
   virtual at::Tensor gradient_norm(Module& module) = 0;
-  // Every parameter and buffer of the whole model under its global name ("3.weight"), on rank 0
-  // (empty elsewhere). A collective.
-  virtual std::map<std::string, at::Tensor> gather_weights(Module& module) = 0;
-  // The inverse of gather_weights, on every rank: copies `weights` as it stored them into the
-  // model; throws naming `source` (the file) before changing anything when they do not fit it.
-  virtual void load_weights(Module& module, std::map<std::string, at::Tensor> weights,
-                            const std::string& source) {
+  // What this process writes of a checkpoint's weights: every parameter and buffer of the layers
+  // it holds under its global name ("3.weight"), as file `index` of the `count` the processes
+  // write together (checkpoint_io.h). By default one process holds them all. A collective.
+  virtual WeightShard weight_shard(Module& module) {
+    WeightShard shard;
     auto layers = module.layers();
-    pipetrain::load_weights(layers, weights, source);
+    for (const auto& item : layers->named_parameters()) shard.weights[item.key()] = item->detach();
+    for (const auto& item : layers->named_buffers()) shard.weights[item.key()] = item->detach();
+    return shard;
   }
+  // The inverse of weight_shard, on every rank: copies the stored weights this process holds into
+  // the model; throws naming the file before changing anything when they do not fit the model.
+  virtual void load_weights(Module& module, const StoredWeights& stored) {  // NOLINT
+    auto layers = module.layers();
+    pipetrain::load_weights(layers, stored);
+  }
+  // The name each copy of a tied parameter goes by in checkpoints ({"5.weight": "0.weight"}): the
+  // tie's first name, wherever the copies are separate tensors (layers built apart). By default,
+  // none.
+  virtual std::map<std::string, std::string> tied_names() const { return {}; }
   // What a checkpoint's optimizer state depends on, e.g. {"stages": "2", "balance": "7,8"}.
   virtual std::map<std::string, std::string> layout() const = 0;
   // The ranks of a checkpoint saved under `saved_layout` by `saved_world_size` processes whose

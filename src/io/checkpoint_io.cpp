@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -20,7 +21,37 @@ namespace pipetrain {
 namespace fs = std::filesystem;
 namespace {
 
+using Json = nlohmann::json;
+
+constexpr const char* kSingleWeightsFile = "model.safetensors";
+constexpr const char* kWeightsIndexFile = "model.safetensors.index.json";
+
 std::string state_path(const std::string& checkpoint) { return checkpoint + "/trainer_state.json"; }
+
+// Hugging Face's names for the files of a sharded model: model-00001-of-00004.safetensors.
+std::string weights_file_name(int64_t index, int64_t count) {
+  if (count == 1) return kSingleWeightsFile;
+  char name[64];
+  std::snprintf(name, sizeof(name), "model-%05lld-of-%05lld.safetensors",
+                static_cast<long long>(index + 1), static_cast<long long>(count));
+  return name;
+}
+
+// The index of `count` shards written into `folder`, from their headers (which tensors, how many
+// bytes): Hugging Face's model.safetensors.index.json.
+void write_weights_index(const fs::path& folder, int64_t count) {
+  Json weight_map = Json::object();
+  int64_t total_size = 0;
+  for (int64_t index = 0; index < count; ++index) {
+    const std::string name = weights_file_name(index, count);
+    for (const auto& [tensor, entry] : read_safetensors_header((folder / name).string())) {
+      weight_map[tensor] = name;
+      total_size += entry.nbytes;
+    }
+  }
+  const Json index{{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
+  write_file((folder / kWeightsIndexFile).string(), index.dump(2) + "\n");
+}
 
 // Puts `staged` at `target`: an atomic exchange when `target` exists (the old folder then sits at
 // `staged` and is removed), a plain rename otherwise.
@@ -44,16 +75,12 @@ void move_into_place(const fs::path& staged, const fs::path& target) {
 
 }  // namespace
 
-std::string checkpoint_weights_path(const std::string& checkpoint) {
-  return checkpoint + "/model.safetensors";
-}
-
 std::string checkpoint_rank_path(const std::string& checkpoint, int64_t rank) {
   return checkpoint + "/rank-" + std::to_string(rank) + ".pt";
 }
 
 void write_checkpoint(const CheckpointWriters& writers, const std::string& path,
-                      const std::map<std::string, at::Tensor>& weights, const TrainingState& state,
+                      const WeightShard& weights, const TrainingState& state,
                       const std::function<std::string()>& rank_state) {
   const fs::path target = fs::absolute(path);
   const std::string staged = target.string() + ".partial";
@@ -65,8 +92,11 @@ void write_checkpoint(const CheckpointWriters& writers, const std::string& path,
   writers.barrier();
   try {
     write_file(checkpoint_rank_path(staged, writers.rank), rank_state());
+    if (weights.index >= 0) {
+      save_safetensors(staged + "/" + weights_file_name(weights.index, weights.count),
+                       weights.weights, {{"format", "pt"}});
+    }
     if (writes_shared_files) {
-      save_safetensors(checkpoint_weights_path(staged), weights, {{"format", "pt"}});
       nlohmann::json json{{"format_version", 1},
                           {"epoch", state.progress.epoch},
                           {"global_step", state.progress.global_step},
@@ -92,7 +122,18 @@ void write_checkpoint(const CheckpointWriters& writers, const std::string& path,
     throw;
   }
   writers.barrier();
-  if (writes_shared_files) move_into_place(staged, target);
+  if (writes_shared_files) {
+    try {
+      // Every shard is written now: the index lists what they hold.
+      if (weights.count > 1) write_weights_index(staged, weights.count);
+      move_into_place(staged, target);
+    } catch (const std::exception& e) {
+      std::error_code ignored;
+      fs::remove_all(staged, ignored);
+      writers.publish_error(error_message(e));
+      throw;
+    }
+  }
   writers.barrier();
 }
 
@@ -133,49 +174,174 @@ TrainingState read_training_state(const std::string& checkpoint) {
   }
 }
 
-std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& checkpoint) {
+StoredWeights::StoredWeights(const std::string& checkpoint) {
   if (!fs::is_directory(checkpoint)) {
     throw std::runtime_error("checkpoint " + checkpoint +
                              " does not exist (a checkpoint is a .ckpt folder written by "
                              "pipetrain); check --ckpt-path");
   }
-  return load_safetensors(checkpoint_weights_path(checkpoint));
+  const fs::path folder(checkpoint);
+  std::set<std::string> files;
+  if (fs::is_regular_file(folder / kSingleWeightsFile)) {
+    source_ = (folder / kSingleWeightsFile).string();
+    files.insert(source_);
+    for (const auto& [name, entry] : read_safetensors_header(source_)) file_of_[name] = source_;
+  } else if (fs::is_regular_file(folder / kWeightsIndexFile)) {
+    source_ = (folder / kWeightsIndexFile).string();
+    std::ifstream in(source_);
+    Json weight_map;
+    try {
+      weight_map = Json::parse(in).at("weight_map");
+      if (!weight_map.is_object()) throw std::runtime_error("weight_map is not an object");
+      for (const auto& [name, file] : weight_map.items()) {
+        const std::string shard = file.get<std::string>();
+        // A shard is a file beside the index: no path may lead out of the folder.
+        if (shard.empty() || shard.find('/') != std::string::npos || shard == "..") {
+          throw std::runtime_error("tensor \"" + name + "\" is in \"" + shard +
+                                   "\", not a file beside the index");
+        }
+        file_of_[name] = (folder / shard).string();
+        files.insert(file_of_[name]);
+      }
+    } catch (const std::exception& e) {
+      throw std::runtime_error("checkpoint " + checkpoint + " has a corrupt " + kWeightsIndexFile +
+                               " (" + error_message(e) + "): it was not fully written");
+    }
+  } else {
+    throw std::runtime_error("checkpoint " + checkpoint + " holds neither " + kSingleWeightsFile +
+                             " nor " + kWeightsIndexFile +
+                             ": it is incomplete or not a pipetrain checkpoint");
+  }
+  // Each file's header: the shapes, and that every file holds what the index says it does.
+  std::map<std::string, std::set<std::string>> listed;
+  for (const auto& file : files) {
+    if (!fs::is_regular_file(file)) {
+      throw std::runtime_error("checkpoint " + checkpoint + ": " + source_ + " puts weights in " +
+                               fs::path(file).filename().string() +
+                               ", which is missing: the checkpoint is incomplete");
+    }
+    for (const auto& [name, entry] : read_safetensors_header(file)) {
+      listed[file].insert(name);
+      const auto it = file_of_.find(name);
+      if (it != file_of_.end() && it->second == file) shapes_[name] = entry.shape;
+    }
+  }
+  for (const auto& [name, file] : file_of_) {
+    if (listed[file].count(name) == 0) {
+      throw std::runtime_error("checkpoint " + checkpoint + ": " + source_ + " puts tensor \"" +
+                               name + "\" in " + fs::path(file).filename().string() +
+                               ", which does not hold it: the index is not the one written with "
+                               "the shards");
+    }
+  }
 }
 
-void load_weights(torch::nn::Sequential& model, const std::map<std::string, at::Tensor>& weights,
-                  const std::string& source) {
+std::map<std::string, at::Tensor> StoredWeights::read(const std::set<std::string>& names) const {
+  std::map<std::string, std::set<std::string>> by_file;
+  for (const auto& name : names) {
+    const auto it = file_of_.find(name);
+    if (it == file_of_.end()) {
+      throw std::invalid_argument(source_ + " has no tensor '" + name + "'");
+    }
+    by_file[it->second].insert(name);
+  }
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& [file, wanted] : by_file) tensors.merge(load_safetensors(file, wanted));
+  return tensors;
+}
+
+std::map<std::string, at::Tensor> StoredWeights::read_all() const {
+  std::set<std::string> names;
+  for (const auto& [name, file] : file_of_) names.insert(name);
+  return read(names);
+}
+
+std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& checkpoint) {
+  return StoredWeights(checkpoint).read_all();
+}
+
+namespace {
+
+// For each parameter and buffer of `model`, the stored name it loads from, after checking that
+// each is stored with its shape and nothing stored is unknown to the model.
+std::map<std::string, std::string> match_stored(
+    torch::nn::Sequential& model, const std::map<std::string, std::vector<int64_t>>& shapes,
+    const WeightSelection& selection, const std::string& source) {
+  const auto& stored_under = selection.stored_under;
   auto targets = model->named_parameters();
   for (const auto& b : model->named_buffers()) targets.insert(b.key(), b.value());
   // A tensor registered under several names (a tied weight) is stored under one of them.
   std::map<const c10::TensorImpl*, std::string> stored_as;
   for (const auto& item : targets) {
-    if (weights.count(item.key())) stored_as[item.value().unsafeGetTensorImpl()] = item.key();
+    if (shapes.count(item.key())) stored_as[item.value().unsafeGetTensorImpl()] = item.key();
   }
+  std::map<std::string, std::string> from;
   for (const auto& item : targets) {
-    const auto it = weights.find(item.key());
-    if (it == weights.end()) {
-      if (stored_as.count(item.value().unsafeGetTensorImpl())) continue;
-      throw std::runtime_error(source + " has no tensor '" + item.key() +
-                               "': it was saved from a different model");
+    std::string name = item.key();
+    if (shapes.count(name) == 0) {
+      const auto alias = stored_under.find(name);
+      const auto same = stored_as.find(item.value().unsafeGetTensorImpl());
+      if (alias != stored_under.end() && shapes.count(alias->second)) {
+        name = alias->second;
+      } else if (same != stored_as.end()) {
+        name = same->second;
+      } else {
+        throw std::runtime_error(source + " has no tensor '" + item.key() +
+                                 "': it was saved from a different model");
+      }
     }
-    if (!it->second.sizes().equals(item.value().sizes())) {
-      throw std::runtime_error(source + " holds '" + item.key() + "' with shape " +
-                               shape_text(it->second.sizes()) + " but the model's is " +
-                               shape_text(item.value().sizes()) +
+    const auto& shape = shapes.at(name);
+    if (!item.value().sizes().equals(shape)) {
+      throw std::runtime_error(source + " holds '" + name + "' with shape " + shape_text(shape) +
+                               " but the model's is " + shape_text(item.value().sizes()) +
                                ": it was saved from a different model");
     }
+    from[item.key()] = name;
   }
-  for (const auto& [name, tensor] : weights) {
-    if (!targets.contains(name)) {
+  for (const auto& [name, shape] : shapes) {
+    if (!targets.contains(name) && !(selection.held_elsewhere && selection.held_elsewhere(name))) {
       throw std::runtime_error(source + " has a tensor '" + name +
                                "' the model does not have: it was saved from a different model");
     }
   }
+  return from;
+}
+
+void copy_into(torch::nn::Sequential& model, const std::map<std::string, std::string>& from,
+               const std::map<std::string, at::Tensor>& weights) {
+  auto targets = model->named_parameters();
+  for (const auto& b : model->named_buffers()) targets.insert(b.key(), b.value());
   torch::NoGradGuard no_grad;
   for (const auto& item : targets) {
-    const auto it = weights.find(item.key());
+    const auto source = from.find(item.key());
+    if (source == from.end()) continue;
+    const auto it = weights.find(source->second);
     if (it != weights.end()) item.value().copy_(it->second);
   }
+}
+
+}  // namespace
+
+void load_weights(torch::nn::Sequential& model, const std::map<std::string, at::Tensor>& weights,
+                  const std::string& source) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, tensor] : weights) shapes[name] = tensor.sizes().vec();
+  copy_into(model, match_stored(model, shapes, WeightSelection(), source), weights);
+}
+
+void load_weights(torch::nn::Sequential& model, const StoredWeights& stored,
+                  const WeightSelection& selection) {
+  auto from = match_stored(model, stored.shapes(), selection, stored.source());
+  std::set<std::string> names;
+  for (auto it = from.begin(); it != from.end();) {
+    if (selection.wanted && !selection.wanted(it->first)) {
+      it = from.erase(it);
+      continue;
+    }
+    names.insert(it->second);
+    ++it;
+  }
+  copy_into(model, from, stored.read(names));
 }
 
 }  // namespace pipetrain

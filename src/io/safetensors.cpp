@@ -342,8 +342,20 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   file.commit();
 }
 
-TensorMap load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  Fd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+namespace {
+
+// A file whose header has been read and checked as the reference reader checks it, open for reading
+// the tensors it lists.
+struct ValidatedFile {
+  Fd file;
+  std::map<std::string, std::string> metadata;
+  std::vector<LoadEntry> entries;  // in offset order
+  uint64_t data_start = 0;
+};
+
+void open_validated(const std::string& path, ValidatedFile& opened) {
+  Fd& file = opened.file;
+  file.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (file.get() < 0) {
     const int error = errno;
     fail_load(path, "cannot open it (" + errno_text(error) + ")",
@@ -381,8 +393,8 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
   read_at(file.get(), text.data(), header_size, 8, path);
   const Json header = parse_header(path, text);
 
-  std::map<std::string, std::string> found_metadata;
-  std::vector<LoadEntry> entries;
+  std::map<std::string, std::string>& found_metadata = opened.metadata;
+  std::vector<LoadEntry>& entries = opened.entries;
   for (const auto& [key, value] : header.items()) {
     if (key != kMetadataKey) {
       entries.push_back(parse_entry(path, key, value));
@@ -403,7 +415,7 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
   }
 
   // Tensors must tile the data buffer exactly: in offset order, each starts where the last ended.
-  const uint64_t data_start = 8 + header_size;
+  const uint64_t data_start = opened.data_start = 8 + header_size;
   const uint64_t data_size = file_size - data_start;
   std::sort(entries.begin(), entries.end(), [](const LoadEntry& a, const LoadEntry& b) {
     return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
@@ -442,24 +454,63 @@ TensorMap load_safetensors(const std::string& path, std::map<std::string, std::s
                   std::to_string(data_size) + " (buffer size mismatch)",
               "the file has trailing bytes or its header is wrong: save or download it again");
   }
+}
 
-  TensorMap tensors;
-  for (const auto& entry : entries) {
-    std::vector<int64_t> shape(entry.shape.begin(), entry.shape.end());
-    at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(entry.dtype->type));
-    const uint64_t nbytes = entry.end - entry.begin;
-    if (nbytes > 0) read_at(file.get(), tensor.data_ptr(), nbytes, data_start + entry.begin, path);
-    if (entry.dtype->type == at::kBool) {
-      const auto* bytes = static_cast<const uint8_t*>(tensor.data_ptr());
-      if (std::any_of(bytes, bytes + nbytes, [](uint8_t b) { return b > 1; })) {
-        fail_load(path, "BOOL tensor \"" + entry.name + "\" holds bytes other than 0 and 1",
-                  kResave);
-      }
-    }
-    tensors.emplace(entry.name, std::move(tensor));
+at::Tensor read_entry(const ValidatedFile& opened, const LoadEntry& entry,
+                      const std::string& path) {
+  std::vector<int64_t> shape(entry.shape.begin(), entry.shape.end());
+  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(entry.dtype->type));
+  const uint64_t nbytes = entry.end - entry.begin;
+  if (nbytes > 0) {
+    read_at(opened.file.get(), tensor.data_ptr(), nbytes, opened.data_start + entry.begin, path);
   }
-  if (metadata != nullptr) *metadata = std::move(found_metadata);
+  if (entry.dtype->type == at::kBool) {
+    const auto* bytes = static_cast<const uint8_t*>(tensor.data_ptr());
+    if (std::any_of(bytes, bytes + nbytes, [](uint8_t b) { return b > 1; })) {
+      fail_load(path, "BOOL tensor \"" + entry.name + "\" holds bytes other than 0 and 1", kResave);
+    }
+  }
+  return tensor;
+}
+
+}  // namespace
+
+TensorMap load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  ValidatedFile opened;
+  open_validated(path, opened);
+  TensorMap tensors;
+  for (const auto& entry : opened.entries)
+    tensors.emplace(entry.name, read_entry(opened, entry, path));
+  if (metadata != nullptr) *metadata = std::move(opened.metadata);
   return tensors;
+}
+
+TensorMap load_safetensors(const std::string& path, const std::set<std::string>& names) {
+  ValidatedFile opened;
+  open_validated(path, opened);
+  TensorMap tensors;
+  for (const auto& entry : opened.entries) {
+    if (names.count(entry.name)) tensors.emplace(entry.name, read_entry(opened, entry, path));
+  }
+  for (const auto& name : names) {
+    if (tensors.count(name) == 0) {
+      fail_load(path, "it holds no tensor \"" + name + "\"",
+                "the file is not the one its index or checkpoint names: save it again");
+    }
+  }
+  return tensors;
+}
+
+std::map<std::string, SafetensorsEntry> read_safetensors_header(const std::string& path) {
+  ValidatedFile opened;
+  open_validated(path, opened);
+  std::map<std::string, SafetensorsEntry> listed;
+  for (const auto& entry : opened.entries) {
+    listed[entry.name] = SafetensorsEntry{
+        entry.dtype->type, std::vector<int64_t>(entry.shape.begin(), entry.shape.end()),
+        static_cast<int64_t>(entry.end - entry.begin)};
+  }
+  return listed;
 }
 
 }  // namespace pipetrain

@@ -149,9 +149,9 @@ DecoderConfig decoder_preset(const std::string& name) {
   return found->second;
 }
 
-torch::nn::Sequential decoder(const DecoderConfig& config) {
-  check_decoder_config(config);
-  torch::NoGradGuard no_grad;
+namespace {
+
+DecoderBlockOptions block_options(const DecoderConfig& config) {
   const auto attention = CausalSelfAttentionOptions(config.n_embd, config.n_head)
                              .n_kv_head(config.kv_heads())
                              .head_dim(config.head_size())
@@ -160,40 +160,80 @@ torch::nn::Sequential decoder(const DecoderConfig& config) {
                              .norm_eps(config.rms_norm_eps)
                              .rotary(config.rope)  // its head_dim is the attention's
                              .kernel(config.attention_kernel);
-  const auto block =
-      DecoderBlockOptions(attention, SwiGLUOptions(config.n_embd, config.intermediate_size))
-          .norm_eps(config.rms_norm_eps);
+  return DecoderBlockOptions(attention, SwiGLUOptions(config.n_embd, config.intermediate_size))
+      .norm_eps(config.rms_norm_eps);
+}
 
-  torch::nn::Sequential layers;
+Embedding make_embedding(const DecoderConfig& config) {
+  torch::NoGradGuard no_grad;
   Embedding embedding(EmbeddingOptions(config.vocab_size, config.n_embd));
   embedding->weight.normal_(0, config.init_std);
-  layers->push_back(embedding);
-  for (int64_t l = 0; l < config.n_layer; ++l) {
-    DecoderBlock decoder_block(block);
-    // torchtitan's depth initialisation: what block l adds to the residual stream shrinks with l.
-    const double residual_std = config.init_std / std::sqrt(2.0 * static_cast<double>(l + 1));
-    for (auto& item : decoder_block->named_parameters()) {
-      const std::string& name = item.key();
-      auto& tensor = item.value();
-      if (name.find("norm") != std::string::npos) continue;  // RMSNorm weights: ones
-      if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
-        tensor.zero_();
-      } else if (name.rfind("self_attn.o_proj", 0) == 0 || name.rfind("mlp.up_proj", 0) == 0 ||
-                 name.rfind("mlp.down_proj", 0) == 0) {
-        tensor.normal_(0, residual_std);
-      } else {
-        tensor.normal_(0, config.init_std);
-      }
+  return embedding;
+}
+
+DecoderBlock make_block(const DecoderConfig& config, const DecoderBlockOptions& options,
+                        int64_t l) {
+  torch::NoGradGuard no_grad;
+  DecoderBlock decoder_block(options);
+  // torchtitan's depth initialisation: what block l adds to the residual stream shrinks with l.
+  const double residual_std = config.init_std / std::sqrt(2.0 * static_cast<double>(l + 1));
+  for (auto& item : decoder_block->named_parameters()) {
+    const std::string& name = item.key();
+    auto& tensor = item.value();
+    if (name.find("norm") != std::string::npos) continue;  // RMSNorm weights: ones
+    if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      tensor.zero_();
+    } else if (name.rfind("self_attn.o_proj", 0) == 0 || name.rfind("mlp.up_proj", 0) == 0 ||
+               name.rfind("mlp.down_proj", 0) == 0) {
+      tensor.normal_(0, residual_std);
+    } else {
+      tensor.normal_(0, config.init_std);
     }
-    layers->push_back(decoder_block);
   }
-  layers->push_back(RMSNorm(RMSNormOptions(config.n_embd).eps(config.rms_norm_eps)));
+  return decoder_block;
+}
+
+RMSNorm make_norm(const DecoderConfig& config) {
+  return RMSNorm(RMSNormOptions(config.n_embd).eps(config.rms_norm_eps));
+}
+
+LMHead make_untied_head(const DecoderConfig& config) {
+  torch::NoGradGuard no_grad;
+  LMHead head(config.n_embd, config.vocab_size);
+  head->weight.normal_(0, config.init_std);
+  return head;
+}
+
+}  // namespace
+
+torch::nn::Sequential decoder(const DecoderConfig& config) {
+  check_decoder_config(config);
+  const auto block = block_options(config);
+  torch::nn::Sequential layers;
+  const Embedding embedding = make_embedding(config);
+  layers->push_back(embedding);
+  for (int64_t l = 0; l < config.n_layer; ++l) layers->push_back(make_block(config, block, l));
+  layers->push_back(make_norm(config));
+  layers->push_back(config.tie_word_embeddings ? LMHead(embedding) : make_untied_head(config));
+  return layers;
+}
+
+std::vector<LayerSpec> decoder_layers(const DecoderConfig& config) {
+  check_decoder_config(config);
+  const auto block = block_options(config);
+  const int64_t width = config.n_embd, vocab = config.vocab_size;
+  std::vector<LayerSpec> layers;
+  layers.push_back(layer([config] { return make_embedding(config); }, vocab * width));
+  for (int64_t l = 0; l < config.n_layer; ++l) {
+    layers.push_back(layer([config, block, l] { return make_block(config, block, l); }));
+  }
+  layers.push_back(layer([config] { return make_norm(config); }, width));
   if (config.tie_word_embeddings) {
-    layers->push_back(LMHead(embedding));
+    layers.push_back(
+        layer([config] { return LMHead(config.n_embd, config.vocab_size); }, vocab * width)
+            .tie("weight", "0.weight"));
   } else {
-    LMHead head(config.n_embd, config.vocab_size);
-    head->weight.normal_(0, config.init_std);
-    layers->push_back(head);
+    layers.push_back(layer([config] { return make_untied_head(config); }, vocab * width));
   }
   return layers;
 }

@@ -23,6 +23,7 @@
 #include "pipeline/trace.h"
 #include "pipetrain/balance.h"
 #include "pipetrain/error.h"
+#include "pipetrain/layer_spec.h"
 #include "pipetrain/world.h"
 #include "schedule_choice.h"
 #include "schedule_file.h"
@@ -72,6 +73,27 @@ bool Pipe::is_first_stage() const { return impl_->is_first_stage(); }
 bool Pipe::is_last_stage() const { return impl_->is_last_stage(); }
 const std::vector<int64_t>& Pipe::balance() const { return impl_->balance_; }
 
+namespace {
+
+// The schedule a Pipe of `options` over `ranks` processes starts with (`auto`: its first pick).
+Schedule starting_schedule(const PipeOptions& options, const std::string& name, int64_t ranks,
+                           int64_t stages) {
+  return options.schedule_file().empty()
+             ? checked_schedule(name, ranks, options.chunks(), options.virtual_stages())
+             : read_schedule_file(options.schedule_file(), ranks, stages, options.chunks());
+}
+
+}  // namespace
+
+std::vector<int64_t> stage_ranks(const PipeOptions& options, int64_t ranks) {
+  check_pipe_options(options, ranks, std::to_string(ranks) + " processes");
+  const std::string name =
+      options.schedule() == "auto" ? ScheduleChoice().running() : options.schedule();
+  const auto stages = options.balance().empty() ? ranks * options.virtual_stages()
+                                                : static_cast<int64_t>(options.balance().size());
+  return stage_placement(starting_schedule(options, name, ranks, stages));
+}
+
 Pipe::Impl::Impl(torch::nn::Sequential sequential, PipeOptions options,
                  std::shared_ptr<World> world)
     : options_(std::move(options)),
@@ -89,6 +111,16 @@ Pipe::Impl::Impl(torch::nn::Sequential sequential, PipeOptions options,
         " stages were asked for: every stage needs at least one layer; give the Sequential more "
         "layers (a module's parts as its layers, not one module holding them) or use fewer stages");
   }
+  if (options_.balance().empty()) {
+    for (int64_t i = 0; i < layers; ++i) {
+      if (!is_held(sequential, i)) {
+        throw std::invalid_argument(
+            "the Sequential was built per rank (layer " + std::to_string(i) +
+            " is held by another process), so its parameters cannot be counted here: give "
+            "PipeOptions::balance (the Trainer finds it from the layers' specs)");
+      }
+    }
+  }
   balance_ = options_.balance().empty() ? balance_by_size(sequential, wanted) : options_.balance();
   validate_balance(balance_, layers);
   schedule_name_ = options_.schedule();
@@ -96,11 +128,7 @@ Pipe::Impl::Impl(torch::nn::Sequential sequential, PipeOptions options,
     choice_ = std::make_unique<ScheduleChoice>();
     schedule_name_ = choice_->running();
   }
-  schedule_ =
-      options_.schedule_file().empty()
-          ? checked_schedule(schedule_name_, world_size_, options_.chunks(),
-                             options_.virtual_stages())
-          : read_schedule_file(options_.schedule_file(), world_size_, stages(), options_.chunks());
+  schedule_ = starting_schedule(options_, schedule_name_, world_size_, stages());
   rank_of_stage_ = stage_placement(schedule_);
   const int64_t held = max_activations_held(schedule_);
   if (options_.max_memory() != 0 && held > options_.max_memory()) {
@@ -140,6 +168,12 @@ Pipe::Impl::Impl(torch::nn::Sequential sequential, PipeOptions options,
     if (rank_of_stage(s) != rank_) continue;
     LocalStage local{s, first_layer, torch::nn::Sequential()};
     for (int64_t i = first_layer; i < first_layer + balance_[s]; ++i) {
+      if (!is_held(sequential, i)) {
+        throw std::invalid_argument("layer " + std::to_string(i) + " of stage " +
+                                    std::to_string(s) + " runs on rank " + std::to_string(rank_) +
+                                    ", which did not build it: build each rank's layers from the "
+                                    "balance and placement this Pipe runs (stage_ranks)");
+      }
       auto layer = *(sequential->begin() + i);
       if (options_.fuse_gradient_accumulation()) {
         layer = fuse_gradient_accumulation(layer, deferred_);

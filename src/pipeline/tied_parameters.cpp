@@ -2,12 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 #include <stdexcept>
 
 #include "distributed/world_connection.h"
 #include "pipetrain/error.h"
+#include "pipetrain/layer_spec.h"
 #include "pipetrain/world.h"
 
 namespace pipetrain {
@@ -52,48 +54,72 @@ std::vector<TiedParameter> find_tied_parameters(
   const auto named = sequential->named_parameters();
   std::vector<std::string> names;
   std::map<std::string, size_t> index_of;
-  std::map<const c10::TensorImpl*, size_t> first_with;
-  Groups groups(named.size());
   for (const auto& item : named) {
-    const size_t i = names.size();
+    index_of[item.key()] = names.size();
     names.push_back(item.key());
-    index_of[item.key()] = i;
-    const auto [first, inserted] = first_with.emplace(item.value().unsafeGetTensorImpl(), i);
-    if (!inserted) groups.join(first->second, i);
   }
+  // A declared name in a layer another process holds (a model built per rank) is taken on trust
+  // here: its holder checks it, and TiedGradients compares the shapes across processes.
   for (const auto& group : declared) {
     for (const auto& name : group) {
-      if (!index_of.count(name)) {
+      if (index_of.count(name)) continue;
+      if (!held_elsewhere(sequential, name)) {
         throw std::invalid_argument(
             "PipeOptions::tied_parameters names '" + name +
             "', which the model does not have: name parameters by their place in the whole "
             "Sequential, e.g. '0.weight'");
       }
-      const auto& lead = named[group.front()];
-      const auto& tensor = named[name];
-      if (!tensor.sizes().equals(lead.sizes()) || tensor.scalar_type() != lead.scalar_type()) {
-        throw std::invalid_argument("PipeOptions::tied_parameters ties '" + name + "' " +
-                                    shape_text(tensor.sizes()) + " to '" + group.front() + "' " +
-                                    shape_text(lead.sizes()) +
-                                    ": tied parameters need the same shape and dtype");
+      index_of[name] = names.size();
+      names.push_back(name);
+    }
+  }
+  Groups groups(names.size());
+  std::map<const c10::TensorImpl*, size_t> first_with;
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto [first, inserted] = first_with.emplace(named[i].value().unsafeGetTensorImpl(), i);
+    if (!inserted) groups.join(first->second, i);
+  }
+  for (const auto& group : declared) {
+    for (const auto& name : group) {
+      if (named.contains(name) && named.contains(group.front())) {
+        const auto& lead = named[group.front()];
+        const auto& tensor = named[name];
+        if (!tensor.sizes().equals(lead.sizes()) || tensor.scalar_type() != lead.scalar_type()) {
+          throw std::invalid_argument("PipeOptions::tied_parameters ties '" + name + "' " +
+                                      shape_text(tensor.sizes()) + " to '" + group.front() + "' " +
+                                      shape_text(lead.sizes()) +
+                                      ": tied parameters need the same shape and dtype");
+        }
       }
       groups.join(index_of.at(group.front()), index_of.at(name));
     }
   }
-  std::map<size_t, TiedParameter> by_root;  // keyed by the earliest name: the model's order
+  // Every process must see the same ties with the same first names in the same order: names go
+  // in the model's order, by layer, then as the layer lists them (a name of a layer held
+  // elsewhere, after them).
+  const auto model_order = [&](const std::string& a, const std::string& b) {
+    return std::make_pair(layer_of(a), index_of.at(a)) <
+           std::make_pair(layer_of(b), index_of.at(b));
+  };
+  std::map<size_t, TiedParameter> by_root;
   for (size_t i = 0; i < names.size(); ++i) by_root[groups.root(i)].names.push_back(names[i]);
   std::vector<TiedParameter> ties;
   for (auto& [root, tie] : by_root) {
     if (tie.names.size() < 2) continue;
+    std::sort(tie.names.begin(), tie.names.end(), model_order);
     for (const auto& name : tie.names) {
       const int64_t stage = stage_of_layer.at(layer_of(name));
       if (std::find(tie.stages.begin(), tie.stages.end(), stage) == tie.stages.end()) {
         tie.stages.push_back(stage);
       }
     }
+    tie.first_stage = stage_of_layer.at(layer_of(tie.names.front()));
     std::sort(tie.stages.begin(), tie.stages.end());
     ties.push_back(std::move(tie));
   }
+  std::sort(ties.begin(), ties.end(), [&](const TiedParameter& a, const TiedParameter& b) {
+    return model_order(a.names.front(), b.names.front());
+  });
   return ties;
 }
 
@@ -111,6 +137,32 @@ struct TiedGradients::Local {
   std::shared_ptr<World> stages;    // the stages sharing it; null when this stage alone holds it
 };
 
+namespace {
+
+// Gives this stage's copies of `tie` the values of the copy on its first stage, after checking
+// that every stage's copies have its shape and dtype.
+void start_from_first_copy(const TiedParameter& tie, const std::vector<at::Tensor>& tensors,
+                           const World& stages, int64_t stage) {
+  const auto root = static_cast<int64_t>(
+      std::find(tie.stages.begin(), tie.stages.end(), tie.first_stage) - tie.stages.begin());
+  const at::Tensor& here = tensors.front();
+  const std::string shape = shape_text(here.sizes()) + " " + c10::toString(here.scalar_type());
+  const std::string first_shape = stages.broadcast(shape, root);
+  const bool fits = stages.all_reduce_sum(first_shape == shape ? 0.0 : 1.0) == 0;
+  if (!fits) {
+    throw std::invalid_argument("PipeOptions::tied_parameters ties " + tie.names.front() + " (" +
+                                first_shape + ") to names whose tensors on stage " +
+                                std::to_string(stage) + " are " + shape +
+                                " on some stage: tied parameters need the same shape and dtype");
+  }
+  stages.broadcast_into(here, root);
+  for (const auto& t : tensors) {
+    if (!t.is_same(here)) t.copy_(here);
+  }
+}
+
+}  // namespace
+
 TiedGradients::TiedGradients(std::vector<TiedParameter> ties, const torch::nn::Sequential& whole,
                              const torch::nn::Sequential& stage_module, int64_t stage,
                              const std::shared_ptr<World>& pipeline)
@@ -120,9 +172,13 @@ TiedGradients::TiedGradients(std::vector<TiedParameter> ties, const torch::nn::S
   const auto mine = stage_module->named_parameters();
   std::map<std::vector<int64_t>, std::shared_ptr<World>> groups;
   for (const auto& tie : ties_) {
-    // Declared ties between tensors of their own start from the first name's values.
-    for (const auto& name : tie.names) {
-      if (!all[name].is_same(all[tie.names.front()])) all[name].copy_(all[tie.names.front()]);
+    // Declared ties between tensors of their own start from the first name's values: here, where
+    // this process holds it (a model built per rank holds only its own layers)...
+    if (all.contains(tie.names.front())) {
+      const auto& first = all[tie.names.front()];
+      for (const auto& name : tie.names) {
+        if (all.contains(name) && !all[name].is_same(first)) all[name].copy_(first);
+      }
     }
     if (std::find(tie.stages.begin(), tie.stages.end(), stage) == tie.stages.end()) continue;
     Local local;
@@ -144,6 +200,8 @@ TiedGradients::TiedGradients(std::vector<TiedParameter> ties, const torch::nn::S
         group = pipeline->group(ranks, name);
       }
       local.stages = group;
+      // ... and from the stage holding it, on the others.
+      start_from_first_copy(tie, local.tensors, *group, stage);
     }
     local_.push_back(std::move(local));
   }

@@ -26,6 +26,8 @@ struct TiedParameter {
   // The stages whose layers use it, ascending; the ranks running them where a rank runs several
   // (find_tied_parameters' rank_of_stage).
   std::vector<int64_t> stages;
+  // The one of `stages` holding the first name, whose values every copy starts from.
+  int64_t first_stage = 0;
 };
 
 // The parameters of `sequential` reachable under more than one name (the same tensor registered

@@ -123,6 +123,17 @@ Module::Module(torch::nn::Sequential layers)
       local_layers_(layers_),
       forward_([this](const at::Tensor& x) { return layers_->forward(x); }) {}
 
+Module::Module(std::vector<LayerSpec> layers)
+    : Module(pipetrain::build_layers(layers, std::vector<bool>(layers.size(), false), 0)) {
+  if (layers.empty()) throw std::invalid_argument("a Module needs at least one layer");
+  specs_ = std::move(layers);
+}
+
+void Module::build_layers(const std::vector<bool>& held, uint64_t seed) {
+  layers_ = pipetrain::build_layers(specs_, held, seed);
+  local_layers_ = layers_;
+}
+
 void Module::validation_step(const Batch&, int64_t) {}
 
 void Module::test_step(const Batch&, int64_t) {}

@@ -129,9 +129,48 @@ class PipelineStrategy : public Strategy {
 
   int64_t world_size() const override { return stages_ * replicas_; }
 
+  void build_layers(Module& module, const World& world, uint64_t seed) override {
+    const auto& specs = module.layer_specs();
+    const auto layers = static_cast<int64_t>(specs.size());
+    if (options_.balance().empty()) {
+      // By parameter count, as the Pipe balances a model built whole.
+      const int64_t stages = stages_ * options_.virtual_stages();
+      if (layers < stages) {
+        throw std::invalid_argument("the model has " + std::to_string(layers) + " layers but " +
+                                    std::to_string(stages) +
+                                    " stages were asked for: every stage needs at least one "
+                                    "layer; describe the model in more layers or use fewer stages");
+      }
+      std::vector<double> costs;
+      for (const int64_t size : layer_sizes(specs, seed))
+        costs.push_back(static_cast<double>(size));
+      options_.balance(balance_by_cost(costs, stages));
+    }
+    validate_balance(options_.balance(), layers);
+    // Layers built apart cannot share a tensor: their ties go by name.
+    auto ties = options_.tied_parameters();
+    for (int64_t i = 0; i < layers; ++i) {
+      for (const auto& [own, other] : specs[static_cast<size_t>(i)].tied_to) {
+        ties.push_back({other, std::to_string(i) + "." + own});
+      }
+    }
+    options_.tied_parameters(ties);
+    // The layers of the stages this process's place in its pipeline runs.
+    const auto rank_of_stage = stage_ranks(options_, stages_);
+    std::vector<bool> held(specs.size(), false);
+    int64_t first = 0;
+    for (size_t stage = 0; stage < options_.balance().size(); ++stage) {
+      const int64_t end = first + options_.balance()[stage];
+      if (rank_of_stage.at(stage) == world.rank() % stages_) {
+        std::fill(held.begin() + first, held.begin() + end, true);
+      }
+      first = end;
+    }
+    module.build_layers(held, seed);
+  }
+
   void setup(Module& module, std::shared_ptr<World> world) override {
     world_ = std::move(world);
-    broadcast_initial_weights(module);
     replica_ = world_->rank() / stages_;
     const int64_t stage = world_->rank() % stages_;
     std::vector<int64_t> pipeline_ranks, stage_ranks;
@@ -142,6 +181,7 @@ class PipelineStrategy : public Strategy {
                     : world_->group(pipeline_ranks, "pipeline" + std::to_string(replica_));
     replicas_of_stage_ =
         stages_ == 1 ? world_ : world_->group(stage_ranks, "stage" + std::to_string(stage));
+    broadcast_initial_weights(module);
     pipe_ = std::make_unique<Pipe>(module.layers(), options_, pipeline_);
     if (replicas_ > 1) {
       gradient_sync_ = std::make_unique<GradientSync>(pipe_->parameters(), replicas_of_stage_);
@@ -258,43 +298,51 @@ class PipelineStrategy : public Strategy {
     return pipeline_->all_reduce_sum_on_device(sum_of_squares).sqrt();
   }
 
-  std::map<std::string, at::Tensor> gather_weights(Module& module) override {
-    torch::NoGradGuard no_grad;
-    auto everything = module.layers()->named_parameters();
-    for (const auto& b : module.layers()->named_buffers()) everything.insert(b.key(), b.value());
-    // A tied parameter is stored once, under its first name (loading gives it to every name).
+  WeightShard weight_shard(Module& module) override {
+    // Each process of the first replica writes its own stages' layers, a tied parameter once, by
+    // the stage holding its first name (loading gives it to every name); the other replicas hold
+    // the same and write none. Nothing is gathered.
     std::set<std::string> copies;
     for (const auto& tie : pipe_->tied_parameters().ties()) {
       copies.insert(tie.names.begin() + 1, tie.names.end());
     }
-    // Each stage of the first replica sends its layers' tensors to rank 0, which receives them
-    // into tensors of their own: rank 0's copies of other stages' layers may share tensors with
-    // its own (tied parameters), and its live weights must not change.
-    std::map<std::string, at::Tensor> weights;
-    for (int64_t stage = 0; stage < pipe_->stages() && replica_ == 0; ++stage) {
-      const int64_t first = first_layer_of(stage);
-      const int64_t end = first + pipe_->balance()[stage];
-      const int64_t owner = pipe_->rank_of_stage(stage);
-      for (const auto& item : everything) {
-        const int64_t layer = layer_of(item.key());
-        if (layer < first || layer >= end || copies.count(item.key())) continue;
-        at::Tensor gathered = world_->gather_to_zero(item.value(), owner);
-        if (gathered.defined()) weights[item.key()] = std::move(gathered);
+    WeightShard shard;
+    shard.count = stages_;
+    shard.index = replica_ == 0 ? pipeline_->rank() : -1;
+    if (shard.index < 0) return shard;
+    auto everything = module.layers()->named_parameters();
+    for (const auto& b : module.layers()->named_buffers()) everything.insert(b.key(), b.value());
+    for (const auto& item : everything) {
+      if (holds_layer(layer_of(item.key())) && !copies.count(item.key())) {
+        shard.weights[item.key()] = item.value().detach();
       }
     }
-    return weights;
+    return shard;
   }
 
-  void load_weights(Module& module, std::map<std::string, at::Tensor> weights,
-                    const std::string& source) override {
-    // gather_weights stored a tied parameter once, under its first name: every name loads it.
+  std::map<std::string, std::string> tied_names() const override {
+    std::map<std::string, std::string> first_names;
     for (const auto& tie : pipe_->tied_parameters().ties()) {
-      const auto stored = weights.find(tie.names.front());
-      if (stored == weights.end()) continue;
-      for (const auto& name : tie.names) weights.emplace(name, stored->second);
+      for (const auto& name : tie.names) {
+        if (name != tie.names.front()) first_names[name] = tie.names.front();
+      }
     }
+    return first_names;
+  }
+
+  void load_weights(Module& module, const StoredWeights& stored) override {
+    // A tied parameter was stored once, under its first name: every name loads it.
+    auto stored_under = tied_names();
+    // The model is checked against what is stored (where built per rank, each process its own
+    // layers); each process reads its own layers' tensors.
     auto layers = module.layers();
-    pipetrain::load_weights(layers, weights, source);
+    WeightSelection selection;
+    selection.wanted = [&](const std::string& name) { return holds_layer(layer_of(name)); };
+    selection.held_elsewhere = [&](const std::string& name) {
+      return held_elsewhere(layers, name);
+    };
+    selection.stored_under = std::move(stored_under);
+    pipetrain::load_weights(layers, stored, selection);
   }
 
   std::map<std::string, std::string> layout() const override {
@@ -560,16 +608,29 @@ class PipelineStrategy : public Strategy {
     return first;
   }
 
-  // Every rank built the whole model; rank 0's weights become everyone's, as DDP does, so a rank
-  // seeded differently cannot silently train different initial weights.
+  // Whether `layer` (its index in the Sequential) is in one of this process's stages.
+  bool holds_layer(int64_t layer) const {
+    for (int64_t stage = 0; stage < pipe_->stages(); ++stage) {
+      const int64_t first = first_layer_of(stage);
+      if (layer >= first && layer < first + pipe_->balance()[stage]) {
+        return pipe_->rank_of_stage(stage) == pipeline_->rank();
+      }
+    }
+    return false;
+  }
+
+  // Rank 0's weights become everyone's, as DDP does, so a rank seeded differently cannot silently
+  // train different initial weights. A model built per rank holds its own layers alone: the first
+  // replica's become the other replicas' (each layer's seed already makes them equal).
   void broadcast_initial_weights(Module& module) {
-    if (world_->size() == 1) return;
+    const auto& among = module.layer_specs().empty() ? world_ : replicas_of_stage_;
+    if (among->size() == 1) return;
     torch::NoGradGuard no_grad;
     std::vector<at::Tensor> tensors = module.layers()->parameters();
     for (const auto& b : module.layers()->buffers()) tensors.push_back(b);
     for (auto& t : tensors) {
       const at::Tensor here = t.to(device());
-      world_->broadcast_into(here);
+      among->broadcast_into(here);
       if (!here.is_same(t)) t.copy_(here);
     }
   }

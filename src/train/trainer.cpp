@@ -239,6 +239,7 @@ void Trainer::setup(Module& module) {
     throw std::logic_error("a Trainer serves one Module; make a new Trainer for another model");
   }
   try {
+    if (!module.layer_specs().empty()) strategy_->build_layers(module, *world_, options_.seed());
     auto layers = module.layers();
     convert_module(layers, options_.precision());
     strategy_->setup(module, world_);

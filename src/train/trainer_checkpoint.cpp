@@ -32,8 +32,11 @@ namespace fs = std::filesystem;
 namespace {
 
 // This rank's parameters under their names in the whole model ("3.weight"), each once: a tensor
-// several layers share goes by its first name, on every stage that holds it.
-NamedParameters named_parameters(const Module& module) {
+// several layers share goes by its first name, on every stage that holds it, and so does a copy of
+// a tied parameter (`tied`, Strategy::tied_names), so that its optimizer state is found under any
+// layout.
+NamedParameters named_parameters(const Module& module,
+                                 const std::map<std::string, std::string>& tied) {
   std::map<const c10::TensorImpl*, std::string> first_name;
   for (const auto& item : module.layers()->named_parameters()) {
     first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
@@ -44,9 +47,25 @@ NamedParameters named_parameters(const Module& module) {
     const auto* impl = item.value().unsafeGetTensorImpl();
     if (!seen.insert(impl).second) continue;
     const auto it = first_name.find(impl);
-    named.emplace_back(it == first_name.end() ? item.key() : it->second, item.value());
+    std::string name = it == first_name.end() ? item.key() : it->second;
+    if (const auto tie = tied.find(name); tie != tied.end()) name = tie->second;
+    named.emplace_back(std::move(name), item.value());
   }
   return named;
+}
+
+// `named` split into lists in which each name appears once: the first holds each name's first
+// tensor, the next the copies of a tied parameter that one process holds twice (their optimizer
+// states are equal: one is saved, and each copy loads it).
+std::vector<NamedParameters> by_distinct_names(const NamedParameters& named) {
+  std::vector<NamedParameters> lists;
+  std::map<std::string, size_t> count;
+  for (const auto& item : named) {
+    const size_t list = count[item.first]++;
+    if (lists.size() <= list) lists.resize(list + 1);
+    lists[list].push_back(item);
+  }
+  return lists;
 }
 
 }  // namespace
@@ -81,12 +100,14 @@ void Trainer::save_checkpoint(const std::string& path) {
   }
   const CheckpointWriters writers{world_->rank(), [&] { world_->barrier(); },
                                   [&](const std::string& error) { world_->publish_error(error); }};
-  write_checkpoint(writers, path, strategy_->gather_weights(*module_), state, [&] {
+  write_checkpoint(writers, path, strategy_->weight_shard(*module_), state, [&] {
     torch::serialize::OutputArchive archive;
     // Replicas hold the same state: the first replica's ranks write it.
     if (strategy_->batch_shard().replica == 0) {
       torch::serialize::OutputArchive optimizer_archive;
-      save_optimizer_state(*optimizer_, named_parameters(*module_), optimizer_archive);
+      const auto lists = by_distinct_names(named_parameters(*module_, strategy_->tied_names()));
+      save_optimizer_state(*optimizer_, lists.empty() ? NamedParameters() : lists.front(),
+                           optimizer_archive);
       archive.write("optimizer", optimizer_archive);
     }
     archive.write("cpu_rng_state", RngState::capture().cpu_state());
@@ -106,7 +127,7 @@ std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
 void Trainer::restore(Module& module, const std::string& path, bool full) {
   // Everything is read and checked before anything is changed.
   const TrainingState state = read_training_state(path);
-  auto weights = read_checkpoint_weights(path);
+  const StoredWeights weights(path);
   auto read_rank_file = [&](int64_t rank) {
     const auto rank_file = checkpoint_rank_path(path, rank);
     torch::serialize::InputArchive archive;
@@ -131,14 +152,16 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
     }
     if (same_layout) own = read_rank_file(world_->rank());
   }
-  strategy_->load_weights(module, std::move(weights), checkpoint_weights_path(path));
+  strategy_->load_weights(module, weights);
   if (!full) return;
 
-  const auto parameters = named_parameters(module);
+  const auto parameters = by_distinct_names(named_parameters(module, strategy_->tied_names()));
   for (auto& archive : archives) {
     torch::serialize::InputArchive optimizer_archive;
     if (archive.try_read("optimizer", optimizer_archive)) {
-      load_optimizer_state(*optimizer_, parameters, optimizer_archive);
+      for (const auto& distinct : parameters) {
+        load_optimizer_state(*optimizer_, distinct, optimizer_archive);
+      }
     }
   }
   at::Tensor rng_state;

@@ -4,7 +4,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/checkpoint_io.h"
 #include "pipetrain/safetensors.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
@@ -61,7 +65,21 @@ TEST(CheckpointFile, SavedWithTwoStagesLoadsIntoOneAndThreeStages) {
   const auto root = make_temp_dir("layouts");
   run_ok(command("fit", root, {"--strategy", "pipe", "--devices", "2", "--max-steps", "8"}));
   const auto ckpt = last_checkpoint(root);
-  ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors"));
+  // Each stage's process wrote its own layers (balance 7,8), nothing gathered; the index, as
+  // Hugging Face's, says which file holds each tensor.
+  EXPECT_FALSE(fs::exists(ckpt + "/model.safetensors"));
+  const auto first = read_safetensors_header(ckpt + "/model-00001-of-00002.safetensors");
+  const auto second = read_safetensors_header(ckpt + "/model-00002-of-00002.safetensors");
+  ASSERT_FALSE(first.empty());
+  ASSERT_FALSE(second.empty());
+  for (const auto& [name, entry] : first) EXPECT_LT(std::stoi(name), 7) << name;
+  for (const auto& [name, entry] : second) EXPECT_GE(std::stoi(name), 7) << name;
+  std::ifstream index_file(ckpt + "/model.safetensors.index.json");
+  const auto index = nlohmann::json::parse(index_file);
+  EXPECT_EQ(index.at("weight_map").size(), first.size() + second.size());
+  EXPECT_EQ(index.at("weight_map").at(first.begin()->first), "model-00001-of-00002.safetensors");
+  EXPECT_EQ(index.at("weight_map").at(second.begin()->first), "model-00002-of-00002.safetensors");
+  EXPECT_EQ(read_checkpoint_weights(ckpt).size(), first.size() + second.size());
 
   auto val_loss = [&](std::vector<std::string> layout) {
     layout.insert(layout.end(), {"--ckpt-path", ckpt});
@@ -80,6 +98,30 @@ TEST(CheckpointFile, SavedWithTwoStagesLoadsIntoOneAndThreeStages) {
   run_ok(
       command("fit", root,
               {"--strategy", "pipe", "--devices", "3", "--max-steps", "10", "--ckpt-path", ckpt}));
+  // A shard missing, or an index that is not JSON: every rank refuses, naming the file.
+  auto refused = [&](const std::string& name, const std::function<void(const std::string&)>& damage,
+                     const std::string& phrase) {
+    const auto broken = root + "/" + name + ".ckpt";
+    fs::copy(ckpt, broken, fs::copy_options::recursive);
+    damage(broken);
+    const auto result =
+        run_command(command("validate", make_temp_dir("layouts-broken"),
+                            {"--strategy", "pipe", "--devices", "2", "--ckpt-path", broken}));
+    EXPECT_NE(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.output.find(phrase), std::string::npos) << result.output;
+  };
+  refused(
+      "no-shard",
+      [](const std::string& dir) { fs::remove(dir + "/model-00002-of-00002.safetensors"); },
+      "model.safetensors.index.json puts weights in model-00002-of-00002.safetensors, which is "
+      "missing");
+  refused(
+      "bad-index",
+      [](const std::string& dir) {
+        std::ofstream(dir + "/model.safetensors.index.json", std::ios::trunc)
+            << "{\"weight_map\": ";
+      },
+      "has a corrupt model.safetensors.index.json");
   fs::remove_all(root);
 }
 

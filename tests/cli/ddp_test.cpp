@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 
+#include "pipetrain/checkpoint_io.h"
 #include "pipetrain/launcher.h"
 #include "pipetrain/safetensors.h"
 #include "support/command.h"
@@ -34,8 +35,7 @@ std::vector<std::string> fit(const std::string& root, int64_t batch_size,
 }
 
 TensorMap final_weights(const std::string& root) {
-  return load_safetensors(root +
-                          "/lightning_logs/version_0/checkpoints/last.ckpt/model.safetensors");
+  return read_checkpoint_weights(root + "/lightning_logs/version_0/checkpoints/last.ckpt");
 }
 
 // The runs under `expected` and `actual` logged the same losses and saved the same weights.

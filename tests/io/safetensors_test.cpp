@@ -144,6 +144,38 @@ TEST_F(Safetensors, WithoutMetadataLoadsNoneAndTakesNoOutput) {
   EXPECT_EQ(load_safetensors(file("a.safetensors")).size(), 1u);
 }
 
+// What a checkpoint's reader uses: a file's listing for the cost of its header, and some of its
+// tensors without the rest; a damaged file is refused either way.
+TEST_F(Safetensors, HeaderAloneAndSomeTensorsAlone) {
+  const auto a = torch::arange(6, torch::kFloat).reshape({2, 3});
+  const auto b = torch::arange(4, torch::kBFloat16);
+  const auto c = torch::tensor({1, 2}, torch::kLong);
+  save_safetensors(file("a.safetensors"), {{"a", a}, {"b", b}, {"c", c}});
+  const auto listed = read_safetensors_header(file("a.safetensors"));
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed.at("a").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(listed.at("a").dtype, torch::kFloat);
+  EXPECT_EQ(listed.at("a").nbytes, 24);
+  EXPECT_EQ(listed.at("b").dtype, torch::kBFloat16);
+  EXPECT_EQ(listed.at("b").nbytes, 8);
+  const auto some = load_safetensors(file("a.safetensors"), std::set<std::string>{"a", "c"});
+  ASSERT_EQ(some.size(), 2u);
+  EXPECT_TRUE(torch::equal(some.at("a"), a));
+  EXPECT_TRUE(torch::equal(some.at("c"), c));
+  try {
+    load_safetensors(file("a.safetensors"), std::set<std::string>{"a", "d"});
+    ADD_FAILURE() << "a missing name was not refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("it holds no tensor \"d\""), std::string::npos)
+        << e.what();
+  }
+  const auto bytes = read_bytes(file("a.safetensors"));
+  write_bytes(file("a.safetensors"), bytes.substr(0, bytes.size() - 1));
+  EXPECT_THROW(read_safetensors_header(file("a.safetensors")), std::runtime_error);
+  EXPECT_THROW(load_safetensors(file("a.safetensors"), std::set<std::string>{"a"}),
+               std::runtime_error);
+}
+
 TEST_F(Safetensors, SameTensorsGiveTheSameBytes) {
   const auto tensors = every_dtype();
   save_safetensors(file("one.safetensors"), tensors, {{"k", "v"}});

@@ -6,6 +6,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "pipetrain/checkpoint_io.h"
 #include "support/multiprocess.h"
 #include "support/trainer_run.h"
 
@@ -18,7 +19,7 @@ TrainerOptions FitRun::trainer_options(PipeOptions pipe) const {
 
 std::string FitRun::last_checkpoint() const { return root + "/checkpoints/last.ckpt"; }
 
-std::string FitRun::final_weights() const { return last_checkpoint() + "/model.safetensors"; }
+TensorMap FitRun::final_weights() const { return read_checkpoint_weights(last_checkpoint()); }
 
 std::string FitRun::rank_tensors(int64_t rank) const {
   return root + "/rank-" + std::to_string(rank) + ".safetensors";

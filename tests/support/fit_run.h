@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "pipetrain/safetensors.h"
 #include "pipetrain/trainer_options.h"
 
 // Visits each named member, `visit(name, member)`, the name as written ("batch_size").
@@ -60,7 +61,7 @@ struct FitRun {
 
   // The checkpoint the fit saved last, and the model's weights in it.
   std::string last_checkpoint() const;
-  std::string final_weights() const;
+  TensorMap final_weights() const;
   // Where rank `rank` wrote the tensors of its layers (save_local_tensors).
   std::string rank_tensors(int64_t rank) const;
 

@@ -33,8 +33,10 @@ void save_local_tensors(const Module& module, const std::string& path) {
 
 void expect_same_weights(const std::string& expected_path, const std::string& actual_path,
                          double tolerance) {
-  const auto expected = load_safetensors(expected_path);
-  const auto actual = load_safetensors(actual_path);
+  expect_same_weights(load_safetensors(expected_path), load_safetensors(actual_path), tolerance);
+}
+
+void expect_same_weights(const TensorMap& expected, const TensorMap& actual, double tolerance) {
   ASSERT_EQ(actual.size(), expected.size());
   for (const auto& [name, tensor] : expected) {
     ASSERT_TRUE(actual.count(name)) << name;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pipetrain/module.h"
+#include "pipetrain/safetensors.h"
 #include "pipetrain/trainer_options.h"
 
 namespace pipetrain::testing {
@@ -21,6 +22,7 @@ void save_local_tensors(const Module& module, const std::string& path);
 // The safetensors files hold the same names with values within `tolerance` (absolute).
 void expect_same_weights(const std::string& expected_path, const std::string& actual_path,
                          double tolerance);
+void expect_same_weights(const TensorMap& expected, const TensorMap& actual, double tolerance);
 
 // As many losses, each within `relative` of the expected one (named by its step on failure).
 void expect_same_losses(const std::vector<double>& expected, const std::vector<double>& actual,

@@ -118,9 +118,11 @@ class CountingStrategy : public Strategy {
     return inner_->reduce_metrics(metrics);
   }
   at::Tensor gradient_norm(Module& module) override { return inner_->gradient_norm(module); }
-  std::map<std::string, at::Tensor> gather_weights(Module& module) override {
-    return inner_->gather_weights(module);
+  WeightShard weight_shard(Module& module) override { return inner_->weight_shard(module); }
+  void load_weights(Module& module, const StoredWeights& stored) override {
+    inner_->load_weights(module, stored);
   }
+  std::map<std::string, std::string> tied_names() const override { return inner_->tied_names(); }
   std::map<std::string, std::string> layout() const override { return inner_->layout(); }
   std::string describe() const override { return "counting " + inner_->describe(); }
 

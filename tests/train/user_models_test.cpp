@@ -40,6 +40,27 @@ class MaskedRegression : public SgdModule {
   }
 };
 
+// The same regression described layer by layer, as a user describes a model too large for one
+// process: each process builds only the layers of its stages (layer_spec.h).
+class MaskedRegressionBuiltPerRank : public Module {
+ public:
+  MaskedRegressionBuiltPerRank()
+      : Module(std::vector<LayerSpec>{layer([] { return torch::nn::Linear(4, 16); }),
+                                      layer([] { return torch::nn::Tanh(); }),
+                                      layer([] { return torch::nn::Linear(16, 16); }),
+                                      layer([] { return torch::nn::Tanh(); }),
+                                      layer([] { return torch::nn::Linear(16, 3); })}) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    const auto y = batch.target.slice(1, 0, 3), mask = batch.target.slice(1, 3, 6);
+    auto loss = sum_over(((forward(batch.data) - y).pow(2) * mask).sum(), mask.sum());
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+
 TensorDataset masked_data() {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(9);
   auto x = torch::randn({64, 4}, generator);
@@ -97,6 +118,7 @@ class InputNormalised : public SgdModule {
 
 std::unique_ptr<Module> make_model(const std::string& name) {
   if (name == "masked") return std::make_unique<MaskedRegression>();
+  if (name == "masked_per_rank") return std::make_unique<MaskedRegressionBuiltPerRank>();
   if (name == "preprocessing") return std::make_unique<PreprocessingInTheStep>();
   if (name == "input_normalised") return std::make_unique<InputNormalised>();
   return std::make_unique<Normalised>();
@@ -109,7 +131,7 @@ void train(const UserRun& run) {
                       .accumulate_grad_batches(run.accumulate)
                       .max_epochs(2));
   auto model = make_model(run.model);
-  const auto data = run.model == "masked" ? masked_data() : [] {
+  const auto data = run.model.rfind("masked", 0) == 0 ? masked_data() : [] {
     auto d = masked_data();
     return TensorDataset{d.inputs, d.targets.slice(1, 0, 3).repeat({1, 2})};
   }();
@@ -117,6 +139,16 @@ void train(const UserRun& run) {
   const DataLoader loader(data, DataLoaderOptions().batch_size(run.batch_size));
   trainer.fit(*model, loader, &loader);
   save_local_tensors(*model, run.rank_tensors(worker_rank()));
+  if (!model->layer_specs().empty()) {
+    // Nothing built but what this process runs.
+    const auto runs = model->local_layers()->named_parameters();
+    for (const auto& item : model->layers()->named_parameters()) {
+      if (!runs.contains(item.key())) {
+        throw std::logic_error("rank " + std::to_string(worker_rank()) + " built " + item.key() +
+                               ", a layer it does not run");
+      }
+    }
+  }
 }
 
 // Runs `train` in ranks; a rank that fails records its error (recorded_error).
@@ -165,6 +197,34 @@ TEST_F(UserModels, SumOverNormalisesByTheGlobalCountUnderPipeDdpAndAccumulation)
     expect_same_train_losses(single.root, other->root);
     expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
   }
+}
+
+// Built per rank, each process builds and holds its own layers alone (train() checks it), and pipe
+// and ddp train as single built the same way does.
+TEST_F(UserModels, AModelBuiltPerRankTrainsUnderPipeAndDdpAsSingle) {
+  auto single = run("masked_per_rank", "single");
+  train(single);
+  auto pipe = run("masked_per_rank", "pipe");
+  pipe.strategy = "pipe";
+  pipe.devices = 2;
+  pipe.chunks = 4;
+  train_in_ranks(pipe, 2);
+  auto ddp = run("masked_per_rank", "ddp");
+  ddp.strategy = "ddp";
+  ddp.devices = 2;
+  ddp.batch_size = 8;
+  train_in_ranks(ddp, 2);
+  for (const auto* other : {&pipe, &ddp}) {
+    SCOPED_TRACE(other->root);
+    expect_same_train_losses(single.root, other->root);
+    expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
+  }
+  const auto first = load_safetensors(pipe.rank_tensors(0));
+  const auto second = load_safetensors(pipe.rank_tensors(1));
+  EXPECT_TRUE(first.count("0.weight"));
+  EXPECT_FALSE(first.count("4.weight"));
+  EXPECT_TRUE(second.count("4.weight"));
+  EXPECT_FALSE(second.count("0.weight"));
 }
 
 TEST_F(UserModels, ForwardOnAnythingButTheStepsBatchIsRefusedUnderEveryStrategy) {
@@ -272,7 +332,7 @@ TEST_F(UserModels, DdpReplicasHoldReplicaZerosBatchNormStatistics) {
   ddp.batch_size = 8;
   train_in_ranks(ddp, 2);
   expect_same_weights(ddp.rank_tensors(0), ddp.rank_tensors(1), 0);
-  const auto saved = load_safetensors(ddp.final_weights());
+  const auto saved = ddp.final_weights();
   const auto replica0 = load_safetensors(ddp.rank_tensors(0));
   EXPECT_TRUE(torch::equal(saved.at("4.running_mean"), replica0.at("4.running_mean")));
 }

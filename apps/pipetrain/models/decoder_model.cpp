@@ -1,13 +1,46 @@
 #include "models/decoder_model.h"
 
 #include <optional>
+#include <utility>
 
+#include <pipetrain/checkpoint_io.h>
 #include <pipetrain/cross_entropy.h>
 
-namespace pipetrain::cli {
+#include "models/hf_decoder.h"
 
-DecoderModel::DecoderModel(const nn::DecoderConfig& config, const OptimizerRecipe& recipe)
-    : LanguageModel(nn::decoder(config), config, recipe) {}
+namespace pipetrain::cli {
+namespace {
+
+// Each layer as decoder_layers() builds it, then, from `init_from`, given that layer's tensors
+// alone (a tied head takes the embedding's values through its tie).
+std::vector<LayerSpec> layers_read_from(const nn::DecoderConfig& config,
+                                        const std::string& init_from) {
+  auto layers = nn::decoder_layers(config);
+  if (init_from.empty()) return layers;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!layers[i].tied_to.empty()) continue;
+    const std::string prefix = std::to_string(i) + ".";
+    layers[i].build = [config, init_from, prefix, build = std::move(layers[i].build)] {
+      auto layer = build();
+      const auto read = read_hf_decoder_weights(
+          init_from, config, [&](const std::string& name) { return name.rfind(prefix, 0) == 0; });
+      // In a Sequential of its own, as layer "0": load_weights' checks, by the layer's names.
+      torch::nn::Sequential holder;
+      holder->push_back(layer);
+      std::map<std::string, at::Tensor> own;
+      for (const auto& [name, tensor] : read) own["0." + name.substr(prefix.size())] = tensor;
+      load_weights(holder, own, init_from);
+      return layer;
+    };
+  }
+  return layers;
+}
+
+}  // namespace
+
+DecoderModel::DecoderModel(const nn::DecoderConfig& config, const OptimizerRecipe& recipe,
+                           const std::string& init_from)
+    : LanguageModel(layers_read_from(config, init_from), config, recipe) {}
 
 at::Tensor DecoderModel::loss(const Batch& batch) {
   // Every position is a target, so no ignore_index (and no masking pass).

@@ -494,12 +494,10 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
   // Where each tensor of the folder is, and the file whose listing says so (for messages).
   std::map<std::string, std::string> file_of;
   std::string listing;
-  std::optional<TensorMap> single_file;
   // A single file first, as transformers looks for it first.
   if (fs::is_regular_file(folder / kSingleFile)) {
     listing = (folder / kSingleFile).string();
-    single_file = load_safetensors(listing);
-    for (const auto& [name, tensor] : *single_file) file_of[name] = listing;
+    for (const auto& [name, entry] : read_safetensors_header(listing)) file_of[name] = listing;
   } else if (fs::is_regular_file(folder / kIndexFile)) {
     listing = (folder / kIndexFile).string();
     const Json index = read_json_object(listing);
@@ -554,20 +552,25 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
     return wanted(tensor.ours) ||
            (config.tie_word_embeddings && tensor.ours == "0.weight" && wanted(tied_head));
   };
-  // Each file opened once, and only when it holds a tensor wanted.
+  // Each file opened once, only when it holds a tensor wanted, and only those tensors read.
   std::map<std::string, std::vector<const DecoderTensor*>> wanted_by_file;
   for (const auto& tensor : tensors) {
     if (is_wanted(tensor)) wanted_by_file[file_of.at(tensor.theirs)].push_back(&tensor);
   }
   std::map<std::string, at::Tensor> weights;
   for (const auto& [file, wanted_here] : wanted_by_file) {
-    if (!single_file && !fs::is_regular_file(file)) {
+    if (!fs::is_regular_file(file)) {
       throw std::invalid_argument(listing + " puts tensors in " + file +
                                   ", which does not exist: the folder is incomplete (download or "
                                   "copy that shard)");
     }
-    const TensorMap stored = single_file ? std::move(*single_file) : load_safetensors(file);
-    single_file.reset();
+    std::set<std::string> held;
+    for (const auto& [name, entry] : read_safetensors_header(file)) held.insert(name);
+    std::set<std::string> names;
+    for (const DecoderTensor* tensor : wanted_here) {
+      if (held.count(tensor->theirs)) names.insert(tensor->theirs);
+    }
+    const TensorMap stored = load_safetensors(file, names);
     for (const DecoderTensor* tensor : wanted_here) {
       const auto found = stored.find(tensor->theirs);
       if (found == stored.end()) {

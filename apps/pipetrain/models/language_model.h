@@ -51,6 +51,9 @@ class LanguageModel : public Module {
  protected:
   LanguageModel(torch::nn::Sequential layers, const Config& config, OptimizerRecipe recipe)
       : Module(std::move(layers)), config_(config), recipe_(std::move(recipe)) {}
+  // Built per rank (pipetrain/layer_spec.h).
+  LanguageModel(std::vector<LayerSpec> layers, const Config& config, OptimizerRecipe recipe)
+      : Module(std::move(layers)), config_(config), recipe_(std::move(recipe)) {}
 
   // The mean cross-entropy of predicting batch.target (the token after each position) from
   // batch.data (token ids [B, T]).

@@ -373,11 +373,9 @@ BuiltInModel make_model(const ModelOptions& options) {
                                   "model's vocabulary, 32-bit above 65535 tokens)");
     }
     const nn::DecoderConfig config = decoder_config(options);
-    built.module = std::make_unique<DecoderModel>(config, optimizer_recipe(options));
-    if (!options.init_from.empty()) {
-      auto layers = built.module->layers();
-      load_weights(layers, read_hf_decoder_weights(options.init_from, config), options.init_from);
-    }
+    // Built per rank: each process reads its own layers' tensors of --init-from.
+    built.module =
+        std::make_unique<DecoderModel>(config, optimizer_recipe(options), options.init_from);
     read_token_files(options, config.block_size, config.vocab_size, built);
   } else if (options.name == "gpt" && !options.train_data.empty()) {
     GptConfig config;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <pipetrain/layer_spec.h>
 #include <pipetrain/nn/attention.h>
 #include <pipetrain/nn/mlp.h>
 #include <pipetrain/nn/rms_norm.h>
@@ -87,6 +88,11 @@ std::vector<std::string> decoder_preset_names();
 // 1))) (l from 0), torchtitan's depth scaling (torchtitan itself truncates its normals and draws
 // the embedding at 1 and its untied head at n_embd^-1/2); RMSNorm weights 1, biases 0.
 torch::nn::Sequential decoder(const DecoderConfig& config);
+
+// The same layers described one by one, for a model built per rank (pipetrain/layer_spec.h): each
+// process builds only its stages' layers, each drawn as above from its own seed. A tied head is a
+// matrix of its own tied by name to the embedding ("0.weight"), whose values it starts from.
+std::vector<LayerSpec> decoder_layers(const DecoderConfig& config);
 
 // Model FLOPs of one token's forward and backward at block_size: 6 N + 12 n_layer n_head head_dim
 // block_size, N the parameters that multiply (an untied embedding is a lookup and not counted; a
