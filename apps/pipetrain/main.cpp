@@ -502,8 +502,8 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   }
   // "last" and "best" as the Trainer resolves them for the other subcommands.
   const std::string checkpoint = pipetrain::resolve_checkpoint_path(ckpt_path, default_root_dir);
-  const auto weights = pipetrain::read_checkpoint_weights(checkpoint);
   if (gpt2) {
+    const auto weights = pipetrain::read_checkpoint_weights(checkpoint);
     pipetrain::cli::export_hf_gpt2(weights, pipetrain::cli::gpt2_config_of(weights, model.n_head),
                                    output);
     std::cout << "wrote " << output << "/model.safetensors and config.json "
@@ -518,7 +518,10 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   auto shape = model;
   if (std::filesystem::exists(run_dir / "config.json")) shape.init_from = run_dir.string();
   const auto config = pipetrain::cli::decoder_config(shape);
-  pipetrain::cli::export_hf_decoder(weights, config, model.name, output,
+  // One output shard's tensors read at a time, from the checkpoint's files that hold them.
+  const pipetrain::StoredWeights stored(checkpoint);
+  pipetrain::cli::export_hf_decoder(pipetrain::cli::WeightSource::of(stored), config, model.name,
+                                    output,
                                     pipetrain::cli::parse_max_shard_size(max_shard_size),
                                     dtype == "bf16" ? at::kBFloat16 : at::kFloat, model.init_from);
   std::cout << "wrote " << output << " (transformers.AutoModelForCausalLM.from_pretrained(\""

@@ -38,7 +38,21 @@ struct LayerSpec {
   // other's global name, {"weight": "0.weight"}. The copy starts from the other's values and they
   // train as one parameter (PipeOptions::tied_parameters).
   std::map<std::string, std::string> tied_to;
+  // Where the same process holds the layers it is tied to (one stage, or a V schedule's first
+  // rank): builds it sharing their tensors, given the layers built before it, so that the process
+  // holds one tensor (one gradient, one optimizer state), as a model built whole does. Unset: a
+  // copy there too.
+  std::function<torch::nn::AnyModule(const torch::nn::Sequential& built)> build_sharing;
 
+  // Ties parameter `own` to `global_name`; `sharing` as build_sharing.
+  template <typename BuildSharing>
+  LayerSpec& tie(const std::string& own, const std::string& global_name, BuildSharing sharing) {
+    tied_to[own] = global_name;
+    build_sharing = [sharing = std::move(sharing)](const torch::nn::Sequential& built) {
+      return torch::nn::AnyModule(sharing(built));
+    };
+    return *this;
+  }
   LayerSpec& tie(const std::string& own, const std::string& global_name) {
     tied_to[own] = global_name;
     return *this;

@@ -231,7 +231,9 @@ std::vector<LayerSpec> decoder_layers(const DecoderConfig& config) {
   if (config.tie_word_embeddings) {
     layers.push_back(
         layer([config] { return LMHead(config.n_embd, config.vocab_size); }, vocab * width)
-            .tie("weight", "0.weight"));
+            .tie("weight", "0.weight", [](const torch::nn::Sequential& built) {
+              return LMHead(Embedding(built->ptr<EmbeddingImpl>(0)));
+            }));
   } else {
     layers.push_back(layer([config] { return make_untied_head(config); }, vocab * width));
   }

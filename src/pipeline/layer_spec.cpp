@@ -22,7 +22,8 @@ uint64_t layer_seed(uint64_t seed, int64_t index) {
 
 // Layer `index` built under its own seed, the default CPU generator put back afterwards (the run's
 // random draws do not depend on which layers a process builds).
-torch::nn::AnyModule build_one(const LayerSpec& spec, int64_t index, uint64_t seed) {
+torch::nn::AnyModule build_one(const LayerSpec& spec, int64_t index, uint64_t seed,
+                               const torch::nn::Sequential* sharing_with = nullptr) {
   if (!spec.build) {
     throw std::invalid_argument("LayerSpec " + std::to_string(index) +
                                 " has no build function: give each layer one (pipetrain::layer)");
@@ -38,7 +39,18 @@ torch::nn::AnyModule build_one(const LayerSpec& spec, int64_t index, uint64_t se
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_current_seed(layer_seed(seed, index));
   }
-  return spec.build();
+  return sharing_with ? spec.build_sharing(*sharing_with) : spec.build();
+}
+
+// Whether layer `index`'s ties can share tensors: it has a way to, and every layer it is tied to
+// is built here, before it.
+bool can_share(const LayerSpec& spec, int64_t index, const std::vector<bool>& held) {
+  if (!spec.build_sharing || spec.tied_to.empty()) return false;
+  for (const auto& [own, global] : spec.tied_to) {
+    const int64_t layer = std::stoll(global.substr(0, global.find('.')));
+    if (layer >= index || !held.at(static_cast<size_t>(layer))) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -72,7 +84,9 @@ torch::nn::Sequential build_layers(const std::vector<LayerSpec>& specs,
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto index = static_cast<int64_t>(i);
     if (held[i]) {
-      sequential->push_back(std::to_string(i), build_one(specs[i], index, seed));
+      const bool share = can_share(specs[i], index, held);
+      sequential->push_back(std::to_string(i),
+                            build_one(specs[i], index, seed, share ? &sequential : nullptr));
     } else {
       sequential->push_back(std::to_string(i), NotHeld(index));
     }

@@ -1,13 +1,17 @@
 // `pipetrain export --format hf` of a Llama: the shape comes from the config.json that fit keeps
 // beside its checkpoints, so what the weights do not say (RoPE's theta, RMSNorm's epsilon, an
 // untied head) reaches the folder without repeating fit's flags, and a flag that contradicts it is
-// refused.
+// refused. The checkpoint is one of two stages (each stage's file its own layers): export reads it
+// one output shard at a time, and writes the weights as trained.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
 
+#include "pipetrain/checkpoint_io.h"
+#include "pipetrain/safetensors.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
 
@@ -27,7 +31,7 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
                             "--model",
                             "llama",
                             "--n-layer",
-                            "1",
+                            "2",
                             "--n-embd",
                             "16",
                             "--n-head",
@@ -59,13 +63,32 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
                             "--enable-progress-bar",
                             "false",
                             "--default-root-dir",
-                            dir + "/run"}));
+                            dir + "/run",
+#ifdef PIPETRAIN_HAS_GLOO
+                            "--strategy",
+                            "pipe",
+                            "--devices",
+                            "2",
+#endif
+                            "--chunks",
+                            "2"}));
   const auto export_command = [&](const std::string& output, std::vector<std::string> extra) {
     return pipetrain_command({"export", "--format", "hf", "--model", "llama", "--ckpt-path", "last",
                               "--default-root-dir", dir + "/run", "--output", output},
                              extra);
   };
-  run_ok(export_command(dir + "/hf", {}));
+  run_ok(export_command(dir + "/hf", {"--dtype", "fp32"}));
+  const std::string checkpoint = dir + "/run/lightning_logs/version_0/checkpoints/last.ckpt";
+#ifdef PIPETRAIN_HAS_GLOO
+  EXPECT_TRUE(fs::exists(checkpoint + "/model.safetensors.index.json"));
+#endif
+  const auto trained = read_checkpoint_weights(checkpoint);
+  const auto exported = load_safetensors(dir + "/hf/model.safetensors");
+  EXPECT_TRUE(torch::equal(exported.at("model.embed_tokens.weight"), trained.at("0.weight")));
+  EXPECT_TRUE(torch::equal(exported.at("model.layers.1.mlp.down_proj.weight"),
+                           trained.at("2.mlp.down_proj.weight")));
+  EXPECT_TRUE(torch::equal(exported.at("model.norm.weight"), trained.at("3.weight")));
+  EXPECT_TRUE(torch::equal(exported.at("lm_head.weight"), trained.at("4.weight")));
   std::ifstream file(dir + "/hf/config.json");
   const auto config = nlohmann::json::parse(file);
   EXPECT_EQ(config.at("rope_theta"), 12345.0);

@@ -597,9 +597,33 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
   return weights;
 }
 
+WeightSource WeightSource::of(const std::map<std::string, at::Tensor>& weights) {
+  WeightSource source;
+  for (const auto& [name, tensor] : weights) source.shapes[name] = tensor.sizes().vec();
+  source.read = [&weights](const std::set<std::string>& names) {
+    std::map<std::string, at::Tensor> some;
+    for (const auto& name : names) some[name] = weights.at(name);
+    return some;
+  };
+  return source;
+}
+
+WeightSource WeightSource::of(const StoredWeights& stored) {
+  return WeightSource{stored.shapes(),
+                      [&stored](const std::set<std::string>& names) { return stored.read(names); }};
+}
+
 void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
                        const nn::DecoderConfig& config, const std::string& model_type,
                        const std::string& dir, int64_t max_shard_bytes, at::ScalarType dtype,
+                       const std::string& tokenizer_from) {
+  export_hf_decoder(WeightSource::of(weights), config, model_type, dir, max_shard_bytes, dtype,
+                    tokenizer_from);
+}
+
+void export_hf_decoder(const WeightSource& weights, const nn::DecoderConfig& config,
+                       const std::string& model_type, const std::string& dir,
+                       int64_t max_shard_bytes, at::ScalarType dtype,
                        const std::string& tokenizer_from) {
   // Everything checked before the first byte is written.
   if (model_type != "llama" && model_type != "qwen3") {
@@ -622,7 +646,7 @@ void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
   const std::string tied_head = std::to_string(config.n_layer + 2) + ".weight";
   std::set<std::string> expected;
   for (const auto& tensor : tensors) expected.insert(tensor.ours);
-  for (const auto& [name, tensor] : weights) {
+  for (const auto& [name, shape] : weights.shapes) {
     if (expected.count(name) == 0 && !(config.tie_word_embeddings && name == tied_head)) {
       throw std::invalid_argument("the weights hold \"" + name + "\", which a " + model_type +
                                   " of " + shape_words(config) +
@@ -630,9 +654,11 @@ void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
     }
   }
   // A head of its own written as tied would be dropped, and the folder would say another model.
-  const auto head = weights.find(tied_head), embedding = weights.find("0.weight");
-  if (config.tie_word_embeddings && head != weights.end() && embedding != weights.end() &&
-      !head->second.equal(embedding->second)) {
+  const bool both = weights.shapes.count(tied_head) && weights.shapes.count("0.weight");
+  const auto pair = config.tie_word_embeddings && both ? weights.read({tied_head, "0.weight"})
+                                                       : std::map<std::string, at::Tensor>();
+  if (!pair.empty() && (pair.at(tied_head).sizes() != pair.at("0.weight").sizes() ||
+                        !pair.at(tied_head).equal(pair.at("0.weight")))) {
     throw std::invalid_argument("the weights' head \"" + tied_head +
                                 "\" is not the token embedding \"0.weight\", but the shape to "
                                 "export has a tied head: the model was trained untied (pass "
@@ -640,17 +666,19 @@ void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
   }
   std::vector<int64_t> bytes;
   for (const auto& tensor : tensors) {
-    const auto found = weights.find(tensor.ours);
-    if (found == weights.end()) {
+    const auto found = weights.shapes.find(tensor.ours);
+    if (found == weights.shapes.end()) {
       throw std::invalid_argument("the weights have no \"" + tensor.ours + "\", which a " +
                                   model_type + " of " + shape_words(config) + " needs");
     }
-    if (found->second.sizes() != at::IntArrayRef(tensor.shape)) {
-      throw std::invalid_argument(
-          "\"" + tensor.ours + "\" has shape " + shape_text(found->second.sizes()) + ", not the " +
-          shape_text(tensor.shape) + " of a " + model_type + " of " + shape_words(config));
+    if (found->second != tensor.shape) {
+      throw std::invalid_argument("\"" + tensor.ours + "\" has shape " + shape_text(found->second) +
+                                  ", not the " + shape_text(tensor.shape) + " of a " + model_type +
+                                  " of " + shape_words(config));
     }
-    bytes.push_back(found->second.numel() * static_cast<int64_t>(c10::elementSize(dtype)));
+    int64_t elements = 1;
+    for (const int64_t size : found->second) elements *= size;
+    bytes.push_back(elements * static_cast<int64_t>(c10::elementSize(dtype)));
   }
   const TokenizerSource tokenizer = read_tokenizer_source(tokenizer_from);
 
@@ -659,17 +687,21 @@ void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
   fs::create_directories(folder, error);
   if (error) throw std::runtime_error("cannot create " + dir + ": " + error.message());
 
-  // One shard converted at a time: a model of bf16 files never needs a second whole copy.
+  // One shard read and converted at a time: never a second whole copy of the model, and from a
+  // checkpoint's files never more than one output shard's tensors.
   const auto shards = plan_shards(bytes, max_shard_bytes);
   std::set<std::string> written;
   Json weight_map = Json::object();
   int64_t total_size = 0;
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string name = shards.size() == 1 ? kSingleFile : shard_name(s, shards.size());
+    std::set<std::string> ours;
+    for (const size_t i : shards[s]) ours.insert(tensors[i].ours);
+    const auto read = weights.read(ours);
     TensorMap shard;
     for (const size_t i : shards[s]) {
       shard[tensors[i].theirs] =
-          weights.at(tensors[i].ours).detach().to(at::kCPU).to(dtype).contiguous();
+          read.at(tensors[i].ours).detach().to(at::kCPU).to(dtype).contiguous();
       weight_map[tensors[i].theirs] = name;
       total_size += bytes[i];
     }

@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include <pipetrain/checkpoint_io.h>
 #include <pipetrain/nn/decoder.h>
 
 namespace pipetrain::cli {
@@ -72,6 +74,23 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
 void export_hf_decoder(const std::map<std::string, at::Tensor>& weights,
                        const nn::DecoderConfig& config, const std::string& model_type,
                        const std::string& dir, int64_t max_shard_bytes = kHfDefaultMaxShardBytes,
+                       at::ScalarType dtype = at::kBFloat16,
+                       const std::string& tokenizer_from = "");
+
+// Where export reads the weights from: every tensor's shape, and the tensors asked for, so that
+// an export holds one output shard's tensors at a time.
+struct WeightSource {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  std::function<std::map<std::string, at::Tensor>(const std::set<std::string>& names)> read;
+
+  static WeightSource of(const std::map<std::string, at::Tensor>& weights);
+  static WeightSource of(const StoredWeights& stored);  // a checkpoint's files, read on demand
+};
+
+// The same, reading `weights` one output shard at a time.
+void export_hf_decoder(const WeightSource& weights, const nn::DecoderConfig& config,
+                       const std::string& model_type, const std::string& dir,
+                       int64_t max_shard_bytes = kHfDefaultMaxShardBytes,
                        at::ScalarType dtype = at::kBFloat16,
                        const std::string& tokenizer_from = "");
 

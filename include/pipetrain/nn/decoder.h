@@ -91,7 +91,8 @@ torch::nn::Sequential decoder(const DecoderConfig& config);
 
 // The same layers described one by one, for a model built per rank (pipetrain/layer_spec.h): each
 // process builds only its stages' layers, each drawn as above from its own seed. A tied head is a
-// matrix of its own tied by name to the embedding ("0.weight"), whose values it starts from.
+// matrix of its own tied by name to the embedding ("0.weight"), whose values it starts from; where
+// the process holds the embedding too, the embedding's tensor itself.
 std::vector<LayerSpec> decoder_layers(const DecoderConfig& config);
 
 // Model FLOPs of one token's forward and backward at block_size: 6 N + 12 n_layer n_head head_dim
