@@ -521,8 +521,7 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   // One output shard's tensors read at a time, from the checkpoint's files that hold them.
   const pipetrain::StoredWeights stored(checkpoint);
   pipetrain::cli::export_hf_decoder(pipetrain::cli::WeightSource::of(stored), config, model.name,
-                                    output,
-                                    pipetrain::cli::parse_max_shard_size(max_shard_size),
+                                    output, pipetrain::cli::parse_max_shard_size(max_shard_size),
                                     dtype == "bf16" ? at::kBFloat16 : at::kFloat, model.init_from);
   std::cout << "wrote " << output << " (transformers.AutoModelForCausalLM.from_pretrained(\""
             << output << "\"))" << std::endl;

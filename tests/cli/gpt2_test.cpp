@@ -57,6 +57,11 @@ TEST(Gpt2, InitialisesAsGpt2AndTiesTheHeadToTheTokenEmbedding) {
 
 TEST(Gpt2, DecaysMatricesAndEmbeddingsOnly) {
   cli::Gpt2Model model(small_config());
+  // Built per rank: here, as one process holding every layer builds it.
+  model.build_layers(std::vector<bool>(model.layer_specs().size(), true), 0);
+  EXPECT_TRUE(model.layers()->named_parameters()["0.wte.weight"].is_same(
+      model.layers()
+          ->named_parameters()[std::to_string(model.layer_specs().size() - 1) + ".weight"]));
   auto config = model.configure_optimizers();
   auto& groups = config.optimizer->param_groups();
   ASSERT_EQ(groups.size(), 2u);

@@ -1,12 +1,15 @@
 #include "models/gpt2.h"
 
+#include "models/hf_gpt2.h"
 #include "models/token_embedding.h"
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <stdexcept>
 
+#include <pipetrain/checkpoint_io.h>
 #include <pipetrain/cross_entropy.h>
 #include <pipetrain/layer_norm.h>
 #include <pipetrain/nn/attention.h>
@@ -68,11 +71,14 @@ class Gpt2BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Gpt2Block);
 
-// The LM head: the token embedding's tensor itself, so the two stay one parameter.
+// The LM head: the token embedding's tensor itself, so the two stay one parameter; or, on a
+// process without the embedding (built per rank), a matrix of its own tied to it by name.
 class Gpt2HeadImpl : public torch::nn::Module {
  public:
   explicit Gpt2HeadImpl(const torch::nn::Embedding& wte)
       : weight(register_parameter("weight", wte->weight)) {}
+  Gpt2HeadImpl(int64_t vocab_size, int64_t n_embd)
+      : weight(register_parameter("weight", torch::empty({vocab_size, n_embd}))) {}
   at::Tensor forward(const at::Tensor& x) { return torch::nn::functional::linear(x, weight); }
   at::Tensor weight;
 };
@@ -156,11 +162,83 @@ torch::nn::Sequential make_gpt2(const Gpt2Config& config) {
   return gpt2;
 }
 
+namespace {
+
+// nanoGPT's initialisation of one layer's parameters (`names` as the layer has them): LayerNorms
+// 1 and 0 (LibTorch's defaults), biases 0, the projections into the residual stream (c_proj)
+// N(0, 0.02 / sqrt(2 n_layer)), everything else N(0, 0.02).
+void initialise(torch::nn::Module& layer, const Gpt2Config& config) {
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  for (auto& item : layer.named_parameters()) {
+    const std::string& name = item.key();
+    const auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (name.rfind("ln_", 0) == 0 || name.find(".ln_") != std::string::npos) continue;
+    if (ends_with("bias")) {
+      item.value().zero_();
+    } else if (ends_with("c_proj.weight")) {
+      item.value().normal_(0, residual_std);
+    } else {
+      item.value().normal_(0, 0.02);
+    }
+  }
+}
+
+// Each layer built and initialised on its own, then, from `init_from` (a Hugging Face GPT-2
+// folder, or ""), given that layer's tensors.
+std::vector<LayerSpec> gpt2_layers(const Gpt2Config& config, const std::string& init_from) {
+  validate(config);
+  auto read_into = [config, init_from](torch::nn::AnyModule layer, int64_t index) {
+    if (init_from.empty()) return layer;
+    const std::string prefix = std::to_string(index) + ".";
+    std::map<std::string, at::Tensor> own;  // in a Sequential of its own, as layer "0"
+    for (const auto& [name, tensor] : read_hf_gpt2_weights(init_from, config)) {
+      if (name.rfind(prefix, 0) == 0) own["0." + name.substr(prefix.size())] = tensor;
+    }
+    torch::nn::Sequential holder;
+    holder->push_back(layer);
+    load_weights(holder, own, init_from + "/model.safetensors");
+    return layer;
+  };
+  const int64_t n = config.n_layer;
+  std::vector<LayerSpec> layers;
+  layers.push_back(layer([config, read_into] {
+    TokenPositionEmbedding embedding(
+        TokenPositionEmbeddingOptions{"GPT-2", config.vocab_size, config.block_size, config.n_embd,
+                                      config.dropout, "wte", "wpe", "drop"});
+    initialise(*embedding, config);
+    return read_into(torch::nn::AnyModule(embedding), 0);
+  }));
+  for (int64_t i = 1; i <= n; ++i) {
+    layers.push_back(layer([config, read_into, i] {
+      Gpt2Block block(config);
+      initialise(*block, config);
+      return read_into(torch::nn::AnyModule(block), i);
+    }));
+  }
+  layers.push_back(layer([config, read_into, n] {
+    return read_into(torch::nn::AnyModule(Gpt2LayerNorm(config.n_embd)), n + 1);
+  }));
+  // The head: the embedding's tensor where this process holds it, else a copy tied by name.
+  layers.push_back(layer([config] { return Gpt2Head(config.vocab_size, config.n_embd); },
+                         config.vocab_size * config.n_embd)
+                       .tie("weight", "0.wte.weight", [](const torch::nn::Sequential& built) {
+                         return Gpt2Head(built->ptr<TokenPositionEmbeddingImpl>(0)->token());
+                       }));
+  return layers;
+}
+
+}  // namespace
+
 Gpt2Model::Gpt2Model(const Gpt2Config& config, double lr)
     : Gpt2Model(config, OptimizerRecipe{lr}) {}
 
-Gpt2Model::Gpt2Model(const Gpt2Config& config, const OptimizerRecipe& recipe)
-    : LanguageModel(make_gpt2(config), config, recipe) {}
+Gpt2Model::Gpt2Model(const Gpt2Config& config, const OptimizerRecipe& recipe,
+                     const std::string& init_from)
+    : LanguageModel(gpt2_layers(config, init_from), config, recipe) {}
 
 at::Tensor Gpt2Model::loss(const Batch& batch) {
   // Never holds fp32 logits (3.3 GB at B=16, T=1024 under bf16-mixed); every position is a

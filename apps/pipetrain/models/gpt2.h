@@ -50,7 +50,10 @@ torch::nn::Sequential make_gpt2(const Gpt2Config& config);
 class Gpt2Model : public LanguageModel<Gpt2Config> {
  public:
   explicit Gpt2Model(const Gpt2Config& config, double lr = 6e-4);
-  Gpt2Model(const Gpt2Config& config, const OptimizerRecipe& recipe);
+  // Built per rank (each process builds, and reads from `init_from`, a Hugging Face GPT-2 folder,
+  // only its stages' layers), each layer drawn as make_gpt2 draws it, from its own seed.
+  Gpt2Model(const Gpt2Config& config, const OptimizerRecipe& recipe,
+            const std::string& init_from = "");
 
   OptimizerConfig configure_optimizers() override;
 

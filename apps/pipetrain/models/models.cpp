@@ -358,13 +358,9 @@ BuiltInModel make_model(const ModelOptions& options) {
           "llm.c shard, or what `pipetrain prepare-data` makes from any text)");
     }
     const Gpt2Config config = gpt2_config(options);
-    built.module = std::make_unique<Gpt2Model>(config, optimizer_recipe(options));
-    if (!options.init_from.empty()) {
-      // The head is the token embedding's tensor: load_weights fills it through wte's name.
-      auto layers = built.module->layers();
-      load_weights(layers, read_hf_gpt2_weights(options.init_from, config),
-                   options.init_from + "/model.safetensors");
-    }
+    // Built per rank: each process reads its own layers' tensors of --init-from.
+    built.module =
+        std::make_unique<Gpt2Model>(config, optimizer_recipe(options), options.init_from);
     read_token_files(options, config.block_size, config.vocab_size, built);
   } else if (is_decoder(options.name)) {
     if (options.train_data.empty()) {
