@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -167,21 +168,31 @@ Gpt2Config read_hf_gpt2_config(const std::string& dir) {
   return config;
 }
 
-std::map<std::string, at::Tensor> read_hf_gpt2_weights(const std::string& dir,
-                                                       const Gpt2Config& config) {
+std::map<std::string, at::Tensor> read_hf_gpt2_weights(
+    const std::string& dir, const Gpt2Config& config,
+    const std::function<bool(const std::string& pipetrain_name)>& wanted) {
   const auto weights_path = (fs::path(dir) / "model.safetensors").string();
-  const TensorMap stored = load_safetensors(weights_path);
-  std::map<std::string, at::Tensor> weights;
+  const auto listed = read_safetensors_header(weights_path);
+  // Each tensor of the model under the name the file has it (Hub files of the base model leave
+  // out the "transformer." prefix); only the wanted ones read.
+  std::map<std::string, std::string> stored_name;
   for (const auto& [ours, theirs] : name_map(config)) {
-    // Hub files of the base model leave out the "transformer." prefix.
-    auto found = stored.find(theirs.name);
-    if (found == stored.end())
-      found = stored.find(theirs.name.substr(std::string("transformer.").size()));
-    if (found == stored.end()) {
+    std::string name = theirs.name;
+    if (listed.count(name) == 0) name = name.substr(std::string("transformer.").size());
+    if (listed.count(name) == 0) {
       throw std::invalid_argument(weights_path + " has no " + theirs.name + " (GPT-2 of " +
                                   std::to_string(config.n_layer) + " blocks, config.json)");
     }
-    weights[ours] = theirs.transposed ? found->second.t().contiguous() : found->second;
+    if (!wanted || wanted(ours)) stored_name[ours] = name;
+  }
+  std::set<std::string> names;
+  for (const auto& [ours, name] : stored_name) names.insert(name);
+  const TensorMap stored = load_safetensors(weights_path, names);
+  const auto map = name_map(config);
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& [ours, name] : stored_name) {
+    const at::Tensor& tensor = stored.at(name);
+    weights[ours] = map.at(ours).transposed ? tensor.t().contiguous() : tensor;
   }
   return weights;
 }

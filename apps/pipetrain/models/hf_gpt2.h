@@ -5,6 +5,7 @@
 // training from one.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -25,9 +26,11 @@ void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2
 Gpt2Config read_hf_gpt2_config(const std::string& dir);
 // The weights of `dir`/model.safetensors, a GPT-2 of shape `config`, under pipetrain's names
 // (ready for load_weights; the tied head under wte's name alone). Throws std::invalid_argument
-// naming the file and the tensor it lacks.
-std::map<std::string, at::Tensor> read_hf_gpt2_weights(const std::string& dir,
-                                                       const Gpt2Config& config);
+// naming the file and the tensor it lacks. With `wanted`, only the tensors whose pipetrain names
+// it accepts are read (a process building some layers reads theirs alone).
+std::map<std::string, at::Tensor> read_hf_gpt2_weights(
+    const std::string& dir, const Gpt2Config& config,
+    const std::function<bool(const std::string& pipetrain_name)>& wanted = {});
 
 // The shape of the GPT-2 whose weights these are: n_layer, n_embd, vocab and block size from the
 // tensors, n_head from `n_head` or, when that is 0, from the released model of this depth and
