@@ -140,7 +140,8 @@ class Module {
   void place(ForwardFn forward, torch::nn::Sequential local_layers);
   // The layers as described, where the model is built per rank; empty where it was built whole.
   const std::vector<LayerSpec>& layer_specs() const { return specs_; }
-  // Builds the layers `held` names (per rank, layer_spec.h's build_layers) under `seed`.
+  // Builds the layers `held` names (per rank, layer_spec.h's build_layers) under `seed`, once:
+  // again with the same `held` it keeps the layers as they are (trained), with another it throws.
   void build_layers(const std::vector<bool>& held, uint64_t seed);
   // The layers this process runs.
   torch::nn::Sequential local_layers() const { return local_layers_; }
@@ -161,6 +162,7 @@ class Module {
  private:
   std::optional<SummedLoss> summed_;
   std::vector<LayerSpec> specs_;
+  std::vector<bool> built_;  // which layers build_layers built; empty before it ran
   torch::nn::Sequential layers_;
   torch::nn::Sequential local_layers_;
   ForwardFn forward_;

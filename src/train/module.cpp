@@ -130,8 +130,18 @@ Module::Module(std::vector<LayerSpec> layers)
 }
 
 void Module::build_layers(const std::vector<bool>& held, uint64_t seed) {
+  // Built once: a second Trainer of the same layout keeps the trained layers; another layout
+  // would need other layers, and building them afresh would silently drop what was trained.
+  if (!built_.empty()) {
+    if (held == built_) return;
+    throw std::logic_error(
+        "this model was built per rank for another layout (its layers on this process differ): "
+        "a model built per rank serves one layout; to change it, save a checkpoint, build a new "
+        "model and load the checkpoint (ckpt_path)");
+  }
   layers_ = pipetrain::build_layers(specs_, held, seed);
   local_layers_ = layers_;
+  built_ = held;
 }
 
 void Module::validation_step(const Batch&, int64_t) {}

@@ -128,6 +128,50 @@ TEST(TrainerUserDefects, CheckpointSavedAfterFitResumesAsIfFitHadNeverStopped) {
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
 }
 
+// A model built per rank is built by the first Trainer that sets it up; a second Trainer of the
+// same layout evaluates the trained layers, not layers built afresh, and another layout is
+// refused rather than rebuilt.
+class RegressionBuiltPerRank : public Module {
+ public:
+  RegressionBuiltPerRank()
+      : Module(std::vector<LayerSpec>{layer([] { return torch::nn::Linear(3, 8); }),
+                                      layer([] { return torch::nn::Tanh(); }),
+                                      layer([] { return torch::nn::Linear(8, 1); })}) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    return torch::mse_loss(forward(batch.data), batch.target);
+  }
+  void validation_step(const Batch& batch, int64_t) override {
+    log("val_loss", torch::mse_loss(forward(batch.data), batch.target));
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.05));
+  }
+};
+
+TEST(TrainerUserDefects, AModelBuiltPerRankKeepsItsTrainedLayersUnderASecondTrainer) {
+  const TempDir dir;
+  const auto loader = shuffled_data();
+  RegressionBuiltPerRank model;
+  Trainer first(quiet_options(dir / "first").max_steps(5));
+  first.fit(model, loader);
+  std::vector<at::Tensor> trained;
+  for (const auto& p : model.layers()->parameters()) trained.push_back(p.detach().clone());
+  ASSERT_EQ(trained.size(), 4u);
+  Trainer second(quiet_options(dir / "second"));
+  const auto metrics = second.validate(model, loader);
+  ASSERT_FALSE(metrics.empty());
+  const auto now = model.layers()->parameters();
+  ASSERT_EQ(now.size(), trained.size());
+  for (size_t i = 0; i < trained.size(); ++i) EXPECT_TRUE(torch::equal(now[i], trained[i]));
+  try {
+    model.build_layers({true, true, false}, 0);
+    ADD_FAILURE() << "another layout was built afresh";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("built per rank for another layout"), std::string::npos)
+        << e.what();
+  }
+}
+
 // Before any fit there is no optimizer state to save: the save says so instead of writing a
 // checkpoint that would resume with a fresh optimizer.
 TEST(TrainerUserDefects, CheckpointBeforeAnyFitIsRefusedSayingWhy) {
