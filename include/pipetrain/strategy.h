@@ -78,7 +78,7 @@ class Strategy {
   }
   // The inverse of weight_shard, on every rank: copies the stored weights this process holds into
   // the model; throws naming the file before changing anything when they do not fit the model.
-  virtual void load_weights(Module& module, const StoredWeights& stored) {  // NOLINT
+  virtual void load_weights(Module& module, const StoredWeights& stored) {
     auto layers = module.layers();
     pipetrain::load_weights(layers, stored);
   }

@@ -20,16 +20,13 @@ std::vector<LayerSpec> layers_read_from(const nn::DecoderConfig& config,
   for (size_t i = 0; i < layers.size(); ++i) {
     if (!layers[i].tied_to.empty()) continue;
     const std::string prefix = std::to_string(i) + ".";
-    layers[i].build = [config, init_from, prefix, build = std::move(layers[i].build)] {
+    layers[i].build = [config, init_from, prefix, i, build = std::move(layers[i].build)] {
       auto layer = build();
-      const auto read = read_hf_decoder_weights(
-          init_from, config, [&](const std::string& name) { return name.rfind(prefix, 0) == 0; });
-      // In a Sequential of its own, as layer "0": load_weights' checks, by the layer's names.
-      torch::nn::Sequential holder;
-      holder->push_back(layer);
-      std::map<std::string, at::Tensor> own;
-      for (const auto& [name, tensor] : read) own["0." + name.substr(prefix.size())] = tensor;
-      load_weights(holder, own, init_from);
+      load_layer_weights(layer, static_cast<int64_t>(i),
+                         read_hf_decoder_weights(
+                             init_from, config,
+                             [&](const std::string& name) { return name.rfind(prefix, 0) == 0; }),
+                         init_from);
       return layer;
     };
   }

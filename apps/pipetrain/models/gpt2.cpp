@@ -194,13 +194,11 @@ std::vector<LayerSpec> gpt2_layers(const Gpt2Config& config, const std::string& 
   auto read_into = [config, init_from](torch::nn::AnyModule layer, int64_t index) {
     if (init_from.empty()) return layer;
     const std::string prefix = std::to_string(index) + ".";
-    const auto read = read_hf_gpt2_weights(
-        init_from, config, [&](const std::string& name) { return name.rfind(prefix, 0) == 0; });
-    std::map<std::string, at::Tensor> own;  // in a Sequential of its own, as layer "0"
-    for (const auto& [name, tensor] : read) own["0." + name.substr(prefix.size())] = tensor;
-    torch::nn::Sequential holder;
-    holder->push_back(layer);
-    load_weights(holder, own, init_from + "/model.safetensors");
+    load_layer_weights(
+        layer, index,
+        read_hf_gpt2_weights(init_from, config,
+                             [&](const std::string& name) { return name.rfind(prefix, 0) == 0; }),
+        init_from + "/model.safetensors");
     return layer;
   };
   const int64_t n = config.n_layer;

@@ -4,10 +4,23 @@
 
 #include <stdexcept>
 
+#include <pipetrain/checkpoint_io.h>
 #include <pipetrain/fused_adamw.h>
 #include <pipetrain/lr_scheduler.h>
 
 namespace pipetrain::cli {
+
+void load_layer_weights(torch::nn::AnyModule& layer, int64_t index,
+                        const std::map<std::string, at::Tensor>& weights,
+                        const std::string& source) {
+  // In a Sequential of its own, as layer "0": load_weights' checks, by the layer's names.
+  const std::string prefix = std::to_string(index) + ".";
+  std::map<std::string, at::Tensor> own;
+  for (const auto& [name, tensor] : weights) own["0." + name.substr(prefix.size())] = tensor;
+  torch::nn::Sequential holder;
+  holder->push_back(layer);
+  load_weights(holder, own, source);
+}
 
 OptimizerConfig adamw_with_recipe(const std::vector<at::Tensor>& parameters,
                                   const OptimizerRecipe& recipe) {

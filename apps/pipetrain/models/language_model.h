@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,13 @@ struct OptimizerRecipe {
 // The optimizer and, for a schedule other than a constant one without warmup, its step-wise
 // WarmupDecayLR. Throws std::invalid_argument naming a value that does not fit (a learning rate
 // or a decay below 0, and WarmupDecayLR's own errors).
+// Copies into `layer`, layer `index` of a model built per rank, the tensors of `weights` (global
+// names, "3.attn.c_attn.weight"), checked as load_weights checks a model: every parameter and
+// buffer there with its shape, nothing unknown. `source` names the file in messages.
+void load_layer_weights(torch::nn::AnyModule& layer, int64_t index,
+                        const std::map<std::string, at::Tensor>& weights,
+                        const std::string& source);
+
 OptimizerConfig adamw_with_recipe(const std::vector<at::Tensor>& parameters,
                                   const OptimizerRecipe& recipe);
 
