@@ -89,6 +89,43 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
                            trained.at("2.mlp.down_proj.weight")));
   EXPECT_TRUE(torch::equal(exported.at("model.norm.weight"), trained.at("3.weight")));
   EXPECT_TRUE(torch::equal(exported.at("lm_head.weight"), trained.at("4.weight")));
+  // Fit from the export (two stages, each reading only its own layers' tensors) at lr 0: the
+  // weights it starts from are the trained ones, exactly.
+  run_ok(pipetrain_command({"fit",
+                            "--model",
+                            "llama",
+                            "--init-from",
+                            dir + "/hf",
+                            "--train-data",
+                            dir + "/data/train.bin",
+                            "--batch-size",
+                            "4",
+                            "--max-steps",
+                            "1",
+                            "--lr",
+                            "0",
+                            "--limit-val-batches",
+                            "0",
+                            "--num-sanity-val-steps",
+                            "0",
+                            "--enable-progress-bar",
+                            "false",
+                            "--default-root-dir",
+                            dir + "/restarted",
+#ifdef PIPETRAIN_HAS_GLOO
+                            "--strategy",
+                            "pipe",
+                            "--devices",
+                            "2",
+#endif
+                            "--chunks",
+                            "2"}));
+  const auto restarted =
+      read_checkpoint_weights(dir + "/restarted/lightning_logs/version_0/checkpoints/last.ckpt");
+  ASSERT_EQ(restarted.size(), trained.size());
+  for (const auto& [name, tensor] : trained) {
+    EXPECT_TRUE(torch::equal(restarted.at(name), tensor)) << name;
+  }
   std::ifstream file(dir + "/hf/config.json");
   const auto config = nlohmann::json::parse(file);
   EXPECT_EQ(config.at("rope_theta"), 12345.0);
