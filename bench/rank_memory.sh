@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Peak resident memory of the largest process when a Llama-style model trains on the CPU under
 # `single` and under `pipe` over 2 and 4 processes, each process building only its own stages'
-# layers (per-rank construction), against the ideal share (single's / stages).
+# layers (per-rank construction), against the ideal share (single's / stages); then under `ddp`
+# over 2 replicas with the optimizer state whole on each and shared out (--zero-stage 1).
 #   bench/rank_memory.sh [extra fit flags...]
 # CLI (default build/apps/pipetrain/pipetrain) is the pipetrain to run. The model: 8 blocks of 768
 # (12 / 4 heads, FFN 2048), vocabulary 32000, tied: 75.5 M parameters, fp32, AdamW; batch 4 x 128
@@ -39,3 +40,7 @@ for stages in 2 4; do
   pipe=$(peak_mib "pipe$stages" --strategy pipe --devices "$stages" --chunks 4 "$@")
   python3 -c "print('{\"layout\": \"pipe $stages\", \"peak_mib\": $pipe, \"of_single\": %.3f, \"ideal\": %.3f}' % ($pipe / $single, 1 / $stages))"
 done
+ddp=$(peak_mib ddp2 --strategy ddp --devices 2 "$@")
+echo "{\"layout\": \"ddp 2\", \"peak_mib\": $ddp}"
+zero=$(peak_mib ddp2_zero1 --strategy ddp --devices 2 --zero-stage 1 "$@")
+python3 -c "print('{\"layout\": \"ddp 2, zero-stage 1\", \"peak_mib\": $zero, \"of_ddp\": %.3f}' % ($zero / $ddp))"

@@ -223,6 +223,8 @@ void add_flags(CLI::App& app, Args& a) {
   add("--devices", t.devices(), "processes per node; under pipe, the number of stages");
   add("--num-nodes", t.num_nodes(), "machines; start one launch per node with NODE_RANK set");
   add("--stages", t.stages(), "ddp_pipe: stages per pipeline (must divide devices x num-nodes)");
+  add("--zero-stage", t.zero_stage(),
+      "ddp, ddp_pipe: 1 shares the optimizer state out among the replicas (ZeRO stage 1), 0 not");
   add_list("--balance", pipe.balance(), "layers per stage, e.g. 2,2 (default: by parameter count)");
   add("--chunks", pipe.chunks(), "micro-batches per batch");
   add("--checkpoint", pipe.checkpoint(), "activation checkpointing: always, except_last, never");

@@ -63,6 +63,17 @@ class Strategy {
   // on every rank.
   // A collective: every rank calls it at the same point.
   virtual ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) = 0;
+  // Makes the optimizer configure_optimizers() built this strategy's own, before its first step
+  // and before a checkpoint's state is loaded into it (ZeRO: only this replica's share of the
+  // parameters stays in it).
+  virtual void setup_optimizer(torch::optim::Optimizer& /*optimizer*/) {}
+  // One optimizer step, after the gradients have been clipped: afterwards every rank holds the
+  // parameters it trains updated, and no gradient of them survives into the next step that the
+  // optimizer's zero_grad() does not clear. A collective where parameters are shared out.
+  virtual void optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+  // Whether this process writes its optimizer's state into a checkpoint (replicas holding the
+  // same state leave it to the first).
+  virtual bool saves_optimizer_state() const { return batch_shard().replica == 0; }
   // The L2 norm of all gradients of the whole model (every stage), as one process would compute
   // it: a float64 scalar on this rank's device, which the host need not wait for. A collective.
   virtual at::Tensor gradient_norm(Module& module) = 0;

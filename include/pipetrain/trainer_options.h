@@ -49,6 +49,10 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, stages) = 0;
   // How `pipe` splits the model and schedules micro-batches.
   TORCH_ARG(PipeOptions, pipe) = {};
+  // Under `ddp` and `ddp_pipe`: 1 shares the optimizer's state out among the replicas of each
+  // stage (ZeRO stage 1: each replica keeps and updates about 1 / replicas of it, then sends its
+  // parameters to the others); 0 keeps it whole on every replica.
+  TORCH_ARG(int64_t, zero_stage) = 0;
 
   TORCH_ARG(int64_t, max_epochs) = 1000;
   TORCH_ARG(int64_t, min_epochs) = 0;

@@ -225,6 +225,7 @@ void FitLoop::reset(const std::string& ckpt_path) {
   t.optimizer_ = std::move(config.optimizer);
   t.lr_scheduler_ = std::move(config.lr_scheduler);
   t.scheduler_interval_ = config.interval;
+  t.strategy_->setup_optimizer(*t.optimizer_);
   if (t.scheduler_interval_ != "step" && t.scheduler_interval_ != "epoch") {
     throw std::invalid_argument("lr scheduler interval '" + t.scheduler_interval_ +
                                 "' is unknown: use step or epoch");

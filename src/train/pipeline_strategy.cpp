@@ -18,6 +18,7 @@
 
 #include "distributed/gradient_sync.h"
 #include "distributed/world_connection.h"
+#include "distributed/zero_partition.h"
 #include "pipeline/pipe_options.h"
 #include "pipeline/tied_parameters.h"
 #include "pipetrain/balance.h"
@@ -121,10 +122,12 @@ class BatchLoss {
 
 class PipelineStrategy : public Strategy {
  public:
-  PipelineStrategy(std::string name, int64_t stages, int64_t replicas, PipeOptions options)
+  PipelineStrategy(std::string name, int64_t stages, int64_t replicas, PipeOptions options,
+                   int64_t zero_stage = 0)
       : name_(std::move(name)),
         stages_(stages),
         replicas_(replicas),
+        zero_stage_(zero_stage),
         options_(std::move(options)) {}
 
   int64_t world_size() const override { return stages_ * replicas_; }
@@ -188,6 +191,9 @@ class PipelineStrategy : public Strategy {
       pipe_->set_last_backward_hook([this] {
         if (sync_this_step_) gradient_sync_->arm();
       });
+      if (zero_stage_ == 1) {
+        zero_ = std::make_unique<ZeroPartition>(pipe_->parameters(), replicas_of_stage_);
+      }
     }
     module.place(
         [this](const at::Tensor& input) {
@@ -276,6 +282,18 @@ class PipelineStrategy : public Strategy {
     return stages_ == 1 ? reduced : share_along_pipeline(reduced);
   }
 
+  void setup_optimizer(torch::optim::Optimizer& optimizer) override {
+    if (zero_) zero_->shard(optimizer);
+  }
+
+  void optimizer_step(torch::optim::Optimizer& optimizer) override {
+    optimizer.step();
+    if (zero_) zero_->gather_parameters();
+  }
+
+  // Under ZeRO each replica writes the state of the parameters it owns.
+  bool saves_optimizer_state() const override { return replica_ == 0 || zero_; }
+
   at::Tensor gradient_norm(Module& module) override {
     // A tied parameter counts once, on the first stage holding it.
     std::vector<at::Tensor> gradients;
@@ -357,15 +375,20 @@ class PipelineStrategy : public Strategy {
       moved |= ranks.back() != stage;
     }
     if (moved) layout["stage_ranks"] = format_balance(ranks);  // "0,1,1,0", as balance
+    if (zero_) layout["zero_stage"] = std::to_string(zero_stage_);
     return layout;
   }
 
   std::vector<int64_t> optimizer_state_ranks(const std::map<std::string, std::string>& saved_layout,
                                              int64_t saved_world_size,
                                              int64_t rank) const override {
-    // The same layout: the first replica's rank running this rank's stage.
-    if (saved_layout == layout() && saved_world_size == world_size()) return {rank % stages_};
-    // Any other: the first replica's ranks whose stages held any of this rank's layers.
+    // The same layout: the first replica's rank running this rank's stage; under ZeRO, this
+    // rank's own file (the partition is the same).
+    if (saved_layout == layout() && saved_world_size == world_size()) {
+      return {zero_ ? rank : rank % stages_};
+    }
+    // Any other: the first replica's ranks whose stages held any of this rank's layers, and where
+    // ZeRO shared their state out, the same ranks of every replica.
     const auto balance = layout_numbers(saved_layout, "balance");
     std::vector<int64_t> rank_of_stage;
     if (saved_layout.count("stage_ranks")) {
@@ -386,6 +409,15 @@ class PipelineStrategy : public Strategy {
       if (hit != mine.end() && *hit < first + balance[stage]) ranks.insert(rank_of_stage.at(stage));
       first += balance[stage];
     }
+    if (saved_layout.count("zero_stage")) {
+      const int64_t saved_replicas = layout_numbers(saved_layout, "replicas").at(0);
+      const int64_t pipeline_size = saved_world_size / saved_replicas;
+      for (const int64_t first_replica : std::set<int64_t>(ranks)) {
+        for (int64_t replica = 1; replica < saved_replicas; ++replica) {
+          ranks.insert(replica * pipeline_size + first_replica);
+        }
+      }
+    }
     return {ranks.begin(), ranks.end()};
   }
 
@@ -401,11 +433,18 @@ class PipelineStrategy : public Strategy {
              options_.schedule_file().empty() ? options_.schedule() : options_.schedule_file()},
             {"virtual_stages", std::to_string(options_.virtual_stages())},
             {"max_memory", std::to_string(options_.max_memory())},
-            {"checkpoint", options_.checkpoint()}};
+            {"checkpoint", options_.checkpoint()},
+            {"zero_stage", std::to_string(zero_ ? zero_stage_ : 0)}};
   }
 
   std::string describe() const override {
-    return "strategy " + name_ + ": " + placement() + ", " + pipe_->execution();
+    std::string text = "strategy " + name_ + ": " + placement() + ", " + pipe_->execution();
+    if (zero_) {
+      text += ", ZeRO stage 1: rank 0 holds the optimizer state of " +
+              std::to_string(zero_->owned_bytes() >> 20) + " of its stage's " +
+              std::to_string(zero_->total_bytes() >> 20) + " MiB of parameters";
+    }
+    return text;
   }
 
  private:
@@ -638,6 +677,7 @@ class PipelineStrategy : public Strategy {
   std::string name_;
   int64_t stages_;
   int64_t replicas_;
+  int64_t zero_stage_;   // as asked for; zero_ where there are replicas to share among
   PipeOptions options_;  // as the pipe runs them
   std::shared_ptr<World> world_;
   std::shared_ptr<World> pipeline_;           // this replica's stages
@@ -645,6 +685,7 @@ class PipelineStrategy : public Strategy {
   int64_t replica_ = 0;
   std::unique_ptr<Pipe> pipe_;
   std::unique_ptr<GradientSync> gradient_sync_;
+  std::unique_ptr<ZeroPartition> zero_;  // ZeRO stage 1: this replica's share of the optimizer
   bool sync_this_step_ = false;
   std::optional<bool> window_sums_;  // whether this optimizer step's losses are sum_over() sums
   std::optional<bool> sums_losses_;  // the same, learnt at the first optimizer step
@@ -656,7 +697,29 @@ class PipelineStrategy : public Strategy {
 
 }  // namespace
 
+namespace {
+
+// ZeRO shares optimizer state out among data-parallel replicas: stage 1 under ddp and ddp_pipe.
+void check_zero_stage(const std::string& strategy, const TrainerOptions& options) {
+  const int64_t stage = options.zero_stage();
+  if (stage == 0) return;
+  if (strategy == "single" || strategy == "pipe") {
+    throw std::invalid_argument(
+        "zero_stage (--zero-stage) " + std::to_string(stage) +
+        " shares optimizer state out among data-parallel replicas, which strategy '" + strategy +
+        "' does not have: use strategy ddp or ddp_pipe, or leave zero_stage at 0");
+  }
+  if (stage != 1) {
+    throw std::invalid_argument("zero_stage (--zero-stage) " + std::to_string(stage) +
+                                " is not supported: 1 shares the optimizer state out among the "
+                                "replicas (gradients and parameters stay whole), 0 does not");
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Strategy> make_single_strategy(const TrainerOptions& options) {
+  check_zero_stage("single", options);
   if (options.devices() * options.num_nodes() != 1) {
     throw std::invalid_argument("strategy 'single' runs on one device, but devices is " +
                                 std::to_string(options.devices() * options.num_nodes()) +
@@ -680,13 +743,15 @@ int64_t total_devices(const TrainerOptions& options) {
 
 std::unique_ptr<Strategy> make_pipe_strategy(const TrainerOptions& options) {
   const int64_t stages = total_devices(options);
+  check_zero_stage("pipe", options);
   check_pipe_options(options.pipe(), stages, "devices (" + std::to_string(stages) + ")");
   return std::make_unique<PipelineStrategy>("pipe", stages, 1, options.pipe());
 }
 
 std::unique_ptr<Strategy> make_ddp_strategy(const TrainerOptions& options) {
+  check_zero_stage("ddp", options);
   return std::make_unique<PipelineStrategy>("ddp", 1, total_devices(options),
-                                            whole_batches("ddp", options));
+                                            whole_batches("ddp", options), options.zero_stage());
 }
 
 std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) {
@@ -708,7 +773,9 @@ std::unique_ptr<Strategy> make_ddp_pipe_strategy(const TrainerOptions& options) 
                                 "multiple of --stages");
   }
   check_pipe_options(options.pipe(), stages, "--stages " + std::to_string(stages));
-  return std::make_unique<PipelineStrategy>("ddp_pipe", stages, devices / stages, options.pipe());
+  check_zero_stage("ddp_pipe", options);
+  return std::make_unique<PipelineStrategy>("ddp_pipe", stages, devices / stages, options.pipe(),
+                                            options.zero_stage());
 }
 
 }  // namespace pipetrain

@@ -285,7 +285,7 @@ void Trainer::optimizer_step(Module& module) {
     }
   }
   Trace::Span span(options_.pipe().trace().get(), "optimizer");
-  optimizer_->step();
+  strategy_->optimizer_step(*optimizer_);
   optimizer_->zero_grad();
   if (lr_scheduler_ && scheduler_interval_ == "step") lr_scheduler_->step();
 }

@@ -102,8 +102,8 @@ void Trainer::save_checkpoint(const std::string& path) {
                                   [&](const std::string& error) { world_->publish_error(error); }};
   write_checkpoint(writers, path, strategy_->weight_shard(*module_), state, [&] {
     torch::serialize::OutputArchive archive;
-    // Replicas hold the same state: the first replica's ranks write it.
-    if (strategy_->batch_shard().replica == 0) {
+    // Replicas holding the same state leave it to the first replica's ranks.
+    if (strategy_->saves_optimizer_state()) {
       torch::serialize::OutputArchive optimizer_archive;
       const auto lists = by_distinct_names(named_parameters(*module_, strategy_->tied_names()));
       save_optimizer_state(*optimizer_, lists.empty() ? NamedParameters() : lists.front(),

@@ -187,9 +187,66 @@ TEST(DdpPipe, StagesMustDivideTheDevices) {
   fs::remove_all(root);
 }
 
-// A checkpoint written by 2 replicas x 2 stages resumes under `pipe` and `single`: the resumed
-// steps log the losses of an uninterrupted single-process run.
-TEST(DdpPipe, CheckpointResumesUnderPipeAndSingle) {
+// ZeRO stage 1 changes which replica updates a parameter, not what it computes: every replica's
+// optimizer steps its own share with the gradients plain data parallelism has (all-reduced,
+// clipped by the global norm), so the runs equal plain ddp's. The MLP (Adam), whose moments are
+// the state shared out; clipping and accumulation on.
+TEST(DdpZero, StageOneTrainsAsPlainDdpAndPipelines) {
+  const auto root = make_temp_dir("ddp-zero");
+  const std::vector<std::string> common{"--gradient-clip-val", "0.05", "--accumulate-grad-batches",
+                                        "2"};
+  for (const auto& layout :
+       {std::vector<std::string>{"--strategy", "ddp", "--devices", "2"},
+        std::vector<std::string>{"--strategy", "ddp_pipe", "--devices", "4", "--stages", "2",
+                                 "--chunks", "2", "--schedule", "1f1b"}}) {
+    SCOPED_TRACE(layout[1]);
+    auto plain = common;
+    plain.insert(plain.end(), layout.begin(), layout.end());
+    auto zero = plain;
+    zero.insert(zero.end(), {"--zero-stage", "1"});
+    const auto dir = root + "/" + layout[1];
+    run_ok(fit(dir + "/plain", 16, plain, kSteps, "mlp"));
+    const auto output = run_ok(fit(dir + "/zero", 16, zero, kSteps, "mlp")).output;
+    EXPECT_NE(output.find("ZeRO stage 1: rank 0 holds the optimizer state of"), std::string::npos)
+        << output;
+    expect_same_run(dir + "/plain", dir + "/zero");
+
+    // Each replica's file holds its own share of the state: about half of what the first
+    // replica's rank writes without ZeRO, and the other replica's rank writes the other half.
+    const auto ckpt = [&](const std::string& run, int64_t rank) {
+      return checkpoint_rank_path(
+          dir + "/" + run + "/lightning_logs/version_0/checkpoints/last.ckpt", rank);
+    };
+    const int64_t replica_one = layout[1] == "ddp" ? 1 : 2;
+    const auto whole = static_cast<double>(fs::file_size(ckpt("plain", 0)));
+    for (const int64_t rank : {int64_t{0}, replica_one}) {
+      EXPECT_LT(static_cast<double>(fs::file_size(ckpt("zero", rank))), 0.75 * whole) << rank;
+      EXPECT_GT(static_cast<double>(fs::file_size(ckpt("zero", rank))), 0.25 * whole) << rank;
+    }
+  }
+  fs::remove_all(root);
+}
+
+TEST(DdpZero, RefusedWhereThereAreNoReplicasAndAboveStageOne) {
+  const auto root = make_temp_dir("ddp-zero-bad");
+  for (const auto& [flags, expected] :
+       {std::pair<std::vector<std::string>, std::string>{
+            {"--strategy", "pipe", "--devices", "2", "--zero-stage", "1"},
+            "zero_stage (--zero-stage) 1 shares optimizer state out among data-parallel "
+            "replicas, which strategy 'pipe' does not have"},
+        {{"--strategy", "ddp", "--devices", "2", "--zero-stage", "2"},
+         "zero_stage (--zero-stage) 2 is not supported"}}) {
+    const auto result = run_command(fit(root, 8, flags));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_NE(result.output.find(expected), std::string::npos) << result.output;
+  }
+  fs::remove_all(root);
+}
+
+// A checkpoint written by 2 replicas x 2 stages, with the optimizer state whole on the first
+// replica or shared out by ZeRO, resumes under `pipe`, `single` and the other ZeRO setting: the
+// resumed steps log the losses of an uninterrupted single-process run.
+TEST(DdpPipe, CheckpointResumesUnderPipeSingleAndZero) {
   const auto root = make_temp_dir("ddp-resume");
   const std::vector<std::string> every{"--every-n-train-steps", "5"};
   auto with = [&](std::vector<std::string> flags) {
@@ -198,28 +255,37 @@ TEST(DdpPipe, CheckpointResumesUnderPipeAndSingle) {
   };
   // The MLP (Adam): its moments must move with the parameters.
   run_ok(fit(root + "/straight", 32, with({"--strategy", "single"}), kSteps, "mlp"));
-  run_ok(fit(root + "/ddp_pipe", 16,
-             with({"--strategy", "ddp_pipe", "--devices", "4", "--stages", "2"}), 5, "mlp"));
-  const auto ckpt = root + "/ddp_pipe/lightning_logs/version_0/checkpoints/last.ckpt";
   const auto straight = read_csv_column(metrics_csv(root + "/straight"), "train_loss");
   ASSERT_EQ(straight.size(), static_cast<size_t>(kSteps));
+  const std::vector<std::string> ddp_pipe{"--strategy", "ddp_pipe", "--devices",
+                                          "4",          "--stages", "2"};
 
-  for (const std::vector<std::string>& layout :
-       {std::vector<std::string>{"--strategy", "pipe", "--devices", "2", "--balance", "7,8"},
-        std::vector<std::string>{"--strategy", "single"}}) {
-    const auto resumed_root = make_temp_dir("ddp-resumed");
-    auto flags = layout;
-    flags.insert(flags.end(), {"--ckpt-path", ckpt});
-    run_ok(fit(resumed_root, 32, flags, kSteps, "mlp"));
-    const auto resumed = read_csv_column(metrics_csv(resumed_root), "train_loss");
-    const auto steps = read_csv_column(metrics_csv(resumed_root), "step");
-    ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 5)) << layout[1];
-    EXPECT_EQ(steps.front(), 5);
-    for (size_t i = 0; i < resumed.size(); ++i) {
-      EXPECT_NEAR(resumed[i], straight[5 + i], 1e-5 * straight[5 + i])
-          << layout[1] << " step " << 5 + i;
+  for (const bool zero : {false, true}) {
+    auto saving = ddp_pipe;
+    if (zero) saving.insert(saving.end(), {"--zero-stage", "1"});
+    const auto saved_root = root + (zero ? "/zero" : "/plain");
+    run_ok(fit(saved_root, 16, with(saving), 5, "mlp"));
+    const auto ckpt = saved_root + "/lightning_logs/version_0/checkpoints/last.ckpt";
+    // Resumed by 32 rows in one process, or 16 on each of 2 replicas.
+    for (const auto& [layout, rows] :
+         {std::pair<std::vector<std::string>, int64_t>{
+              {"--strategy", "pipe", "--devices", "2", "--balance", "7,8"}, 32},
+          {{"--strategy", "single"}, 32},
+          {{"--strategy", "ddp", "--devices", "2", "--zero-stage", zero ? "0" : "1"}, 16}}) {
+      SCOPED_TRACE((zero ? "saved with ZeRO, resumed under " : "resumed under ") + layout[1]);
+      const auto resumed_root = make_temp_dir("ddp-resumed");
+      auto flags = layout;
+      flags.insert(flags.end(), {"--ckpt-path", ckpt});
+      run_ok(fit(resumed_root, rows, flags, kSteps, "mlp"));
+      const auto resumed = read_csv_column(metrics_csv(resumed_root), "train_loss");
+      const auto steps = read_csv_column(metrics_csv(resumed_root), "step");
+      ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 5));
+      EXPECT_EQ(steps.front(), 5);
+      for (size_t i = 0; i < resumed.size(); ++i) {
+        EXPECT_NEAR(resumed[i], straight[5 + i], 1e-5 * straight[5 + i]) << "step " << 5 + i;
+      }
+      fs::remove_all(resumed_root);
     }
-    fs::remove_all(resumed_root);
   }
   fs::remove_all(root);
 }
