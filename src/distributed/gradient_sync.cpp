@@ -18,7 +18,7 @@ struct GradientSync::Bucket {
   std::vector<int64_t> parameters;
   int64_t bytes = 0;
   int64_t pending = 0;  // gradients still to arrive this step
-  at::Tensor flat;      // the gradients side by side, then their average
+  at::Tensor flat;      // the gradients side by side (then views of it), then their average
   WorkPtr work;
 };
 
@@ -123,6 +123,21 @@ void GradientSync::launch(Bucket& bucket) {
   }
   // Dividing first keeps the sum in range for low-precision gradients, as DDP does.
   bucket.flat = torch::cat(pieces).div_(static_cast<double>(replicas_->size()));
+  pieces.clear();
+  // The gradients move into the bucket's memory (DDP's gradient_as_bucket_view), so that they are
+  // not held twice while the reduction runs: it writes the averages into them in place. Tensors
+  // of their own on that memory rather than views of the bucket, so that an optimizer's
+  // zero_grad() may detach them in place.
+  int64_t offset = 0;
+  for (int64_t i : bucket.parameters) {
+    at::Tensor& p = parameters_[i];
+    if (p.grad().defined()) {
+      p.mutable_grad() =
+          at::empty({0}, bucket.flat.options())
+              .set_(bucket.flat.storage(), bucket.flat.storage_offset() + offset, p.sizes());
+    }
+    offset += p.numel();
+  }
   std::vector<at::Tensor> tensors{bucket.flat};
   bucket.work = process_group(*replicas_)->allreduce(tensors);
 }
@@ -138,8 +153,12 @@ void GradientSync::finish() {
     for (int64_t i : bucket.parameters) {
       at::Tensor& p = parameters_[i];
       const int64_t n = p.numel();
-      // A parameter no replica used keeps no gradient, as in one process.
-      if (p.grad().defined()) p.grad().copy_(bucket.flat.slice(0, offset, offset + n).view_as(p));
+      // A parameter no replica used keeps no gradient, as in one process; one whose gradient was
+      // replaced since its bucket started (CUDA graphs adopt gradients into buffers of their own)
+      // gets the average copied in.
+      if (p.grad().defined() && !p.grad().is_alias_of(bucket.flat)) {
+        p.grad().copy_(bucket.flat.slice(0, offset, offset + n).view_as(p));
+      }
       offset += n;
     }
     bucket.flat = at::Tensor();

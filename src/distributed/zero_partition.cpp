@@ -61,14 +61,17 @@ void ZeroPartition::shard(torch::optim::Optimizer& optimizer) const {
   }
 }
 
-void ZeroPartition::gather_parameters() {
-  torch::NoGradGuard no_grad;
+void ZeroPartition::drop_others_gradients() {
   for (size_t i = 0; i < parameters_.size(); ++i) {
     if (owners_[i] >= 0 && owners_[i] != replicas_->rank()) {
       parameters_[i].mutable_grad() = at::Tensor();
     }
   }
+}
+
+void ZeroPartition::broadcast_parameters() {
   if (replicas_->size() == 1) return;
+  torch::NoGradGuard no_grad;
   // Each owner's parameters of one dtype travel side by side in buckets of about
   // kBroadcastBucketBytes: a few collectives instead of one per tensor.
   for (int64_t owner = 0; owner < replicas_->size(); ++owner) {

@@ -34,10 +34,12 @@ class ZeroPartition {
   // are not among the partition's, which are not the partition's to share out). Throws
   // std::logic_error when the optimizer already holds state: the partition must come first.
   void shard(torch::optim::Optimizer& optimizer) const;
-  // After the owners' optimizer steps: every replica gets the owners' new values, and forgets the
-  // gradients of the parameters it does not own (its optimizer's zero_grad does not reach them).
-  // A collective over the replicas.
-  void gather_parameters();
+  // Before the optimizer step, once clipping has read every gradient: frees the gradients of the
+  // parameters other replicas own (this one's optimizer neither reads nor clears them).
+  void drop_others_gradients();
+  // After the owners' optimizer steps: every replica gets the owners' new values. A collective
+  // over the replicas.
+  void broadcast_parameters();
 
   // The replica owning parameter `index`; -1 for one that does not train.
   int64_t owner(size_t index) const { return owners_.at(index); }

@@ -287,8 +287,9 @@ class PipelineStrategy : public Strategy {
   }
 
   void optimizer_step(torch::optim::Optimizer& optimizer) override {
+    if (zero_) zero_->drop_others_gradients();  // no optimizer state, no use: memory back first
     optimizer.step();
-    if (zero_) zero_->gather_parameters();
+    if (zero_) zero_->broadcast_parameters();
   }
 
   // Under ZeRO each replica writes the state of the parameters it owns.
