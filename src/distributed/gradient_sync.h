@@ -5,7 +5,8 @@
 // start in the same order on every replica so the collectives match. Under a pipeline, gradients
 // accumulate over several micro-batches: only the last backward of a step may start the
 // reductions, so the owner arms the sync just before it (Megatron's "grad sync on the last
-// micro-batch").
+// micro-batch"). Once its bucket starts, a gradient lives in the bucket's memory (DDP's
+// gradient_as_bucket_view), so no gradient is held twice.
 #pragma once
 
 #include <ATen/core/Tensor.h>
