@@ -48,6 +48,37 @@ BatchLimit parse_limit(const std::string& flag, const std::string& text) {
   }
 }
 
+// "40GiB", "512MiB", "1GB", "1000" -> bytes; units as Hugging Face's and Slurm's users write them:
+// KiB, MiB, GiB, TiB in powers of 1024, KB, MB, GB, TB in powers of 1000, any case.
+int64_t parse_bytes(const std::string& flag, const std::string& text) {
+  size_t end = 0;
+  double number = 0;
+  try {
+    number = std::stod(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  std::string unit = text.substr(end);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> kUnits{{"", 1},
+                                                    {"b", 1},
+                                                    {"kib", 1024.0},
+                                                    {"mib", 1048576.0},
+                                                    {"gib", 1073741824.0},
+                                                    {"tib", 1099511627776.0},
+                                                    {"kb", 1e3},
+                                                    {"mb", 1e6},
+                                                    {"gb", 1e9},
+                                                    {"tb", 1e12}};
+  const auto found = kUnits.find(unit);
+  if (end == 0 || found == kUnits.end() || number < 0) {
+    throw std::invalid_argument(flag + " " + text +
+                                ": give a number of bytes, optionally with a unit: KiB, MiB, GiB, "
+                                "TiB (1024s) or KB, MB, GB, TB (1000s), e.g. 40GiB");
+  }
+  return static_cast<int64_t>(number * found->second);
+}
+
 // Exit status of a run the command or its input got wrong (a flag, a value, a model that cannot
 // be split as asked), as CLI11's parse errors; 1 is a run that failed.
 constexpr int kUsageError = 2;
@@ -223,6 +254,16 @@ void add_flags(CLI::App& app, Args& a) {
   add("--devices", t.devices(), "processes per node; under pipe, the number of stages");
   add("--num-nodes", t.num_nodes(), "machines; start one launch per node with NODE_RANK set");
   add("--stages", t.stages(), "ddp_pipe: stages per pipeline (must divide devices x num-nodes)");
+  app.add_option_function<std::string>(
+         "--max-memory",
+         [&t](const std::string& text) { t.max_memory(parse_bytes("--max-memory", text)); },
+         "bytes of tensors a process may hold (e.g. 40GiB, 512MiB; 0: no limit): each rank's "
+         "weights, gradients and optimizer state are held against it before the first step, and "
+         "what the first step adds before its optimizer step")
+      ->type_name("BYTES")
+      ->default_str(std::to_string(t.max_memory()))
+      ->run_callback_for_default()
+      ->envname(env_name("--max-memory"));
   add("--zero-stage", t.zero_stage(),
       "ddp, ddp_pipe: 1 shares the optimizer state out among the replicas (ZeRO stage 1), 0 not");
   add_list("--balance", pipe.balance(), "layers per stage, e.g. 2,2 (default: by parameter count)");
@@ -233,7 +274,7 @@ void add_flags(CLI::App& app, Args& a) {
       "the first four, timed)");
   add("--virtual-stages", pipe.virtual_stages(),
       "stages per process (interleaved1f1b: rank r runs stages r, r + devices, ...; zbv: 2)");
-  add("--max-memory", pipe.max_memory(),
+  add("--max-in-flight", pipe.max_in_flight(),
       "the most micro-batches' activations a stage may hold (auto picks among the schedules "
       "that fit; 0: no limit)");
   add("--schedule-file", pipe.schedule_file(),

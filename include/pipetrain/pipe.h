@@ -57,7 +57,7 @@ struct PipeOptions {
   // "gpipe" | "1f1b" | "zbh1" | "zbh2" | "interleaved1f1b" | "zbv" (schedule.h), or "auto":
   // the first two steps run zbh1 and time each stage's F, I and W (the first to warm up), then
   // every rank simulates 1f1b, zbh1, zbh2 and gpipe with those times; of those that fit
-  // max_memory, the fastest runs from then on, or, where several are predicted within 1% of it,
+  // max_in_flight, the fastest runs from then on, or, where several are predicted within 1% of it,
   // each runs two more steps and the one measured fastest does. Rank 0 prints the predictions
   // and measurements (src/pipeline/schedule_choice.h). One stage per rank, no CUDA graphs.
   TORCH_ARG(std::string, schedule) = "gpipe";
@@ -65,7 +65,7 @@ struct PipeOptions {
   // schedule.h: 1f1b's and zbh1's first stage hold min(ranks, chunks), zbh2's up to 2 ranks - 1,
   // gpipe's chunks): a schedule that holds more is refused, and "auto" picks among those that
   // fit. 0: no limit.
-  TORCH_ARG(int64_t, max_memory) = 0;
+  TORCH_ARG(int64_t, max_in_flight) = 0;
   // A schedule of one's own, in torch.distributed.pipelining's compute-only CSV format
   // (parse_schedule_csv), run instead of `schedule` for batches of `chunks` micro-batches (a
   // shorter batch runs GPipe over the same stages). Its stages must number virtual_stages x ranks.

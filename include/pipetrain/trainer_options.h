@@ -53,6 +53,12 @@ struct TrainerOptions {
   // stage (ZeRO stage 1: each replica keeps and updates about 1 / replicas of it, then sends its
   // parameters to the others); 0 keeps it whole on every replica.
   TORCH_ARG(int64_t, zero_stage) = 0;
+  // Bytes of tensors one process may hold on its device; 0: no limit. Rank 0 prints every rank's
+  // parameters, gradients and optimizer state at the start of fit, and what the first step added
+  // at its peak (activations, gradients, workspace) after it; both are held against this limit,
+  // the second before the first optimizer step, so that a fit that does not fit fails having
+  // trained nothing, naming the rank and what would make it fit.
+  TORCH_ARG(int64_t, max_memory) = 0;
 
   TORCH_ARG(int64_t, max_epochs) = 1000;
   TORCH_ARG(int64_t, min_epochs) = 0;

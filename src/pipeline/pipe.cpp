@@ -131,14 +131,14 @@ Pipe::Impl::Impl(torch::nn::Sequential sequential, PipeOptions options,
   schedule_ = starting_schedule(options_, schedule_name_, world_size_, stages());
   rank_of_stage_ = stage_placement(schedule_);
   const int64_t held = max_activations_held(schedule_);
-  if (options_.max_memory() != 0 && held > options_.max_memory()) {
+  if (options_.max_in_flight() != 0 && held > options_.max_in_flight()) {
     // (Under "auto" this is zbh1, which holds as few as any candidate.)
     throw std::invalid_argument(
         (options_.schedule_file().empty() ? "schedule '" + options_.schedule() + "'"
                                           : "the schedule of '" + options_.schedule_file() + "'") +
         " holds up to " + std::to_string(held) +
-        " micro-batches' activations on a stage, more than max_memory (--max-memory) " +
-        std::to_string(options_.max_memory()) +
+        " micro-batches' activations on a stage, more than max_in_flight (--max-in-flight) " +
+        std::to_string(options_.max_in_flight()) +
         ": raise it, lower chunks, or choose 1f1b or zbh1 (they hold min(ranks, chunks))");
   }
   bool splits_backward = false;  // the schedule has I and W actions

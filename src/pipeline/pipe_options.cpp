@@ -29,11 +29,11 @@ void check_pipe_options(const PipeOptions& options, int64_t ranks, const std::st
     throw std::invalid_argument("chunks must be at least 1 (got " +
                                 std::to_string(options.chunks()) + ")");
   }
-  if (options.max_memory() < 0) {
+  if (options.max_in_flight() < 0) {
     throw std::invalid_argument(
-        "max_memory (--max-memory) must be 0 (no limit) or a number of micro-batches' "
+        "max_in_flight (--max-in-flight) must be 0 (no limit) or a number of micro-batches' "
         "activations, got " +
-        std::to_string(options.max_memory()));
+        std::to_string(options.max_in_flight()));
   }
   parse_checkpoint_mode(options.checkpoint());
   if (options.schedule() == "auto") {

@@ -12,7 +12,7 @@ namespace pipetrain {
 
 // Throws std::invalid_argument naming the option and what to change when `options` cannot run on
 // `ranks` processes: virtual stages below 1, a balance of another number of stages, chunks below
-// 1, a negative max_memory, an unknown checkpoint mode or schedule, schedule "auto" with virtual
+// 1, a negative max_in_flight, an unknown checkpoint mode or schedule, schedule "auto" with virtual
 // stages or a schedule file. `ranks_from` says where `ranks` came from, e.g. "devices (2)".
 void check_pipe_options(const PipeOptions& options, int64_t ranks, const std::string& ranks_from);
 

@@ -85,7 +85,7 @@ std::string Pipe::Impl::predict_schedules(const std::vector<double>& seconds, in
                                      recompute_below(checkpoint_mode_, chunks)),
                        costs)
              .step_time,
-         held, options_.max_memory() == 0 || held <= options_.max_memory()});
+         held, options_.max_in_flight() == 0 || held <= options_.max_in_flight()});
   }
   return line.str() + "; " + choice_->predicted(predictions);
 }

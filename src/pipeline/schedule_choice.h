@@ -1,7 +1,7 @@
 // Schedule "auto" (PipeOptions::schedule): the steps a Pipe spends choosing its schedule, and the
 // choice. Its first two full steps run zbh1 (its split backwards time F, I and W apart) with every
 // action timed, the second's times counting; the simulator predicts each candidate's step from
-// them. Candidates that fit max_memory and are predicted within 1% of the fastest are finalists:
+// them. Candidates that fit max_in_flight and are predicted within 1% of the fastest are finalists:
 // the simulation cannot tell them apart, while what it does not model (a receive's wake-up, a
 // send's copy) can. Where there are several, each runs kTrialRounds full steps, in turns, timed
 // whole, and the one measured fastest runs from then on (of those within 0.5% of it, the one that
@@ -27,7 +27,7 @@ class ScheduleChoice {
     std::string schedule;
     double seconds = 0;  // its simulated step
     int64_t held = 0;    // the most micro-batches' activations a stage holds at once
-    bool fits = true;    // within max_memory
+    bool fits = true;    // within max_in_flight
   };
 
   // What the next full step runs.

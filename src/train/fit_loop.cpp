@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include "batch_stream.h"
 #include "evaluation_loop.h"
@@ -37,10 +38,15 @@ std::map<std::string, double> values_of(const ReducedMetrics& metrics) {
 
 namespace {
 
-FitData fit_data(const Trainer& trainer, const DataLoader& train, const DataLoader* val) {
+FitData fit_data(const Trainer& trainer, const DataLoader& train, const DataLoader* val,
+                 FitMemory* memory) {
   const TrainerOptions& options = trainer.options();
-  FitData data{train, val, options.limit_train_batches().of(train.num_batches(trainer.replicas())),
-               val ? options.limit_val_batches().of(val->num_batches(trainer.replicas())) : 0, 0};
+  FitData data{train,
+               val,
+               options.limit_train_batches().of(train.num_batches(trainer.replicas())),
+               val ? options.limit_val_batches().of(val->num_batches(trainer.replicas())) : 0,
+               0,
+               memory};
   const auto& interval = options.val_check_interval();
   data.val_check_batches =
       interval.is_fraction()
@@ -95,6 +101,8 @@ void TrainingEpochLoop::advance() {
   const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last_batch;
   LoggedMetrics step_metrics;
   at::Tensor loss;
+  std::optional<StepMemoryMeter> meter;  // the fit's first step says what training needs
+  if (!data_.memory->measured) meter.emplace(t.world_->device());
   try {
     PrecisionGuard precision(options.precision(), t.world_->device().type());
     StepOptions step;
@@ -105,6 +113,11 @@ void TrainingEpochLoop::advance() {
   } catch (const std::exception& e) {
     t.world_->publish_error(error_message(e));
     throw;
+  }
+  if (meter) {
+    const int64_t peak = meter->peak();
+    meter.reset();
+    check_first_step_memory(peak);
   }
   window_metrics_.merge(step_metrics);
   epoch_metrics_.merge(step_metrics);
@@ -175,6 +188,24 @@ void TrainingEpochLoop::advance() {
   stopping_ = t.stop_requested_ || t.max_steps_reached();
 }
 
+void TrainingEpochLoop::check_first_step_memory(int64_t step_peak) {
+  Trainer& t = trainer_;
+  FitMemory& memory = *data_.memory;
+  memory.measured = true;
+  memory.mine.first_step_peak = step_peak;
+  const auto ranks = gather_memory_figures(*t.world_, memory.mine);
+  bool every_rank_measured = true;
+  for (const auto& rank : ranks) every_rank_measured &= rank.first_step_peak >= 0;
+  if (!every_rank_measured) {
+    t.print(
+        "Warning: the first step's memory could not be measured (a CPU allocator of higher "
+        "priority than pipetrain's counting one is installed)");
+    return;
+  }
+  t.print(memory_table(ranks));
+  check_memory_limit(ranks, t.options_.max_memory());
+}
+
 void TrainingEpochLoop::on_run_end() {
   Trainer& t = trainer_;
   if (t.progress_) t.progress_->finish();
@@ -201,7 +232,7 @@ void TrainingEpochLoop::on_run_end() {
 // --------------------------------------------------------------------------------------
 
 FitLoop::FitLoop(Trainer& trainer, Module& module, const DataLoader& train, const DataLoader* val)
-    : trainer_(trainer), module_(module), data_(fit_data(trainer, train, val)) {}
+    : trainer_(trainer), module_(module), data_(fit_data(trainer, train, val, &memory_)) {}
 
 FitLoop::~FitLoop() = default;
 
@@ -226,6 +257,11 @@ void FitLoop::reset(const std::string& ckpt_path) {
   t.lr_scheduler_ = std::move(config.lr_scheduler);
   t.scheduler_interval_ = config.interval;
   t.strategy_->setup_optimizer(*t.optimizer_);
+  // What each rank will hold, said (and held against max_memory) before any step.
+  memory_.mine = memory_figures(module_, *t.optimizer_);
+  const auto memory = gather_memory_figures(*t.world_, memory_.mine);
+  t.print(memory_table(memory));
+  check_memory_limit(memory, options.max_memory());
   if (t.scheduler_interval_ != "step" && t.scheduler_interval_ != "epoch") {
     throw std::invalid_argument("lr scheduler interval '" + t.scheduler_interval_ +
                                 "' is unknown: use step or epoch");
@@ -289,6 +325,7 @@ void FitLoop::on_run_end() {
             std::to_string(t.fit_progress_.global_step) +
             "; resume with --ckpt-path last (ckpt_path=\"last\")");
   }
+  log_peak_memory();
   for (auto& logger : t.loggers_) logger->save();
   if (!t.loggers_.empty()) {
     t.print("trained " + std::to_string(t.fit_progress_.global_step) + " steps in " +
@@ -300,6 +337,22 @@ void FitLoop::on_run_end() {
     t.print("trace written to " + options.trace() + " (open it in https://ui.perfetto.dev)");
   }
   t.world_->barrier();
+}
+
+void FitLoop::log_peak_memory() {
+  Trainer& t = trainer_;
+  auto peaks = at::zeros({t.world_->size()}, at::kDouble);
+  peaks[t.world_->rank()] = static_cast<double>(peak_memory_bytes(t.world_->device()));
+  const auto all = t.world_->all_reduce_sum(peaks.to(t.world_->device()));
+  std::map<std::string, double> values;
+  std::string line = "peak memory per rank, MiB:";
+  for (size_t rank = 0; rank < all.size(); ++rank) {
+    const double mib = all[rank] / (1 << 20);
+    values["peak_memory_mib/rank_" + std::to_string(rank)] = mib;
+    line += " " + std::to_string(rank) + ": " + std::to_string(static_cast<int64_t>(mib));
+  }
+  t.log_metrics(values, std::max<int64_t>(0, t.fit_progress_.global_step - 1));
+  t.print(line);
 }
 
 }  // namespace pipetrain

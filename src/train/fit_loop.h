@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "pipetrain/module.h"
+#include "train/memory_report.h"
 
 namespace pipetrain {
 
@@ -40,6 +41,7 @@ struct FitData {
   int64_t train_batches;      // per epoch, after limit_train_batches
   int64_t val_batches;        // per validation, after limit_val_batches
   int64_t val_check_batches;  // validate every this many training batches
+  FitMemory* memory;          // what this rank holds; the fit's first step measures its peak
 };
 
 // One epoch, from the batch fit stands at (mid-epoch after a resume) to its last batch, or to the
@@ -56,6 +58,9 @@ class TrainingEpochLoop {
   bool done() const;
   void advance();  // one batch: its step, maybe an optimizer step, maybe a validation
   void on_run_end();
+  // After the fit's first step (its peak in `step_peak`), before any optimizer step: every rank's
+  // figures printed and held against max_memory.
+  void check_first_step_memory(int64_t step_peak);
 
   Trainer& trainer_;
   Module& module_;
@@ -79,9 +84,12 @@ class FitLoop {
   bool done() const;
   void advance();  // one epoch
   void on_run_end();
+  // Every rank's measured peak, logged (peak_memory_mib/rank_<r>) and printed by rank 0.
+  void log_peak_memory();
 
   Trainer& trainer_;
   Module& module_;
+  FitMemory memory_;
   FitData data_;
   std::unique_ptr<StopSignals> signals_;  // SIGTERM, SIGUSR1: stop after the step in progress
 };

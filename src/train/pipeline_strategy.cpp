@@ -11,6 +11,7 @@
 // last stages, and broadcast along each pipeline.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <set>
@@ -433,7 +434,7 @@ class PipelineStrategy : public Strategy {
             {"schedule",
              options_.schedule_file().empty() ? options_.schedule() : options_.schedule_file()},
             {"virtual_stages", std::to_string(options_.virtual_stages())},
-            {"max_memory", std::to_string(options_.max_memory())},
+            {"max_in_flight", std::to_string(options_.max_in_flight())},
             {"checkpoint", options_.checkpoint()},
             {"zero_stage", std::to_string(zero_ ? zero_stage_ : 0)}};
   }
@@ -441,9 +442,13 @@ class PipelineStrategy : public Strategy {
   std::string describe() const override {
     std::string text = "strategy " + name_ + ": " + placement() + ", " + pipe_->execution();
     if (zero_) {
-      text += ", ZeRO stage 1: rank 0 holds the optimizer state of " +
-              std::to_string(zero_->owned_bytes() >> 20) + " of its stage's " +
-              std::to_string(zero_->total_bytes() >> 20) + " MiB of parameters";
+      // What rank 0's share came to: whole tensors, so about 1 / replicas.
+      const auto percent = static_cast<int64_t>(
+          std::lround(100.0 * static_cast<double>(zero_->owned_bytes()) /
+                      static_cast<double>(std::max<int64_t>(1, zero_->total_bytes()))));
+      text += ", ZeRO stage 1 over " + std::to_string(replicas_) +
+              " replicas: rank 0 keeps the optimizer state of " + std::to_string(percent) +
+              "% of its stage's parameters";
     }
     return text;
   }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
 #include <torch/version.h>
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -34,6 +35,23 @@ inline bool autocast_enabled(c10::DeviceType device) {
                                          : at::autocast::is_cpu_enabled();
 #endif
 }
+
+// A c10::Allocator under either version: 2.x's allocate() is not const and copy_data() is
+// required. Subclasses implement allocate_bytes().
+class AllocatorCompat : public c10::Allocator {
+ public:
+#if TORCH_VERSION_MAJOR >= 2
+  c10::DataPtr allocate(size_t bytes) override { return allocate_bytes(bytes); }
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t bytes) const override { return allocate_bytes(bytes); }
+#endif
+
+ protected:
+  virtual c10::DataPtr allocate_bytes(size_t bytes) const = 0;
+};
 
 // `t` for an ATen argument that may be absent (a Linear's or LayerNorm's missing bias).
 inline c10::optional<at::Tensor> optional_tensor(const at::Tensor& t) {

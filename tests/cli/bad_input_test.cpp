@@ -47,6 +47,7 @@ TEST(BadInput, OutOfRangeValuesNameTheirFlag) {
       {{"--chunks", "0"}, "chunks (--chunks) must be at least 1"},
       {{"--devices", "0"}, "devices (--devices) must be at least 1"},
       {{"--limit-train-batches", "1.5"}, "between 0.0 and 1.0"},
+      {{"--max-memory", "40GiBs"}, "--max-memory 40GiBs: give a number of bytes"},
   };
   for (const auto& [flags, expected] : cases) {
     SCOPED_TRACE(flags[0]);
@@ -89,6 +90,34 @@ TEST(BadInput, FlagsAModelDoesNotReadAndTokensItCannotHold) {
       run_command(pipetrain_command({"fit", "--model", "llama"},
                                     with(tiny_llama, {"--block-size", "9000"}))),
       {"--block-size 9000", "max_position_embeddings 8192"});
+}
+
+// --max-memory (bytes, with the units CLI11 reads) is held against every rank's weights, gradients
+// and optimizer state before any step, and against what the first step measured before its
+// optimizer step: either way nothing is trained. The MLP's weights are 0.4 MiB, Adam's state twice
+// that; a batch of 512 rows keeps several MiB of activations.
+TEST(BadInput, MaxMemoryBelowWhatARankNeeds) {
+  const auto before = fit({"--strategy", "pipe", "--devices", "2", "--max-memory", "256KiB"});
+  expect_failure_mentioning(before, {"needs", "before any activation",
+                                     "more than max_memory (--max-memory) 0.2 MiB; nothing was "
+                                     "trained",
+                                     "--devices under pipe"});
+  EXPECT_EQ(before.exit_code, 2) << before.output;
+  EXPECT_EQ(before.output.find("memory per rank after the first step"), std::string::npos);
+
+  const auto after = fit({"--batch-size", "512", "--max-memory", "2MiB"});
+  expect_failure_mentioning(after, {"memory per rank after the first step",
+                                    "the first step's activations, gradients and workspace at "
+                                    "their peak",
+                                    "more than max_memory (--max-memory) 2.0 MiB; nothing was "
+                                    "trained",
+                                    "--checkpoint always"});
+  EXPECT_EQ(after.output.find("trained 1 steps"), std::string::npos) << after.output;
+
+  const auto enough = fit({"--batch-size", "512", "--max-memory", "1GiB"});
+  EXPECT_EQ(enough.exit_code, 0) << enough.output;
+  EXPECT_NE(enough.output.find("peak memory per rank, MiB: 0: "), std::string::npos)
+      << enough.output;
 }
 
 TEST(BadInput, BalanceSummingToTheWrongLength) {

@@ -51,7 +51,7 @@ TEST(FitCommand, PipeOnTwoDevicesLogsTheSameLossesAsSingle) {
 }
 
 // Schedule auto times two steps of zbh1, says what it predicts for each candidate, and trains on
-// with its pick, among those that fit --max-memory, as one process does.
+// with its pick, among those that fit --max-in-flight, as one process does.
 TEST(FitCommand, ScheduleAutoPrintsItsCandidatesAndTrainsAsSingle) {
 #ifndef PIPETRAIN_HAS_GLOO
   GTEST_SKIP() << "this libtorch has no Gloo for CPU ranks";
@@ -60,7 +60,7 @@ TEST(FitCommand, ScheduleAutoPrintsItsCandidatesAndTrainsAsSingle) {
   CommandResult pipe;
   ASSERT_NO_FATAL_FAILURE(fit_single_then_pipe(root,
                                                {"--strategy", "pipe", "--devices", "2", "--chunks",
-                                                "4", "--schedule", "auto", "--max-memory", "2"},
+                                                "4", "--schedule", "auto", "--max-in-flight", "2"},
                                                &pipe));
   EXPECT_NE(pipe.output.find("pipetrain: schedule auto: per micro-batch F/I/W ms by stage: 0: "),
             std::string::npos)
@@ -105,12 +105,12 @@ TEST(FitCommand, ScheduleAutoPrintsItsCandidatesAndTrainsAsSingle) {
   EXPECT_NE(refused.output.find("schedule 'auto' chooses among 1f1b, zbh1, zbh2 and gpipe"),
             std::string::npos)
       << refused.output;
-  const auto too_little =
-      run_command(mlp_fit_command(root + "/m1", {"--strategy", "pipe", "--devices", "2", "--chunks",
-                                                 "4", "--schedule", "auto", "--max-memory", "1"}));
+  const auto too_little = run_command(
+      mlp_fit_command(root + "/m1", {"--strategy", "pipe", "--devices", "2", "--chunks", "4",
+                                     "--schedule", "auto", "--max-in-flight", "1"}));
   EXPECT_NE(too_little.exit_code, 0);
   EXPECT_NE(too_little.output.find("schedule 'auto' holds up to 2 micro-batches' activations on "
-                                   "a stage, more than max_memory (--max-memory) 1"),
+                                   "a stage, more than max_in_flight (--max-in-flight) 1"),
             std::string::npos)
       << too_little.output;
   std::filesystem::remove_all(root);

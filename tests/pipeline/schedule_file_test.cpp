@@ -111,31 +111,32 @@ TEST(ScheduleFile, WhatCannotRunIsRefusedBeforeTheFirstStep) {
   std::filesystem::remove_all(dir);
 }
 
-// PipeOptions::max_memory: a schedule (built or from a file) that holds more micro-batches'
+// PipeOptions::max_in_flight: a schedule (built or from a file) that holds more micro-batches'
 // activations on a stage is refused before the first step, naming both numbers.
 TEST(ScheduleFile, MaxMemoryRefusesAScheduleThatHoldsMore) {
   const auto dir = make_temp_dir("schedule-file");
   auto world = std::make_shared<World>();
   const std::string path = write_file(dir, "gpipe.csv", schedule_csv(gpipe_schedule(1, 3)));
   std::string msg = error_of([&] {
-    Pipe(make_reference_model(kSeed), PipeOptions().chunks(3).schedule_file(path).max_memory(2),
+    Pipe(make_reference_model(kSeed), PipeOptions().chunks(3).schedule_file(path).max_in_flight(2),
          world);
   });
   EXPECT_NE(msg.find("the schedule of '" + path +
                      "' holds up to 3 micro-batches' activations on "
-                     "a stage, more than max_memory (--max-memory) 2"),
+                     "a stage, more than max_in_flight (--max-in-flight) 2"),
             std::string::npos)
       << msg;
   msg = error_of(
-      [&] { Pipe(make_reference_model(kSeed), PipeOptions().chunks(4).max_memory(3), world); });
+      [&] { Pipe(make_reference_model(kSeed), PipeOptions().chunks(4).max_in_flight(3), world); });
   EXPECT_NE(msg.find("schedule 'gpipe' holds up to 4"), std::string::npos) << msg;
   EXPECT_EQ(error_of([&] {
-              Pipe(make_reference_model(kSeed), PipeOptions().chunks(4).max_memory(4), world);
+              Pipe(make_reference_model(kSeed), PipeOptions().chunks(4).max_in_flight(4), world);
             }),
             "<no exception>");
   msg = error_of(
-      [&] { Pipe(make_reference_model(kSeed), PipeOptions().chunks(4).max_memory(-1), world); });
-  EXPECT_NE(msg.find("max_memory (--max-memory) must be 0 (no limit)"), std::string::npos) << msg;
+      [&] { Pipe(make_reference_model(kSeed), PipeOptions().chunks(4).max_in_flight(-1), world); });
+  EXPECT_NE(msg.find("max_in_flight (--max-in-flight) must be 0 (no limit)"), std::string::npos)
+      << msg;
   std::filesystem::remove_all(dir);
 }
 

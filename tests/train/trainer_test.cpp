@@ -86,9 +86,14 @@ TEST(Trainer, MaxStepsStopsMidEpochAndLogEveryNStepsFollowsLightning) {
   DataLoader loader(regression_data(), DataLoaderOptions().batch_size(8));
   trainer.fit(model, loader);
   EXPECT_EQ(trainer.global_step(), 7);
-  // Lightning logs when (step + 1) % n == 0: steps 2 and 5.
+  // Lightning logs when (step + 1) % n == 0: steps 2 and 5; the last row is the measured peak
+  // memory that fit logs at its end, at its last step.
   EXPECT_EQ(testing::read_csv_column(trainer.log_dir() + "/metrics.csv", "step"),
-            (std::vector<double>{2, 5}));
+            (std::vector<double>{2, 5, 6}));
+  EXPECT_EQ(testing::read_csv_column(trainer.log_dir() + "/metrics.csv", "train_loss").size(), 2u);
+  EXPECT_GT(
+      testing::read_csv_column(trainer.log_dir() + "/metrics.csv", "peak_memory_mib/rank_0").at(0),
+      0);
   std::filesystem::remove_all(root);
 }
 
