@@ -4,10 +4,135 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "util/compat.h"
 
+#ifdef PIPETRAIN_HAS_CUDA_KERNELS
+#include "kernel_call.h"
+#include "rotary_kernels.h"
+#endif
+
 namespace pipetrain::nn {
+
+#ifdef PIPETRAIN_HAS_CUDA_KERNELS
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Whether the kernels take x [B, H, T, D] rotated by cos and sin: x on a GPU, its features
+// adjacent (its other dimensions at any stride: attention's transposed views of a projection), the
+// tables [T, D] contiguous beside it in x's dtype or fp32 (autocast's) and needing no gradient
+// (the kernels give the tables none).
+bool kernels_take(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return kernels::kernel_dtype(x).has_value() && x.dim() == 4 && x.numel() > 0 &&
+         x.size(3) % 2 == 0 && x.stride(3) == 1 && cos.device() == x.device() &&
+         sin.device() == x.device() && sin.scalar_type() == cos.scalar_type() &&
+         (cos.scalar_type() == x.scalar_type() || cos.scalar_type() == at::kFloat) &&
+         cos.dim() == 2 && cos.size(0) == x.size(2) && cos.size(1) == x.size(3) &&
+         sin.sizes() == cos.sizes() && cos.is_contiguous() && sin.is_contiguous() &&
+         !cos.requires_grad() && !sin.requires_grad();
+}
+
+// The layout the rotated x and x's gradient take: x's own where x is dense, so that attention's
+// transposed views of a projection get results laid out as ATen's elementwise ops lay them out
+// (and the gradient goes back through the transpose and the view without a copy); else
+// contiguous (none).
+std::vector<int64_t> dense_layout(const at::Tensor& x) {
+  return x.is_non_overlapping_and_dense() ? x.strides().vec() : std::vector<int64_t>();
+}
+
+at::Tensor empty_in_layout(at::IntArrayRef sizes, const std::vector<int64_t>& layout,
+                           const at::TensorOptions& options) {
+  return layout.empty() ? at::empty(sizes, options) : at::empty_strided(sizes, layout, options);
+}
+
+// The kernels' view of one tensor read (`input`) and one written (`output`), both [B, H, T, D].
+kernels::RotaryHeads rotary_heads(const at::Tensor& input, const at::Tensor& output) {
+  kernels::RotaryHeads heads;
+  heads.heads = input.size(1);
+  heads.input = input.data_ptr();
+  heads.output = output.data_ptr();
+  for (int64_t d = 0; d < 3; ++d) {
+    heads.input_strides[d] = input.stride(d);
+    heads.output_strides[d] = output.stride(d);
+  }
+  return heads;
+}
+
+// `xs` (x, or q and k) rotated in one launch, each result in the tables' dtype (what ATen's
+// promotion gives x * cos) and laid out as dense_layout says. Saves what rotated_gradients needs.
+variable_list rotate_on_gpu(AutogradContext* ctx, const variable_list& xs, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+  variable_list rotated;
+  std::vector<kernels::RotaryHeads> heads(2);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const auto layout = dense_layout(xs[i]);
+    rotated.push_back(empty_in_layout(xs[i].sizes(), layout, cos.options()));
+    heads[i] = rotary_heads(xs[i], rotated[i]);
+    ctx->saved_data["layout" + std::to_string(i)] = layout;
+  }
+  const at::Tensor& x = xs[0];
+  kernels::rotary_forward(*kernels::kernel_dtype(x.scalar_type()),
+                          *kernels::kernel_dtype(cos.scalar_type()), heads[0], heads[1], x.size(0),
+                          x.size(2), x.size(3), cos.data_ptr(), sin.data_ptr(),
+                          kernels::current_stream());
+  ctx->save_for_backward({cos, sin});
+  ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+  return rotated;
+}
+
+// The gradients of rotate_on_gpu's inputs from those of its results, in one launch.
+variable_list rotated_gradients(AutogradContext* ctx, const variable_list& grads) {
+  const auto saved = ctx->get_saved_variables();
+  const at::Tensor &cos = saved[0], &sin = saved[1];
+  const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+  variable_list inputs, results;
+  std::vector<kernels::RotaryHeads> heads(2);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    // Autograd hands each over in its result's dtype (the tables'), at any strides.
+    inputs.push_back(grads[i].stride(3) == 1 ? grads[i] : grads[i].contiguous());
+    results.push_back(empty_in_layout(grads[i].sizes(),
+                                      ctx->saved_data["layout" + std::to_string(i)].toIntVector(),
+                                      grads[i].options().dtype(x_type)));
+    heads[i] = rotary_heads(inputs[i], results[i]);
+  }
+  const at::Tensor& grad = inputs[0];
+  kernels::rotary_backward(*kernels::kernel_dtype(x_type),
+                           *kernels::kernel_dtype(cos.scalar_type()), heads[0], heads[1],
+                           grad.size(0), grad.size(2), grad.size(3), cos.data_ptr(), sin.data_ptr(),
+                           kernels::current_stream());
+  return results;
+}
+
+struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    return rotate_on_gpu(ctx, {x}, cos, sin)[0];
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {rotated_gradients(ctx, grads)[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+// q and k, which share the tables, in one launch each way.
+struct RotaryPairFunction : torch::autograd::Function<RotaryPairFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& cos, const at::Tensor& sin) {
+    return rotate_on_gpu(ctx, {q, k}, cos, sin);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto gradients = rotated_gradients(ctx, grads);
+    return {gradients[0], gradients[1], at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+#endif
 
 void check_rotary_options(const RotaryEmbeddingOptions& options) {
   auto require = [](bool ok, const std::string& message) {
@@ -53,6 +178,9 @@ at::Tensor rotary_inverse_frequencies(const RotaryEmbeddingOptions& options) {
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+#ifdef PIPETRAIN_HAS_CUDA_KERNELS
+  if (kernels_take(x, cos, sin)) return RotaryFunction::apply(x, cos, sin);
+#endif
   const auto halves = x.chunk(2, -1);
   const auto rotated = torch::cat({-halves[1], halves[0]}, -1);
   return x * cos + rotated * sin;
@@ -95,6 +223,13 @@ at::Tensor RotaryEmbeddingImpl::forward(const at::Tensor& x) {
 std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::rotate(const at::Tensor& q,
                                                                const at::Tensor& k) {
   const auto [cos, sin] = tables_for(q);
+#ifdef PIPETRAIN_HAS_CUDA_KERNELS
+  if (kernels_take(q, cos, sin) && kernels_take(k, cos, sin) && k.size(0) == q.size(0) &&
+      k.scalar_type() == q.scalar_type()) {
+    const auto rotated = RotaryPairFunction::apply(q, k, cos, sin);
+    return {rotated[0], rotated[1]};
+  }
+#endif
   return {apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)};
 }
 

@@ -1,5 +1,6 @@
 // Pipelined training on GPUs (one process per GPU, NCCL between them) against training on one GPU,
-// and the Trainer's precision on CUDA. Skipped without two GPUs (or one, for the Trainer test).
+// the Trainer's precision on CUDA, and pipetrain::nn's fused rotary and SwiGLU kernels against
+// ATen's expressions. Skipped without two GPUs (or one, for the Trainer and kernel tests).
 // Tolerances: fp32 as on CPU (relative 1e-5, absolute 1e-6: only the summation order of
 // micro-batch gradients differs); bf16 relative 2e-2 on losses and 1e-2 + 2e-3 absolute on
 // parameters (bf16 keeps 8 bits of mantissa, and each micro-batch's gradient is rounded to bf16
@@ -10,7 +11,10 @@
 #include <tuple>
 
 #include "pipetrain/cluster_environment.h"
+#include "pipetrain/linear.h"
 #include "pipetrain/module.h"
+#include "pipetrain/nn/mlp.h"
+#include "pipetrain/nn/rotary_embedding.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/trainer.h"
 #include "pipetrain/world.h"
@@ -334,6 +338,147 @@ TEST(CudaTrainer, PrefetchedBatchesTrainAsBatchesReadInTheStep) {
     for (size_t i = 0; i < expected.size(); ++i) {
       EXPECT_TRUE(torch::equal(actual[i], expected[i]))
           << "workers " << workers << ", parameter " << i;
+    }
+  }
+}
+
+// `actual` is `expected` (what ATen's expression gives) in dtype and shape, and within `tolerance`
+// relative of each value or, where values cancel, of the largest.
+void expect_as_aten(const at::Tensor& actual, const at::Tensor& expected, double tolerance,
+                    const std::string& what) {
+  ASSERT_TRUE(actual.defined() && expected.defined()) << what;
+  EXPECT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const auto a = actual.to(torch::kFloat), e = expected.to(torch::kFloat);
+  const double largest = e.abs().max().item<double>();
+  EXPECT_TRUE(torch::allclose(a, e, tolerance, tolerance * largest))
+      << what << ": largest difference " << (a - e).abs().max().item<double>() << ", largest value "
+      << largest;
+}
+
+// The fused kernels (in a build with nvcc; ATen's expressions otherwise) compute in fp32 and round
+// once: fp32 results within relative 1e-6, those computed from bf16 within bf16's rounding
+// (relative 1e-2), where ATen rounds each intermediate product to bf16.
+constexpr double kFp32Tolerance = 1e-6;
+constexpr double kBf16Tolerance = 1e-2;
+
+at::Tensor aten_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto halves = x.chunk(2, -1);
+  return x * cos + torch::cat({-halves[1], halves[0]}, -1) * sin;
+}
+
+// q and k [B, H, T, D] as attention makes them (transposed views of projections [B, T, H * D], k
+// with fewer heads), rotated together, and a contiguous x [B, H, T, D] rotated alone, by
+// pipetrain's RotaryEmbedding (`ours`) or by ATen's expression on its tables, then given random
+// gradients. {rotated q, k and x, the gradients of the q and k projections and of x}.
+std::vector<at::Tensor> rotate_heads(bool ours, at::ScalarType dtype, bool autocast,
+                                     int64_t head_dim) {
+  torch::manual_seed(11);
+  const int64_t batch = 2, time = 40, heads = 4, kv_heads = 2;
+  const auto options = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+  const auto q_proj = torch::randn({batch, time, heads * head_dim}, options).requires_grad_(true);
+  const auto k_proj =
+      torch::randn({batch, time, kv_heads * head_dim}, options).requires_grad_(true);
+  const auto x = torch::randn({batch, heads, time, head_dim}, options).requires_grad_(true);
+  const auto q = q_proj.view({batch, time, heads, head_dim}).transpose(1, 2);
+  const auto k = k_proj.view({batch, time, kv_heads, head_dim}).transpose(1, 2);
+  nn::RotaryEmbedding rotary{nn::RotaryEmbeddingOptions(head_dim)};
+  if (autocast) set_autocast_to_bf16(c10::DeviceType::CUDA, true);
+  at::Tensor q_out, k_out, x_out;
+  if (ours) {
+    std::tie(q_out, k_out) = rotary->rotate(q, k);
+    x_out = rotary->forward(x);
+  } else {
+    // Under autocast the tables are fp32 and a bf16 q comes out fp32.
+    const auto [cos, sin] = rotary->tables(time, q.device(), autocast ? torch::kFloat : dtype);
+    q_out = aten_rotary(q, cos, sin);
+    k_out = aten_rotary(k, cos, sin);
+    x_out = aten_rotary(x, cos, sin);
+  }
+  if (autocast) {
+    set_autocast_to_bf16(c10::DeviceType::CUDA, false);
+    at::autocast::clear_cache();
+  }
+  const std::vector<at::Tensor> outputs{q_out, k_out, x_out};
+  std::vector<at::Tensor> grads;
+  for (const auto& output : outputs) {
+    grads.push_back(torch::randn(output.sizes(), output.options()));
+  }
+  torch::autograd::backward(outputs, grads);
+  return {q_out.detach(), k_out.detach(), x_out.detach(), q_proj.grad(), k_proj.grad(), x.grad()};
+}
+
+// fp32, bf16, and bf16 q and k under autocast (fp32 tables, fp32 results, bf16 gradients), for
+// head_dims of Llama (64, 128) and one whose half the kernels cannot read 8 bf16 at a time (24).
+TEST(CudaKernels, RotaryEmbeddingGivesWhatAtensExpressionGives) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const char* names[] = {
+      "q", "k", "x", "q projection's gradient", "k projection's gradient", "x's gradient"};
+  for (const auto& [dtype, autocast] : std::vector<std::pair<at::ScalarType, bool>>{
+           {torch::kFloat, false}, {torch::kBFloat16, false}, {torch::kBFloat16, true}}) {
+    for (const int64_t head_dim : {64, 128, 24}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + (autocast ? " under autocast" : "") +
+                   ", head_dim " + std::to_string(head_dim));
+      const auto expected = rotate_heads(false, dtype, autocast, head_dim);
+      const auto actual = rotate_heads(true, dtype, autocast, head_dim);
+      for (size_t i = 0; i < expected.size(); ++i) {
+        // Under autocast the rotated q, k and x are fp32 products of a bf16 value and an fp32
+        // table, as ATen's: only their gradients are rounded to bf16.
+        const bool fp32 = expected[i].scalar_type() == torch::kFloat;
+        expect_as_aten(actual[i], expected[i], fp32 ? kFp32Tolerance : kBf16Tolerance, names[i]);
+      }
+    }
+  }
+}
+
+// SwiGLU (`ours`: the module, whose silu(gate) * up is fused) or its projections around ATen's
+// silu(gate) * up, then a random gradient. {output, the gradients of x and of the gate, up and
+// down projections' weights}.
+std::vector<at::Tensor> swiglu(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden) {
+  torch::manual_seed(12);
+  const int64_t n_embd = 64;
+  nn::SwiGLU mlp(nn::SwiGLUOptions(n_embd, hidden));
+  mlp->to(torch::kCUDA, dtype);
+  const auto x =
+      torch::randn({2, 5, n_embd}, torch::TensorOptions().device(torch::kCUDA).dtype(dtype))
+          .requires_grad_(true);
+  if (autocast) set_autocast_to_bf16(c10::DeviceType::CUDA, true);
+  at::Tensor y;
+  if (ours) {
+    y = mlp->forward(x);
+  } else {
+    const auto gate = pipetrain::linear(x, mlp->gate_proj->weight);
+    const auto up = pipetrain::linear(x, mlp->up_proj->weight);
+    y = pipetrain::linear(torch::silu(gate) * up, mlp->down_proj->weight);
+  }
+  if (autocast) {
+    set_autocast_to_bf16(c10::DeviceType::CUDA, false);
+    at::autocast::clear_cache();
+  }
+  y.backward(torch::randn(y.sizes(), y.options()));
+  return {y.detach(), x.grad(), mlp->gate_proj->weight.grad(), mlp->up_proj->weight.grad(),
+          mlp->down_proj->weight.grad()};
+}
+
+// fp32, bf16, and fp32 weights under autocast (bf16 gate and up), for a width whose elements the
+// kernels read 16 bytes at a time throughout (256) and one that leaves a tail (37).
+TEST(CudaKernels, SwiGLUGivesWhatAtensExpressionGives) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const char* names[] = {"output", "x's gradient", "gate_proj's gradient", "up_proj's gradient",
+                         "down_proj's gradient"};
+  for (const auto& [dtype, autocast] : std::vector<std::pair<at::ScalarType, bool>>{
+           {torch::kFloat, false}, {torch::kBFloat16, false}, {torch::kFloat, true}}) {
+    for (const int64_t hidden : {256, 37}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + (autocast ? " under autocast" : "") +
+                   ", hidden " + std::to_string(hidden));
+      const auto expected = swiglu(false, dtype, autocast, hidden);
+      const auto actual = swiglu(true, dtype, autocast, hidden);
+      // Under autocast gate and up are bf16: the weights' fp32 gradients are GEMMs of bf16 ones.
+      const double tolerance =
+          dtype == torch::kFloat && !autocast ? kFp32Tolerance : kBf16Tolerance;
+      for (size_t i = 0; i < expected.size(); ++i) {
+        expect_as_aten(actual[i], expected[i], tolerance, names[i]);
+      }
     }
   }
 }
