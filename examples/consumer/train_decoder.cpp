@@ -8,6 +8,7 @@
 #include <exception>
 #include <iostream>
 #include <string>
+#include <vector>
 
 namespace nn = pipetrain::nn;
 
@@ -15,19 +16,28 @@ constexpr int64_t kVocabulary = 32, kWidth = 64, kLength = 16;
 
 // Embedding, four pre-norm blocks of grouped-query attention (4 query heads over 2 key/value
 // heads, rotary positions, Qwen3's q/k norms) and SwiGLU, the final RMSNorm, and a head tied to
-// the embedding: the pipe may put the two ends on different stages and keeps them one tensor.
-torch::nn::Sequential my_decoder() {
+// the embedding. Described layer by layer (pipetrain::layer), so that each process builds only
+// the layers of its own stages, each from the run's seed and its index: the same weights under
+// any number of stages. The pipe may put the two ends on different stages and keeps them equal;
+// where one process holds both, the head is built around the embedding's own tensor.
+std::vector<pipetrain::LayerSpec> my_decoder() {
   const auto attention =
       nn::CausalSelfAttentionOptions(kWidth, 4).n_kv_head(2).qk_norm(true).rotary(
           nn::RotaryEmbeddingOptions().theta(10000));
-  nn::Embedding embedding(nn::EmbeddingOptions(kVocabulary, kWidth));
-  torch::nn::Sequential layers(embedding);
+  std::vector<pipetrain::LayerSpec> layers;
+  layers.push_back(
+      pipetrain::layer([] { return nn::Embedding(nn::EmbeddingOptions(kVocabulary, kWidth)); }));
   for (int i = 0; i < 4; ++i) {
-    layers->push_back(
-        nn::DecoderBlock(nn::DecoderBlockOptions(attention, nn::SwiGLUOptions(kWidth, 128))));
+    layers.push_back(pipetrain::layer([attention] {
+      return nn::DecoderBlock(nn::DecoderBlockOptions(attention, nn::SwiGLUOptions(kWidth, 128)));
+    }));
   }
-  layers->push_back(nn::RMSNorm(kWidth));
-  layers->push_back(nn::LMHead(embedding));
+  layers.push_back(pipetrain::layer([] { return nn::RMSNorm(kWidth); }));
+  layers.push_back(pipetrain::layer([] {
+                     return nn::LMHead(kWidth, kVocabulary);
+                   }).tie("weight", "0.weight", [](const torch::nn::Sequential& built) {
+    return nn::LMHead(nn::Embedding(built->ptr<nn::EmbeddingImpl>(0)));
+  }));
   return layers;
 }
 
@@ -56,7 +66,7 @@ int run(int argc, char** argv) {
   }
   if (const auto status = pipetrain::launch_ranks(options)) return *status;
   pipetrain::Trainer trainer(options);
-  Continuation model;  // after the Trainer: it seeded the generator on every rank
+  Continuation model;  // its layers are built by the Trainer, on the processes that hold them
 
   // Sequences t[i] = t[i - 2] + 1 (mod the vocabulary) from two random first tokens.
   torch::manual_seed(0);

@@ -19,6 +19,7 @@ struct GradientSync::Bucket {
   int64_t bytes = 0;
   int64_t pending = 0;  // gradients still to arrive this step
   at::Tensor flat;      // the gradients side by side (then views of it), then their average
+  at::Tensor wire;      // what the all-reduce sums: `flat`, or its float32 copy (on_wire)
   WorkPtr work;
 };
 
@@ -138,7 +139,8 @@ void GradientSync::launch(Bucket& bucket) {
     }
     offset += p.numel();
   }
-  std::vector<at::Tensor> tensors{bucket.flat};
+  bucket.wire = on_wire(bucket.flat);
+  std::vector<at::Tensor> tensors{bucket.wire};
   bucket.work = process_group(*replicas_)->allreduce(tensors);
 }
 
@@ -149,6 +151,7 @@ void GradientSync::finish() {
   torch::NoGradGuard no_grad;
   for (Bucket& bucket : buckets_) {
     wait(*replicas_, bucket.work);
+    back_from_wire(bucket.flat, bucket.wire);
     int64_t offset = 0;
     for (int64_t i : bucket.parameters) {
       at::Tensor& p = parameters_[i];
@@ -162,6 +165,7 @@ void GradientSync::finish() {
       offset += n;
     }
     bucket.flat = at::Tensor();
+    bucket.wire = at::Tensor();
     bucket.work.reset();
   }
 }

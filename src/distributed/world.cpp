@@ -221,16 +221,25 @@ std::string World::broadcast(const std::string& text, int64_t root) const {
   return std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
 }
 
+at::Tensor on_wire(const at::Tensor& tensor) {
+  return tensor.is_cpu() && tensor.scalar_type() == at::kBFloat16 ? tensor.to(at::kFloat) : tensor;
+}
+
+void back_from_wire(const at::Tensor& tensor, const at::Tensor& wire) {
+  if (!wire.is_same(tensor)) tensor.copy_(wire);
+}
+
 void World::broadcast_into(const at::Tensor& tensor, int64_t root) const {
   if (!process_group(*this)) return;
   c10d::BroadcastOptions options;
   options.rootRank = static_cast<int>(root);
-  std::vector<at::Tensor> tensors{tensor};
+  std::vector<at::Tensor> tensors{on_wire(tensor)};
   try {
     wait(*this, process_group(*this)->broadcast(tensors, options));
   } catch (const std::exception& e) {
     fail("share a tensor with", e, rank_ == root ? -1 : root);
   }
+  back_from_wire(tensor, tensors[0]);
 }
 
 at::Tensor World::gather_to_zero(const at::Tensor& tensor, int64_t from) const {

@@ -20,6 +20,12 @@ struct WorldConnection {
 const ProcessGroupPtr& process_group(const World& world);
 const StorePtr& store(const World& world);
 
+// Gloo (Torch 1.13's) has no bfloat16 collectives. What a collective sends for `tensor`: a float32
+// copy of a CPU bfloat16 tensor (it holds every bfloat16 value exactly, and a sum in it rounds
+// once), otherwise the tensor itself; `back_from_wire` writes the collective's result back.
+at::Tensor on_wire(const at::Tensor& tensor);
+void back_from_wire(const at::Tensor& tensor, const at::Tensor& wire);
+
 // Completes `work` of `world`'s process group: on CPU, blocks until it is done (or the world's
 // timeout passes); on CUDA, makes the current stream wait for it, without blocking the host.
 void wait(const World& world, const WorkPtr& work);

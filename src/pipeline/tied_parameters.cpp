@@ -220,12 +220,13 @@ void TiedGradients::reduce() {
     if (!sum.defined()) sum = torch::zeros_like(local.tensors.front());
     if (local.stages) {
       // In place: with one tensor here, sum is its gradient.
-      std::vector<at::Tensor> buffer{sum};
+      std::vector<at::Tensor> buffer{on_wire(sum)};
       try {
         wait(*local.stages, process_group(*local.stages)->allreduce(buffer));
       } catch (const std::exception& e) {
         local.stages->fail("sum tied gradients with", e);
       }
+      back_from_wire(sum, buffer[0]);
     }
     for (const auto& t : local.tensors) {
       if (!t.grad().defined()) {

@@ -228,6 +228,73 @@ TEST(DdpZero, StageOneTrainsAsPlainDdpAndPipelines) {
   fs::remove_all(root);
 }
 
+// bf16 weights on CPU processes (Gloo, which has no bfloat16 collectives): the tied head's first
+// copy, the tied gradients and the replicas' gradient average travel as float32, so a tied
+// decoder built per rank trains under pipe and ddp as in one process (within bf16 rounding of
+// sums taken in another order: relative 3e-2).
+TEST(Bf16True, ATiedDecoderTrainsUnderPipeAndDdpAsInOneProcess) {
+  const auto root = make_temp_dir("bf16-true");
+  ASSERT_EQ(
+      run_command(pipetrain_command({"prepare-data", "--input", "/usr/share/common-licenses/GPL-3",
+                                     "--output", root + "/data"}))
+          .exit_code,
+      0);
+  auto run = [&](const std::string& name, int64_t batch_size, std::vector<std::string> layout) {
+    std::vector<std::string> argv{"fit",
+                                  "--model",
+                                  "llama",
+                                  "--n-layer",
+                                  "2",
+                                  "--n-embd",
+                                  "32",
+                                  "--n-head",
+                                  "2",
+                                  "--n-kv-head",
+                                  "1",
+                                  "--intermediate-size",
+                                  "64",
+                                  "--vocab-size",
+                                  "256",
+                                  "--block-size",
+                                  "16",
+                                  "--tie-word-embeddings",
+                                  "true",
+                                  "--precision",
+                                  "bf16-true",
+                                  "--train-data",
+                                  root + "/data/train.bin",
+                                  "--batch-size",
+                                  std::to_string(batch_size),
+                                  "--max-steps",
+                                  "4",
+                                  "--lr",
+                                  "0.01",
+                                  "--limit-val-batches",
+                                  "0",
+                                  "--num-sanity-val-steps",
+                                  "0",
+                                  "--log-every-n-steps",
+                                  "1",
+                                  "--enable-progress-bar",
+                                  "false",
+                                  "--enable-checkpointing",
+                                  "false",
+                                  "--logger",
+                                  "csv",
+                                  "--default-root-dir",
+                                  root + "/" + name};
+    argv.insert(argv.end(), layout.begin(), layout.end());
+    run_ok(pipetrain_command(argv));
+    return read_csv_column(metrics_csv(root + "/" + name), "train_loss");
+  };
+  const auto single = run("single", 8, {});
+  ASSERT_EQ(single.size(), 4u);
+  expect_same_losses(
+      single, run("pipe", 8, {"--strategy", "pipe", "--devices", "2", "--chunks", "2"}), 3e-2);
+  expect_same_losses(single, run("ddp", 4, {"--strategy", "ddp", "--devices", "2"}), 3e-2);
+  fs::remove_all(root);
+}
+
 TEST(DdpZero, RefusedWhereThereAreNoReplicasAndAboveStageOne) {
   const auto root = make_temp_dir("ddp-zero-bad");
   for (const auto& [flags, expected] :
