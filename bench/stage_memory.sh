@@ -8,7 +8,9 @@
 #   bench/stage_memory.sh MODEL SIZE PRECISION [extra fit flags...]
 #   e.g. bench/stage_memory.sh gpt2 350M 32-true; bench/stage_memory.sh llama llama3.2-1b bf16-true
 # CLI (default build/apps/pipetrain/pipetrain) is the pipetrain to run; B x T (default 1 x 256)
-# the batch, in 1 micro-batch (--chunks 1: the activations of one).
+# the batch, in 1 micro-batch (--chunks 1: the activations of one). DDP=1 adds `ddp` over 2
+# replicas (B x T each) without and with --zero-stage 1 (layouts "ddp2", "ddp2-zero1"; of_single
+# is then against plain ddp's).
 set -euo pipefail
 CLI=${CLI:-build/apps/pipetrain/pipetrain}
 model=$1 size=$2 precision=$3
@@ -27,34 +29,45 @@ with open(path, "wb") as f:
         f.write(struct.pack("<256i", 20240801, 7, count, *([0] * 253)))
         f.write(struct.pack("<%dI" % count, *(random.randrange(32000) for _ in range(count))))
 PY
-for stages in 1 2 4; do
-  strategy=pipe
-  [ "$stages" = 1 ] && strategy=single
-  /usr/bin/time -f "%M" -o "$dir/rss.$stages" "$CLI" fit --model "$model" --model-size "$size" \
-    --precision "$precision" --train-data "$dir/train.bin" --batch-size "$B" --block-size "$T" \
-    --strategy "$strategy" --devices "$stages" --max-steps 1 --accelerator cpu --logger csv \
-    --enable-progress-bar false --enable-checkpointing false --num-sanity-val-steps 0 \
-    --default-root-dir "$dir/run$stages" "$@" >"$dir/out.$stages" 2>&1 || {
-    cat "$dir/out.$stages"
+run() {  # run NAME fit-flags...
+  local name=$1
+  shift
+  "$CLI" fit --model "$model" --model-size "$size" --precision "$precision" \
+    --train-data "$dir/train.bin" --batch-size "$B" --block-size "$T" --max-steps 1 \
+    --accelerator cpu --logger csv --enable-progress-bar false --enable-checkpointing false \
+    --num-sanity-val-steps 0 --default-root-dir "$dir/run.$name" "$@" >"$dir/out.$name" 2>&1 || {
+    cat "$dir/out.$name"
     exit 1
   }
-done
-python3 - "$dir" "$model" "$size" "$precision" <<'PY'
+}
+layouts="1 2 4"
+run 1 --strategy single "$@"
+run 2 --strategy pipe --devices 2 "$@"
+run 4 --strategy pipe --devices 4 "$@"
+if [ "${DDP:-0}" = 1 ]; then
+  run ddp2 --strategy ddp --devices 2 "$@"
+  run ddp2-zero1 --strategy ddp --devices 2 --zero-stage 1 "$@"
+  layouts="$layouts ddp2 ddp2-zero1"
+fi
+python3 - "$dir" "$model" "$size" "$precision" $layouts <<'PY'
 import json, re, sys
 dir, model, size, precision = sys.argv[1:5]
-ideal = None
-for stages in (1, 2, 4):
-    text = open(f"{dir}/out.{stages}").read()
+reference = {}
+for layout in sys.argv[5:]:
+    stages = 2 if layout.startswith("ddp") else int(layout)
+    text = open(f"{dir}/out.{layout}").read()
     table = text.split("memory per rank after the first step, MiB\n")[1].splitlines()[1:stages + 1]
     peak_line = text.split("peak memory per rank, MiB:")[1].splitlines()[0]
     peaks = [int(mib) for rank, mib in re.findall(r"(\d+): (\d+)", peak_line)]
     rows = [[float(x) for x in line.split()[1:]] for line in table]
-    if ideal is None:
-        ideal = rows[0][4]
+    # Against single's, or for ddp against plain ddp's (whose replicas each hold everything).
+    kind = "ddp" if layout.startswith("ddp") else "pipe"
+    reference.setdefault(kind, rows[0][4])
     for rank, (params, grads, state, first_step, total) in enumerate(rows):
-        print(json.dumps({"model": model, "size": size, "precision": precision, "stages": stages,
+        print(json.dumps({"model": model, "size": size, "precision": precision, "layout": layout,
                           "rank": rank, "parameters_mib": params, "gradients_mib": grads,
                           "optimizer_state_mib": state, "first_step_peak_mib": first_step,
-                          "total_mib": total, "of_single": round(total / ideal, 3),
-                          "ideal": round(1 / stages, 3), "peak_rss_mib": peaks[rank]}))
+                          "total_mib": total, "of_single": round(total / reference[kind], 3),
+                          "ideal": round(1 / stages, 3) if kind == "pipe" else None,
+                          "peak_rss_mib": peaks[rank]}))
 PY
