@@ -25,6 +25,24 @@ constexpr int32_t kLlmcLlama3Magic = 20240801;  // version 7: uint32 tokens
 constexpr int32_t kLlmcLlama3Version = 7;
 constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 
+// How many of a raw file's first tokens the uint32 check reads.
+constexpr int64_t kTokensLookedAt = 4096;
+
+// Whether 16-bit tokens are more likely 32-bit ones read in halves: at least 64 of them, not all
+// zero, and every second one 0 (the high halves of little-endian ids below 65536). Real 16-bit
+// token data is never like that.
+bool looks_like_uint32(const unsigned char* bytes, int64_t count) {
+  const int64_t looked_at = std::min(count, kTokensLookedAt) & ~int64_t{1};
+  if (looked_at < 64) return false;
+  const auto* tokens = reinterpret_cast<const uint16_t*>(bytes);
+  bool any_low = false;
+  for (int64_t i = 0; i < looked_at; i += 2) {
+    if (tokens[i + 1] != 0) return false;
+    any_low |= tokens[i] != 0;
+  }
+  return any_low;
+}
+
 size_t width_of(TokenDtype dtype) { return dtype == TokenDtype::kUint32 ? 4 : 2; }
 std::string name_of(TokenDtype dtype) { return dtype == TokenDtype::kUint32 ? "uint32" : "uint16"; }
 
@@ -120,6 +138,13 @@ TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t 
   }
   num_tokens_ = static_cast<int64_t>((mapped_bytes_ - first_token) / width_of(dtype_));
   tokens_ = bytes + first_token;
+  if (!dtype && dtype_ == TokenDtype::kUint16 && looks_like_uint32(tokens_, num_tokens_)) {
+    fail("looks like 32-bit tokens (every second 16-bit value of its first " +
+         std::to_string(std::min<int64_t>(num_tokens_, kTokensLookedAt)) +
+         " is 0, as little-endian uint32 ids below 65536 give), which read as nanoGPT's 16-bit "
+         "ones would train on the wrong ids: give its width (TokenDtype::kUint32), or write it "
+         "as an llm.c shard, whose header says it");
+  }
   if (num_tokens_ < block_size_ + 1) {
     fail("holds " + std::to_string(num_tokens_) + " tokens, fewer than one window of block size " +
          std::to_string(block_size_) + " + 1: use a longer file or a smaller --block-size");

@@ -219,6 +219,29 @@ TEST_F(TokenFiles, AWidthThatDisagreesWithTheFileIsRefused) {
       << odd;
 }
 
+// A raw file of 32-bit ids below 65536, opened without its width, would read as 16-bit ids of which
+// every second is 0, all within a small vocabulary: training on them would be silently wrong, so
+// it is refused; told its width it reads, and real 16-bit tokens are not mistaken for it.
+TEST_F(TokenFiles, ThirtyTwoBitTokensOpenedAsSixteenBitOnesAreRefused) {
+  std::vector<uint32_t> small(300);
+  std::vector<uint16_t> narrow(300);
+  for (size_t i = 0; i < small.size(); ++i) {
+    small[i] = static_cast<uint32_t>(1 + (i * 7) % 250);
+    narrow[i] = static_cast<uint16_t>(small[i]);
+  }
+  write_bytes(path("raw32.bin"), uint32_bytes(small, false));
+  const std::string refused = construction_error(path("raw32.bin"), 8, 256);
+  EXPECT_NE(refused.find("looks like 32-bit tokens (every second 16-bit value of its first 600 is "
+                         "0"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("TokenDtype::kUint32"), std::string::npos) << refused;
+  EXPECT_EQ(TokenDataset(path("raw32.bin"), 8, 256, TokenDtype::kUint32).num_tokens(), 300);
+  EXPECT_EQ(TokenDataset(path("raw32.bin"), 8, 256, TokenDtype::kUint16).num_tokens(), 600);
+  write_token_file(path("raw16.bin"), narrow, TokenFileFormat::kNanoGpt);
+  EXPECT_EQ(construction_error(path("raw16.bin"), 8, 256), "");
+}
+
 TEST_F(TokenFiles, AThirtyTwoBitTokenOutsideTheVocabularyIsNamedWithItsPosition) {
   std::vector<uint32_t> tokens(100, 70000);
   tokens[45] = 128256;
