@@ -11,7 +11,8 @@
 
 namespace pipetrain {
 
-// The dtype pipetrain::layer_norm returns under autocast (without it, both give the input's).
+// The dtype pipetrain::layer_norm (and pipetrain::nn::rms_norm, pipetrain/nn/rms_norm.h) returns
+// under autocast (without it, both give the input's).
 enum class LayerNormOutput {
   // fp32, as autocast's own layer_norm.
   kFloat,
@@ -25,7 +26,7 @@ enum class LayerNormOutput {
 at::Tensor layer_norm(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                       double eps = 1e-5, LayerNormOutput output = LayerNormOutput::kFloat);
 
-// What goes on along a transformer's residual stream, and the LayerNorm of it.
+// What goes on along a transformer's residual stream, and the LayerNorm (or RMSNorm) of it.
 struct ResidualLayerNorm {
   at::Tensor residual;
   at::Tensor normalised;

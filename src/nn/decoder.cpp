@@ -8,20 +8,7 @@
 
 #include <pipetrain/nn/embedding.h>
 
-#include "util/compat.h"
-
 namespace pipetrain::nn {
-namespace {
-
-// A norm's output, read by several matmuls (q, k and v; gate and up), in autocast's dtype where
-// autocast is on: each matmul would cast the fp32 tensor again; cast once, the same values.
-at::Tensor for_matmuls(const at::Tensor& normalised) {
-  const auto device = normalised.device().type();
-  if (!autocast_enabled(device)) return normalised;
-  return normalised.to(autocast_dtype(device));
-}
-
-}  // namespace
 
 DecoderBlockImpl::DecoderBlockImpl(const DecoderBlockOptions& options_)
     : options(options_),
@@ -35,8 +22,17 @@ DecoderBlockImpl::DecoderBlockImpl(const DecoderBlockOptions& options_)
       mlp(register_module("mlp", SwiGLU(options_.mlp()))) {}
 
 at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) {
-  const auto h = x + self_attn(for_matmuls(input_layernorm(x)));
-  return h + mlp(for_matmuls(post_attention_layernorm(h)));
+  // input_layernorm(x) beside x, then h = x + self_attn(...) and post_attention_layernorm(h) in
+  // one pass; each RMSNorm's backward adds the residual stream's gradient (the two modules hold
+  // the weights). Their outputs are read by matmuls alone (q, k and v; gate and up), so under
+  // autocast they come in autocast's dtype, cast once where each matmul would cast them again.
+  constexpr auto to_matmuls = LayerNormOutput::kAutocastDtype;
+  const auto first =
+      residual_rms_norm(x, input_layernorm->weight, input_layernorm->options.eps(), to_matmuls);
+  const auto second =
+      add_rms_norm(first.residual, self_attn(first.normalised), post_attention_layernorm->weight,
+                   post_attention_layernorm->options.eps(), to_matmuls);
+  return second.residual + mlp(second.normalised);
 }
 
 void check_decoder_config(const DecoderConfig& config) {

@@ -1,9 +1,11 @@
-// LayerNorm on a GPU, in three kernels:
+// LayerNorm and RMSNorm on a GPU, in three kernels. An RMSNorm is a LayerNorm whose mean is 0
+// and which has no bias, so the kernels take it as a template argument (kNorm) and leave out what
+// it does not have: the mean and its sums, the bias and its gradient.
 // - Rows (forward, input gradient): one warp per row, 4 elements per access; a row of a
-//   transformer's width (3-6 KB in fp32) stays in L1 between the passes over it. The forward
+//   transformer's width (3-16 KB in fp32) stays in cache between the passes over it. The forward
 //   writes its output in the dtype the next matmul reads (bf16 under autocast), and the input
 //   gradient reads that matmul's gradient as it comes: no fp32 copy of either. Both can take a
-//   residual add with them (h = x + branch, then LayerNorm(h)): the forward writes h as it sums
+//   residual add with them (h = x + branch, then the norm of h): the forward writes h as it sums
 //   it, the backward adds h's other gradient and writes the result for both terms of the sum,
 //   which saves a pass over the rows each way and the bf16 copy of the branch's gradient.
 // - Columns (weight and bias gradients): sums over rows, column by column. ATen's kernel gives
@@ -12,6 +14,7 @@
 //   over kRowsPerBlock rows (a warp reads 32 adjacent elements of a row at a time), writes its
 //   partial sums, and a second kernel adds the partial sums of each column in a fixed order.
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel_common.cuh"
 #include "layer_norm_kernels.h"
@@ -27,16 +30,19 @@ using Vec = Pack<T, kVector>;
 
 // The rows normalised are `input`'s, or, where `branch` is not null, input + branch (in fp32, as
 // ATen adds an fp32 tensor and a bf16 one), written to `sum`.
-template <typename Out, typename Branch>
+template <Norm kNorm, typename Out, typename Branch>
 __global__ void forward_kernel(const float* __restrict__ input, const Branch* __restrict__ branch,
                                const float* __restrict__ weight, const float* __restrict__ bias,
                                int64_t rows, int64_t columns, float eps, float* __restrict__ sum,
                                Out* __restrict__ output, float* __restrict__ mean_out,
                                float* __restrict__ rstd_out) {
+  constexpr bool kCentred = kNorm == Norm::kLayerNorm;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (row >= rows) return;
   const int64_t vectors = columns / kVector;
   const float inv_columns = 1.f / static_cast<float>(columns);
+  // The first pass sums a LayerNorm's values (for its mean) and an RMSNorm's squares (about its
+  // mean, 0: all it needs).
   float total = 0.f;
   if (branch != nullptr) {
     const auto* a = reinterpret_cast<const Vec<float>*>(input + row * columns);
@@ -48,7 +54,7 @@ __global__ void forward_kernel(const float* __restrict__ input, const Branch* __
 #pragma unroll
       for (int k = 0; k < kVector; ++k) {
         v.v[k] += to_float(add.v[k]);
-        total += v.v[k];
+        total += kCentred ? v.v[k] : v.v[k] * v.v[k];
       }
       s[i] = v;
     }
@@ -57,43 +63,51 @@ __global__ void forward_kernel(const float* __restrict__ input, const Branch* __
     for (int64_t i = threadIdx.x; i < vectors; i += kWarp) {
       const Vec<float> v = x[i];
 #pragma unroll
-      for (int k = 0; k < kVector; ++k) total += v.v[k];
+      for (int k = 0; k < kVector; ++k) total += kCentred ? v.v[k] : v.v[k] * v.v[k];
     }
   }
   // The later passes read the sum where there is one: each lane the elements it wrote itself.
   const float* normalised = branch != nullptr ? sum : input;
   const auto* x = reinterpret_cast<const Vec<float>*>(normalised + row * columns);
-  const float mean = warp_sum(total) * inv_columns;
-  // Squares about the mean, a second pass: as accurate as Welford's, simpler.
-  float squares = 0.f;
-  for (int64_t i = threadIdx.x; i < vectors; i += kWarp) {
-    const Vec<float> v = x[i];
+  const float mean = kCentred ? warp_sum(total) * inv_columns : 0.f;
+  float variance = 0.f;
+  if constexpr (kCentred) {
+    // Squares about the mean, a second pass: as accurate as Welford's, simpler.
+    float squares = 0.f;
+    for (int64_t i = threadIdx.x; i < vectors; i += kWarp) {
+      const Vec<float> v = x[i];
 #pragma unroll
-    for (int k = 0; k < kVector; ++k) squares += (v.v[k] - mean) * (v.v[k] - mean);
+      for (int k = 0; k < kVector; ++k) squares += (v.v[k] - mean) * (v.v[k] - mean);
+    }
+    variance = warp_sum(squares) * inv_columns;
+  } else {
+    variance = warp_sum(total) * inv_columns;
   }
-  const float rstd = rsqrtf(warp_sum(squares) * inv_columns + eps);
+  const float rstd = rsqrtf(variance + eps);
   const auto* w = reinterpret_cast<const Vec<float>*>(weight);
   const auto* b = reinterpret_cast<const Vec<float>*>(bias);
   auto* y = reinterpret_cast<Vec<Out>*>(output + row * columns);
   for (int64_t i = threadIdx.x; i < vectors; i += kWarp) {
-    const Vec<float> v = x[i], scale = w[i], shift = b[i];
+    const Vec<float> v = x[i], scale = w[i];
+    const Vec<float> shift = kCentred ? b[i] : Vec<float>{};
     Vec<Out> out;
 #pragma unroll
     for (int k = 0; k < kVector; ++k) {
-      out.v[k] = from_float<Out>((v.v[k] - mean) * rstd * scale.v[k] + shift.v[k]);
+      const float scaled = (v.v[k] - mean) * rstd * scale.v[k];
+      out.v[k] = from_float<Out>(kCentred ? scaled + shift.v[k] : scaled);
     }
     y[i] = out;
   }
   if (threadIdx.x == 0) {
-    mean_out[row] = mean;
+    if constexpr (kCentred) mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
 }
 
-// The LayerNorm's input gradient, plus `grad_sum` where not null (the gradient its input got from
+// The norm's input gradient, plus `grad_sum` where not null (the gradient its input got from
 // elsewhere: the residual stream), written in fp32 and, where `grad_branch` is not null, again in
 // the branch's dtype (the gradient of both terms of a sum is the sum's).
-template <typename Grad, typename Branch>
+template <Norm kNorm, typename Grad, typename Branch>
 __global__ void input_gradient_kernel(const Grad* __restrict__ grad_output,
                                       const float* __restrict__ input,
                                       const float* __restrict__ mean_in,
@@ -102,13 +116,14 @@ __global__ void input_gradient_kernel(const Grad* __restrict__ grad_output,
                                       int64_t columns, const float* __restrict__ grad_sum,
                                       float* __restrict__ grad_input,
                                       Branch* __restrict__ grad_branch) {
+  constexpr bool kCentred = kNorm == Norm::kLayerNorm;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (row >= rows) return;
   const int64_t vectors = columns / kVector;
   const auto* dy = reinterpret_cast<const Vec<Grad>*>(grad_output + row * columns);
   const auto* x = reinterpret_cast<const Vec<float>*>(input + row * columns);
   const auto* w = reinterpret_cast<const Vec<float>*>(weight);
-  const float mean = mean_in[row], rstd = rstd_in[row];
+  const float mean = kCentred ? mean_in[row] : 0.f, rstd = rstd_in[row];
   float sum_g = 0.f, sum_gx = 0.f;
   for (int64_t i = threadIdx.x; i < vectors; i += kWarp) {
     const Vec<Grad> d = dy[i];
@@ -121,7 +136,9 @@ __global__ void input_gradient_kernel(const Grad* __restrict__ grad_output,
     }
   }
   const float inv_columns = 1.f / static_cast<float>(columns);
-  const float mean_g = warp_sum(sum_g) * inv_columns, mean_gx = warp_sum(sum_gx) * inv_columns;
+  // An RMSNorm's output does not move with its input's mean: no mean_j(g) term.
+  const float mean_g = kCentred ? warp_sum(sum_g) * inv_columns : 0.f,
+              mean_gx = warp_sum(sum_gx) * inv_columns;
   const auto* residual =
       grad_sum ? reinterpret_cast<const Vec<float>*>(grad_sum + row * columns) : nullptr;
   auto* dx = reinterpret_cast<Vec<float>*>(grad_input + row * columns);
@@ -151,12 +168,13 @@ constexpr int kRowsPerSum = 256;
 
 int64_t row_blocks(int64_t rows) { return (rows + kRowsPerSum - 1) / kRowsPerSum; }
 
-template <typename Grad>
+template <Norm kNorm, typename Grad>
 __global__ void partial_sums_kernel(const Grad* __restrict__ grad_output,
                                     const float* __restrict__ input, const float* __restrict__ mean,
                                     const float* __restrict__ rstd, int64_t rows, int64_t columns,
                                     float* __restrict__ partial_weight,
                                     float* __restrict__ partial_bias) {
+  constexpr bool kCentred = kNorm == Norm::kLayerNorm;
   const int64_t column = static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x;
   __shared__ float weights[kRowThreads][kColumns + 1], biases[kRowThreads][kColumns + 1];
   // Row block by row block (the grid's y is at most 65535 blocks).
@@ -168,20 +186,20 @@ __global__ void partial_sums_kernel(const Grad* __restrict__ grad_output,
       for (int64_t row = first + threadIdx.y; row < end; row += kRowThreads) {
         const int64_t at = row * columns + column;
         const float g = to_float(grad_output[at]);
-        weight += g * (input[at] - mean[row]) * rstd[row];
+        weight += g * (input[at] - (kCentred ? mean[row] : 0.f)) * rstd[row];
         bias += g;
       }
     }
     weights[threadIdx.y][threadIdx.x] = weight;
-    biases[threadIdx.y][threadIdx.x] = bias;
+    if constexpr (kCentred) biases[threadIdx.y][threadIdx.x] = bias;
     __syncthreads();
     if (threadIdx.y == 0 && column < columns) {
       for (int i = 1; i < kRowThreads; ++i) {
         weight += weights[i][threadIdx.x];
-        bias += biases[i][threadIdx.x];
+        if constexpr (kCentred) bias += biases[i][threadIdx.x];
       }
       partial_weight[block * columns + column] = weight;
-      partial_bias[block * columns + column] = bias;
+      if constexpr (kCentred) partial_bias[block * columns + column] = bias;
     }
     __syncthreads();  // before the next row block overwrites the shared sums
   }
@@ -189,29 +207,31 @@ __global__ void partial_sums_kernel(const Grad* __restrict__ grad_output,
 
 // The partial sums of each column added in a fixed order: thread (x, y) takes every
 // kRowThreads-th row block from y, and the kRowThreads sums are added in order.
+template <Norm kNorm>
 __global__ void finish_kernel(const float* __restrict__ partial_weight,
                               const float* __restrict__ partial_bias, int64_t blocks,
                               int64_t columns, float* __restrict__ grad_weight,
                               float* __restrict__ grad_bias) {
+  constexpr bool kCentred = kNorm == Norm::kLayerNorm;
   const int64_t column = static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x;
   float weight = 0.f, bias = 0.f;
   if (column < columns) {
     for (int64_t b = threadIdx.y; b < blocks; b += kRowThreads) {
       weight += partial_weight[b * columns + column];
-      bias += partial_bias[b * columns + column];
+      if constexpr (kCentred) bias += partial_bias[b * columns + column];
     }
   }
   __shared__ float weights[kRowThreads][kColumns + 1], biases[kRowThreads][kColumns + 1];
   weights[threadIdx.y][threadIdx.x] = weight;
-  biases[threadIdx.y][threadIdx.x] = bias;
+  if constexpr (kCentred) biases[threadIdx.y][threadIdx.x] = bias;
   __syncthreads();
   if (threadIdx.y != 0 || column >= columns) return;
   for (int i = 1; i < kRowThreads; ++i) {
     weight += weights[i][threadIdx.x];
-    bias += biases[i][threadIdx.x];
+    if constexpr (kCentred) bias += biases[i][threadIdx.x];
   }
   grad_weight[column] = weight;
-  grad_bias[column] = bias;
+  if constexpr (kCentred) grad_bias[column] = bias;
 }
 
 // Calls f(T{}) with T the element type `dtype` names.
@@ -227,80 +247,104 @@ void with_element_type(Dtype dtype, F&& f) {
   }
 }
 
+// Calls f(N{}) with N::value `norm`, for the kernels' template argument.
+template <typename F>
+void with_norm(Norm norm, F&& f) {
+  switch (norm) {
+    case Norm::kLayerNorm:
+      return f(std::integral_constant<Norm, Norm::kLayerNorm>{});
+    case Norm::kRmsNorm:
+      return f(std::integral_constant<Norm, Norm::kRmsNorm>{});
+  }
+}
+
+// The row kernels' template arguments: the norm, the element type of the tensor each takes besides
+// fp32 rows (the forward's output, the incoming gradient of the input gradient's) and the branch's.
+template <Norm kNorm, typename T, typename B>
+struct RowTypes {
+  static constexpr Norm norm = kNorm;
+  using Element = T;
+  using Branch = B;
+};
+
+// Calls f(RowTypes<...>{}) for `norm` and the element types `element` and `branch` name.
+template <typename F>
+void with_row_types(Norm norm, Dtype element, Dtype branch, F&& f) {
+  with_norm(norm, [&](auto norm_constant) {
+    with_element_type(element, [&](auto element_zero) {
+      with_element_type(branch, [&](auto branch_zero) {
+        f(RowTypes<decltype(norm_constant)::value, decltype(element_zero),
+                   decltype(branch_zero)>{});
+      });
+    });
+  });
+}
+
 dim3 row_grid(int64_t rows) {
   return dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
 }
 
 }  // namespace
 
-bool layer_norm_takes_columns(int64_t columns) { return columns > 0 && columns % kVector == 0; }
+bool norm_takes_columns(int64_t columns) { return columns > 0 && columns % kVector == 0; }
 
-void add_layer_norm_forward(const float* input, Dtype branch_dtype, const void* branch,
-                            const float* weight, const float* bias, int64_t rows, int64_t columns,
-                            double eps, float* sum, Dtype output_dtype, void* output, float* mean,
-                            float* rstd, void* stream) {
-  with_element_type(output_dtype, [&](auto out_zero) {
-    with_element_type(branch_dtype, [&](auto branch_zero) {
-      using Out = decltype(out_zero);
-      using Branch = decltype(branch_zero);
-      forward_kernel<Out, Branch>
-          <<<row_grid(rows), dim3(kWarp, kRowsPerBlock), 0, static_cast<cudaStream_t>(stream)>>>(
-              input, static_cast<const Branch*>(branch), weight, bias, rows, columns,
-              static_cast<float>(eps), sum, static_cast<Out*>(output), mean, rstd);
-    });
+void norm_forward(Norm norm, const float* input, Dtype branch_dtype, const void* branch,
+                  const float* weight, const float* bias, int64_t rows, int64_t columns, double eps,
+                  float* sum, Dtype output_dtype, void* output, float* mean, float* rstd,
+                  void* stream) {
+  with_row_types(norm, output_dtype, branch_dtype, [&](auto types) {
+    using Out = typename decltype(types)::Element;
+    using Branch = typename decltype(types)::Branch;
+    forward_kernel<decltype(types)::norm, Out, Branch>
+        <<<row_grid(rows), dim3(kWarp, kRowsPerBlock), 0, static_cast<cudaStream_t>(stream)>>>(
+            input, static_cast<const Branch*>(branch), weight, bias, rows, columns,
+            static_cast<float>(eps), sum, static_cast<Out*>(output), mean, rstd);
   });
-  check_launch("layer_norm forward");
+  check_launch("norm forward");
 }
 
-void layer_norm_forward(const float* input, const float* weight, const float* bias, int64_t rows,
-                        int64_t columns, double eps, Dtype output_dtype, void* output, float* mean,
-                        float* rstd, void* stream) {
-  add_layer_norm_forward(input, Dtype::kFloat, nullptr, weight, bias, rows, columns, eps, nullptr,
-                         output_dtype, output, mean, rstd, stream);
-}
-
-void layer_norm_input_gradient(Dtype grad_dtype, const void* grad_output, const float* input,
-                               const float* mean, const float* rstd, const float* weight,
-                               int64_t rows, int64_t columns, const float* grad_sum,
-                               float* grad_input, Dtype branch_dtype, void* grad_branch,
-                               void* stream) {
-  with_element_type(grad_dtype, [&](auto grad_zero) {
-    with_element_type(branch_dtype, [&](auto branch_zero) {
-      using Grad = decltype(grad_zero);
-      using Branch = decltype(branch_zero);
-      input_gradient_kernel<Grad, Branch>
-          <<<row_grid(rows), dim3(kWarp, kRowsPerBlock), 0, static_cast<cudaStream_t>(stream)>>>(
-              static_cast<const Grad*>(grad_output), input, mean, rstd, weight, rows, columns,
-              grad_sum, grad_input, static_cast<Branch*>(grad_branch));
-    });
+void norm_input_gradient(Norm norm, Dtype grad_dtype, const void* grad_output, const float* input,
+                         const float* mean, const float* rstd, const float* weight, int64_t rows,
+                         int64_t columns, const float* grad_sum, float* grad_input,
+                         Dtype branch_dtype, void* grad_branch, void* stream) {
+  with_row_types(norm, grad_dtype, branch_dtype, [&](auto types) {
+    using Grad = typename decltype(types)::Element;
+    using Branch = typename decltype(types)::Branch;
+    input_gradient_kernel<decltype(types)::norm, Grad, Branch>
+        <<<row_grid(rows), dim3(kWarp, kRowsPerBlock), 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const Grad*>(grad_output), input, mean, rstd, weight, rows, columns,
+            grad_sum, grad_input, static_cast<Branch*>(grad_branch));
   });
-  check_launch("layer_norm input gradient");
+  check_launch("norm input gradient");
 }
 
-int64_t layer_norm_scratch_floats(int64_t rows, int64_t columns) {
-  return 2 * row_blocks(rows) * columns;
+int64_t norm_scratch_floats(Norm norm, int64_t rows, int64_t columns) {
+  const int64_t sums = norm == Norm::kLayerNorm ? 2 : 1;  // weight's and bias's, or weight's
+  return sums * row_blocks(rows) * columns;
 }
 
-void layer_norm_weight_gradients(Dtype grad_dtype, const void* grad_output, const float* input,
-                                 const float* mean, const float* rstd, int64_t rows,
-                                 int64_t columns, float* scratch, float* grad_weight,
-                                 float* grad_bias, void* stream) {
+void norm_weight_gradients(Norm norm, Dtype grad_dtype, const void* grad_output, const float* input,
+                           const float* mean, const float* rstd, int64_t rows, int64_t columns,
+                           float* scratch, float* grad_weight, float* grad_bias, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   const int64_t blocks = row_blocks(rows);
   float* partial_weight = scratch;
-  float* partial_bias = scratch + blocks * columns;
+  float* partial_bias = norm == Norm::kLayerNorm ? scratch + blocks * columns : nullptr;
   const dim3 grid(static_cast<unsigned>((columns + kColumns - 1) / kColumns),
                   static_cast<unsigned>(blocks < 65535 ? blocks : 65535));
-  with_element_type(grad_dtype, [&](auto zero) {
-    using Grad = decltype(zero);
-    partial_sums_kernel<Grad><<<grid, dim3(kColumns, kRowThreads), 0, s>>>(
-        static_cast<const Grad*>(grad_output), input, mean, rstd, rows, columns, partial_weight,
-        partial_bias);
+  with_norm(norm, [&](auto norm_constant) {
+    constexpr Norm kNorm = decltype(norm_constant)::value;
+    with_element_type(grad_dtype, [&](auto zero) {
+      using Grad = decltype(zero);
+      partial_sums_kernel<kNorm, Grad><<<grid, dim3(kColumns, kRowThreads), 0, s>>>(
+          static_cast<const Grad*>(grad_output), input, mean, rstd, rows, columns, partial_weight,
+          partial_bias);
+    });
+    check_launch("norm partial sums");
+    finish_kernel<kNorm><<<grid.x, dim3(kColumns, kRowThreads), 0, s>>>(
+        partial_weight, partial_bias, blocks, columns, grad_weight, grad_bias);
+    check_launch("norm finish");
   });
-  check_launch("layer_norm partial sums");
-  finish_kernel<<<grid.x, dim3(kColumns, kRowThreads), 0, s>>>(partial_weight, partial_bias, blocks,
-                                                               columns, grad_weight, grad_bias);
-  check_launch("layer_norm finish");
 }
 
 }  // namespace pipetrain::kernels

@@ -1,6 +1,6 @@
 // Pipelined training on GPUs (one process per GPU, NCCL between them) against training on one GPU,
-// the Trainer's precision on CUDA, and pipetrain::nn's fused rotary and SwiGLU kernels against
-// ATen's expressions. Skipped without two GPUs (or one, for the Trainer and kernel tests).
+// the Trainer's precision on CUDA, and pipetrain::nn's fused rotary, SwiGLU and RMSNorm kernels
+// against ATen's expressions. Skipped without two GPUs (or one, for the Trainer and kernel tests).
 // Tolerances: fp32 as on CPU (relative 1e-5, absolute 1e-6: only the summation order of
 // micro-batch gradients differs); bf16 relative 2e-2 on losses and 1e-2 + 2e-3 absolute on
 // parameters (bf16 keeps 8 bits of mantissa, and each micro-batch's gradient is rounded to bf16
@@ -14,6 +14,7 @@
 #include "pipetrain/linear.h"
 #include "pipetrain/module.h"
 #include "pipetrain/nn/mlp.h"
+#include "pipetrain/nn/rms_norm.h"
 #include "pipetrain/nn/rotary_embedding.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/trainer.h"
@@ -361,6 +362,8 @@ void expect_as_aten(const at::Tensor& actual, const at::Tensor& expected, double
 // (relative 1e-2), where ATen rounds each intermediate product to bf16.
 constexpr double kFp32Tolerance = 1e-6;
 constexpr double kBf16Tolerance = 1e-2;
+// A norm's fp32 results: sums over thousands of elements, added in another order than ATen's.
+constexpr double kNormFp32Tolerance = 1e-5;
 
 at::Tensor aten_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const auto halves = x.chunk(2, -1);
@@ -478,6 +481,88 @@ TEST(CudaKernels, SwiGLUGivesWhatAtensExpressionGives) {
           dtype == torch::kFloat && !autocast ? kFp32Tolerance : kBf16Tolerance;
       for (size_t i = 0; i < expected.size(); ++i) {
         expect_as_aten(actual[i], expected[i], tolerance, names[i]);
+      }
+    }
+  }
+}
+
+// How the RMSNorm is called: alone, beside its input going on along the residual stream, or after
+// the residual add whose sum it normalises.
+enum class RmsNormForm { kAlone, kResidual, kAdd };
+
+// The RMSNorm of x [2, 64, width] (`ours`: pipetrain::nn's function for `form`) or ATen's fp32
+// expression x * rsqrt(mean(x^2) + eps) * weight of x or of x + branch, under bf16-mixed with the
+// branch in bf16 (a matmul's output) and the normalised rows cast to bf16 as the matmuls reading
+// them would cast them; then random gradients at the normalised rows and, where the form returns
+// it, at the residual stream. {normalised, x's gradient, the weight's gradient}, and after the
+// add {the sum, the branch's gradient}.
+std::vector<at::Tensor> rms_norm_rows(bool ours, bool bf16_mixed, RmsNormForm form, int64_t width) {
+  torch::manual_seed(13);
+  constexpr double eps = 1e-5;
+  const auto options = torch::TensorOptions().device(torch::kCUDA);
+  const auto x = torch::randn({2, 64, width}, options).mul_(2).add_(0.5).requires_grad_(true);
+  const auto branch =
+      torch::randn({2, 64, width}, options.dtype(bf16_mixed ? torch::kBFloat16 : torch::kFloat))
+          .requires_grad_(true);
+  const auto weight = torch::rand({width}, options).add_(0.5).requires_grad_(true);
+  if (bf16_mixed) set_autocast_to_bf16(c10::DeviceType::CUDA, true);
+  constexpr auto to_matmuls = LayerNormOutput::kAutocastDtype;
+  at::Tensor residual, normalised;
+  if (ours && form == RmsNormForm::kAlone) {
+    normalised = nn::rms_norm(x, weight, eps, to_matmuls);
+  } else if (ours) {
+    const auto both = form == RmsNormForm::kAdd
+                          ? nn::add_rms_norm(x, branch, weight, eps, to_matmuls)
+                          : nn::residual_rms_norm(x, weight, eps, to_matmuls);
+    residual = both.residual;
+    normalised = both.normalised;
+  } else {
+    const auto rows = form == RmsNormForm::kAdd ? x + branch : x;
+    normalised = rows * torch::rsqrt(rows.pow(2).mean(-1, true) + eps) * weight;
+    if (bf16_mixed) normalised = normalised.to(torch::kBFloat16);
+    if (form != RmsNormForm::kAlone) residual = rows;
+  }
+  if (bf16_mixed) {
+    set_autocast_to_bf16(c10::DeviceType::CUDA, false);
+    at::autocast::clear_cache();
+  }
+  std::vector<at::Tensor> outputs{normalised}, grads{torch::randn_like(normalised)};
+  if (residual.defined()) {
+    outputs.push_back(residual);
+    grads.push_back(torch::randn_like(residual));
+  }
+  torch::autograd::backward(outputs, grads);
+  std::vector<at::Tensor> results{normalised.detach(), x.grad(), weight.grad()};
+  if (form == RmsNormForm::kAdd) {
+    results.push_back(residual.detach());
+    results.push_back(branch.grad());
+  }
+  return results;
+}
+
+// fp32 and bf16-mixed, each form, for widths of Llama and Qwen3 (2048, 1024) and one the kernels
+// do not take (1022, not a multiple of 4: ATen's expression again). The kernels compute in fp32
+// and round once: fp32 results within relative 1e-5 (the sums over a row and over the rows for
+// the weight's gradient run in another order), bf16 ones (the normalised rows, the branch's
+// gradient) within bf16's rounding (relative 1e-2).
+TEST(CudaKernels, RMSNormAndItsResidualFormsGiveWhatAtensExpressionGives) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const char* names[] = {"normalised", "x's gradient", "weight's gradient", "sum",
+                         "branch's gradient"};
+  const char* forms[] = {"alone", "beside the residual stream", "after the residual add"};
+  for (const bool bf16_mixed : {false, true}) {
+    for (const auto form : {RmsNormForm::kAlone, RmsNormForm::kResidual, RmsNormForm::kAdd}) {
+      for (const int64_t width : {1024, 2048, 1022}) {
+        SCOPED_TRACE(std::string(bf16_mixed ? "bf16-mixed" : "fp32") + ", " +
+                     forms[static_cast<int>(form)] + ", width " + std::to_string(width));
+        const auto expected = rms_norm_rows(false, bf16_mixed, form, width);
+        const auto actual = rms_norm_rows(true, bf16_mixed, form, width);
+        ASSERT_EQ(actual.size(), expected.size());
+        for (size_t i = 0; i < expected.size(); ++i) {
+          const bool fp32 = expected[i].scalar_type() == torch::kFloat;
+          expect_as_aten(actual[i], expected[i], fp32 ? kNormFp32Tolerance : kBf16Tolerance,
+                         names[i]);
+        }
       }
     }
   }
