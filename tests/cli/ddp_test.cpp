@@ -358,5 +358,40 @@ TEST(DdpPipe, CheckpointResumesUnderPipeSingleAndZero) {
   fs::remove_all(root);
 }
 
+// The issue's own case: a sharded checkpoint of 4 stages (each rank writing its own layers'
+// shard and optimizer state) resumes under 2 stages, under 2 replicas x 2 stages with ZeRO, and
+// in one process, each continuing as an uninterrupted single-process run.
+TEST(DdpPipe, AFourStageCheckpointResumesUnderTwoStagesTwoByTwoWithZeroAndSingle) {
+  const auto root = make_temp_dir("four-stage-resume");
+  run_ok(fit(root + "/straight", 32, {"--strategy", "single"}, kSteps, "mlp"));
+  const auto straight = read_csv_column(metrics_csv(root + "/straight"), "train_loss");
+  run_ok(
+      fit(root + "/pipe4", 32,
+          {"--strategy", "pipe", "--devices", "4", "--chunks", "2", "--every-n-train-steps", "5"},
+          5, "mlp"));
+  const auto ckpt = root + "/pipe4/lightning_logs/version_0/checkpoints/last.ckpt";
+  for (int64_t shard = 1; shard <= 4; ++shard) {
+    EXPECT_TRUE(fs::exists(ckpt + "/model-0000" + std::to_string(shard) + "-of-00004.safetensors"))
+        << shard;
+  }
+  for (const auto& [layout, rows] :
+       {std::pair<std::vector<std::string>, int64_t>{{"--strategy", "pipe", "--devices", "2"}, 32},
+        {{"--strategy", "ddp_pipe", "--devices", "4", "--stages", "2", "--zero-stage", "1"}, 16},
+        {{"--strategy", "single"}, 32}}) {
+    SCOPED_TRACE(layout[1]);
+    const auto resumed_root = make_temp_dir("four-stage-resumed");
+    auto flags = layout;
+    flags.insert(flags.end(), {"--ckpt-path", ckpt});
+    run_ok(fit(resumed_root, rows, flags, kSteps, "mlp"));
+    const auto resumed = read_csv_column(metrics_csv(resumed_root), "train_loss");
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(kSteps - 5));
+    for (size_t i = 0; i < resumed.size(); ++i) {
+      EXPECT_NEAR(resumed[i], straight[5 + i], 1e-5 * straight[5 + i]) << "step " << 5 + i;
+    }
+    fs::remove_all(resumed_root);
+  }
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace pipetrain::testing::ddp_test
