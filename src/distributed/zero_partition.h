@@ -41,8 +41,6 @@ class ZeroPartition {
   // over the replicas.
   void broadcast_parameters();
 
-  // The replica owning parameter `index`; -1 for one that does not train.
-  int64_t owner(size_t index) const { return owners_.at(index); }
   // Bytes of trainable parameters this replica owns, and in all.
   int64_t owned_bytes() const;
   int64_t total_bytes() const;
