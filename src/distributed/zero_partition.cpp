@@ -12,31 +12,23 @@
 
 namespace pipetrain {
 
-namespace {
-
-int64_t bytes_of(const at::Tensor& tensor) {
-  return tensor.numel() * static_cast<int64_t>(tensor.element_size());
-}
-
-}  // namespace
-
 ZeroPartition::ZeroPartition(std::vector<at::Tensor> parameters, std::shared_ptr<World> replicas)
     : parameters_(std::move(parameters)),
       replicas_(std::move(replicas)),
       owners_(parameters_.size(), -1) {
+  for (const auto& p : parameters_) bytes_.push_back(static_cast<int64_t>(p.nbytes()));
   // Largest first, each to the replica owning the fewest bytes so far (the lowest on a tie): the
   // same answer on every replica, within the largest tensor of even.
   std::vector<size_t> order(parameters_.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return bytes_of(parameters_[a]) > bytes_of(parameters_[b]);
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return bytes_[a] > bytes_[b]; });
   std::vector<int64_t> load(static_cast<size_t>(replicas_->size()), 0);
   for (const size_t i : order) {
     if (!parameters_[i].requires_grad()) continue;
     const auto lightest = std::min_element(load.begin(), load.end()) - load.begin();
     owners_[i] = lightest;
-    load[static_cast<size_t>(lightest)] += bytes_of(parameters_[i]);
+    load[static_cast<size_t>(lightest)] += bytes_[i];
   }
 }
 
@@ -88,8 +80,8 @@ void ZeroPartition::broadcast_parameters() {
       size_t end = first;
       int64_t bytes = 0;
       while (end < owned.size() && parameters_[owned[end]].scalar_type() == head.scalar_type() &&
-             (end == first || bytes + bytes_of(parameters_[owned[end]]) <= kBroadcastBucketBytes)) {
-        bytes += bytes_of(parameters_[owned[end]]);
+             (end == first || bytes + bytes_[owned[end]] <= kBroadcastBucketBytes)) {
+        bytes += bytes_[owned[end]];
         ++end;
       }
       std::vector<at::Tensor> pieces;
@@ -114,7 +106,7 @@ void ZeroPartition::broadcast_parameters() {
 int64_t ZeroPartition::owned_bytes() const {
   int64_t bytes = 0;
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    if (owners_[i] == replicas_->rank()) bytes += bytes_of(parameters_[i]);
+    if (owners_[i] == replicas_->rank()) bytes += bytes_[i];
   }
   return bytes;
 }
@@ -122,7 +114,7 @@ int64_t ZeroPartition::owned_bytes() const {
 int64_t ZeroPartition::total_bytes() const {
   int64_t bytes = 0;
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    if (owners_[i] >= 0) bytes += bytes_of(parameters_[i]);
+    if (owners_[i] >= 0) bytes += bytes_[i];
   }
   return bytes;
 }

@@ -48,6 +48,7 @@ class ZeroPartition {
  private:
   std::vector<at::Tensor> parameters_;
   std::shared_ptr<World> replicas_;
+  std::vector<int64_t> bytes_;   // parameter -> its size
   std::vector<int64_t> owners_;  // parameter -> replica, -1: not trained
 };
 

@@ -26,10 +26,6 @@ namespace pipetrain {
 
 namespace {
 
-int64_t bytes_of(const at::Tensor& tensor) {
-  return tensor.numel() * static_cast<int64_t>(tensor.element_size());
-}
-
 // How many tensors the size of a parameter an optimizer with `options` keeps for it; -1 for an
 // optimizer other than these.
 int64_t state_tensors_per_parameter(const torch::optim::OptimizerOptions& options) {
@@ -62,17 +58,18 @@ MemoryFigures memory_figures(const Module& module, const torch::optim::Optimizer
   const auto layers = module.local_layers();
   for (const auto& p : layers->parameters()) {
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    figures.parameters += bytes_of(p);
-    if (p.requires_grad()) figures.gradients += bytes_of(p);
+    const auto bytes = static_cast<int64_t>(p.nbytes());
+    figures.parameters += bytes;
+    if (p.requires_grad()) figures.gradients += bytes;
   }
-  for (const auto& b : layers->buffers()) figures.parameters += bytes_of(b);
+  for (const auto& b : layers->buffers()) figures.parameters += static_cast<int64_t>(b.nbytes());
   std::set<const c10::TensorImpl*> stepped;
   for (const auto& group : optimizer.param_groups()) {
     const int64_t tensors = state_tensors_per_parameter(group.options());
     if (tensors < 0) figures.optimizer_state_known = false;
     for (const auto& p : group.params()) {
       if (stepped.insert(p.unsafeGetTensorImpl()).second) {
-        figures.optimizer_state += tensors * bytes_of(p);
+        figures.optimizer_state += tensors * static_cast<int64_t>(p.nbytes());
       }
     }
   }

@@ -27,51 +27,41 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
                                      "--output", dir + "/data"}))
           .exit_code,
       0);
-  run_ok(pipetrain_command({"fit",
-                            "--model",
-                            "llama",
-                            "--n-layer",
-                            "2",
-                            "--n-embd",
-                            "16",
-                            "--n-head",
-                            "2",
-                            "--n-kv-head",
-                            "1",
-                            "--intermediate-size",
-                            "32",
-                            "--vocab-size",
-                            "256",
-                            "--block-size",
-                            "8",
-                            "--rope-theta",
-                            "12345",
-                            "--rms-norm-eps",
-                            "0.0001",
-                            "--tie-word-embeddings",
-                            "false",
-                            "--train-data",
-                            dir + "/data/train.bin",
-                            "--batch-size",
-                            "4",
-                            "--max-steps",
-                            "1",
-                            "--limit-val-batches",
-                            "0",
-                            "--num-sanity-val-steps",
-                            "0",
-                            "--enable-progress-bar",
-                            "false",
-                            "--default-root-dir",
-                            dir + "/run",
+  // One step of fit under `root`, as two stages where the build has Gloo, the model as `model`
+  // says.
+  const auto fit = [&](const std::string& root, std::vector<std::string> model) {
+    std::vector<std::string> argv{"fit", "--model", "llama"};
+    argv.insert(argv.end(), model.begin(), model.end());
+    argv.insert(argv.end(),
+                {"--train-data", dir + "/data/train.bin", "--batch-size", "4", "--max-steps", "1",
+                 "--limit-val-batches", "0", "--num-sanity-val-steps", "0", "--enable-progress-bar",
+                 "false", "--default-root-dir", root, "--chunks", "2"});
 #ifdef PIPETRAIN_HAS_GLOO
-                            "--strategy",
-                            "pipe",
-                            "--devices",
-                            "2",
+    argv.insert(argv.end(), {"--strategy", "pipe", "--devices", "2"});
 #endif
-                            "--chunks",
-                            "2"}));
+    run_ok(pipetrain_command(argv));
+  };
+  const std::vector<std::string> shape{"--n-layer",
+                                       "2",
+                                       "--n-embd",
+                                       "16",
+                                       "--n-head",
+                                       "2",
+                                       "--n-kv-head",
+                                       "1",
+                                       "--intermediate-size",
+                                       "32",
+                                       "--vocab-size",
+                                       "256",
+                                       "--block-size",
+                                       "8",
+                                       "--rope-theta",
+                                       "12345",
+                                       "--rms-norm-eps",
+                                       "0.0001",
+                                       "--tie-word-embeddings",
+                                       "false"};
+  fit(dir + "/run", shape);
   const auto export_command = [&](const std::string& output, std::vector<std::string> extra) {
     return pipetrain_command({"export", "--format", "hf", "--model", "llama", "--ckpt-path", "last",
                               "--default-root-dir", dir + "/run", "--output", output},
@@ -91,35 +81,7 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
   EXPECT_TRUE(torch::equal(exported.at("lm_head.weight"), trained.at("4.weight")));
   // Fit from the export (two stages, each reading only its own layers' tensors) at lr 0: the
   // weights it starts from are the trained ones, exactly.
-  run_ok(pipetrain_command({"fit",
-                            "--model",
-                            "llama",
-                            "--init-from",
-                            dir + "/hf",
-                            "--train-data",
-                            dir + "/data/train.bin",
-                            "--batch-size",
-                            "4",
-                            "--max-steps",
-                            "1",
-                            "--lr",
-                            "0",
-                            "--limit-val-batches",
-                            "0",
-                            "--num-sanity-val-steps",
-                            "0",
-                            "--enable-progress-bar",
-                            "false",
-                            "--default-root-dir",
-                            dir + "/restarted",
-#ifdef PIPETRAIN_HAS_GLOO
-                            "--strategy",
-                            "pipe",
-                            "--devices",
-                            "2",
-#endif
-                            "--chunks",
-                            "2"}));
+  fit(dir + "/restarted", {"--init-from", dir + "/hf", "--lr", "0"});
   const auto restarted =
       read_checkpoint_weights(dir + "/restarted/lightning_logs/version_0/checkpoints/last.ckpt");
   ASSERT_EQ(restarted.size(), trained.size());
