@@ -61,6 +61,15 @@ class MaskedRegressionBuiltPerRank : public Module {
   }
 };
 
+// The same with momentum, whose buffers are optimizer state that ZeRO shares out.
+class MaskedRegressionWithMomentum : public MaskedRegressionBuiltPerRank {
+ public:
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(),
+                                               torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+};
+
 TensorDataset masked_data() {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(9);
   auto x = torch::randn({64, 4}, generator);
@@ -95,11 +104,12 @@ struct UserRun : FitRun {
   int64_t batch_size = 16;
   int64_t accumulate = 1;
   bool deferred_batch_norm = false;
+  int64_t zero_stage = 0;
 
   template <typename Visit>
   void fields(Visit&& visit) {
     FitRun::fields(visit);
-    PIPETRAIN_VISIT_FIELDS(visit, model, batch_size, accumulate, deferred_batch_norm);
+    PIPETRAIN_VISIT_FIELDS(visit, model, batch_size, accumulate, deferred_batch_norm, zero_stage);
   }
 };
 
@@ -119,6 +129,7 @@ class InputNormalised : public SgdModule {
 std::unique_ptr<Module> make_model(const std::string& name) {
   if (name == "masked") return std::make_unique<MaskedRegression>();
   if (name == "masked_per_rank") return std::make_unique<MaskedRegressionBuiltPerRank>();
+  if (name == "masked_momentum") return std::make_unique<MaskedRegressionWithMomentum>();
   if (name == "preprocessing") return std::make_unique<PreprocessingInTheStep>();
   if (name == "input_normalised") return std::make_unique<InputNormalised>();
   return std::make_unique<Normalised>();
@@ -129,6 +140,7 @@ std::unique_ptr<Module> make_model(const std::string& name) {
 void train(const UserRun& run) {
   Trainer trainer(run.trainer_options(PipeOptions().deferred_batch_norm(run.deferred_batch_norm))
                       .accumulate_grad_batches(run.accumulate)
+                      .zero_stage(run.zero_stage)
                       .max_epochs(2));
   auto model = make_model(run.model);
   const auto data = run.model.rfind("masked", 0) == 0 ? masked_data() : [] {
@@ -225,6 +237,22 @@ TEST_F(UserModels, AModelBuiltPerRankTrainsUnderPipeAndDdpAsSingle) {
   EXPECT_FALSE(first.count("4.weight"));
   EXPECT_TRUE(second.count("4.weight"));
   EXPECT_FALSE(second.count("0.weight"));
+}
+
+// ZeRO stage 1 through the library (TrainerOptions::zero_stage) on a model of one's own built per
+// rank, with momentum as the state shared out: two replicas train as one process on the whole
+// batch.
+TEST_F(UserModels, ZeroStageOneOnAModelOfOnesOwnTrainsAsSingle) {
+  auto single = run("masked_momentum", "single");
+  train(single);
+  auto zero = run("masked_momentum", "zero");
+  zero.strategy = "ddp";
+  zero.devices = 2;
+  zero.batch_size = 8;
+  zero.zero_stage = 1;
+  train_in_ranks(zero, 2);
+  expect_same_train_losses(single.root, zero.root);
+  expect_same_weights(single.final_weights(), zero.final_weights(), 1e-5);
 }
 
 TEST_F(UserModels, ForwardOnAnythingButTheStepsBatchIsRefusedUnderEveryStrategy) {
