@@ -5,8 +5,11 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <stdexcept>
+#include <string>
 
 #include "distributed/world_connection.h"
 #include "pipetrain/world.h"
@@ -60,35 +63,62 @@ class HookHandle {
 }  // namespace
 
 GradientSync::GradientSync(std::vector<at::Tensor> parameters, std::shared_ptr<World> replicas,
-                           int64_t bucket_bytes)
+                           std::vector<int64_t> groups, int64_t bucket_bytes)
     : parameters_(std::move(parameters)),
       replicas_(std::move(replicas)),
       bucket_of_(parameters_.size(), -1),
       ready_(parameters_.size(), false) {
-  // Reverse order, one dtype per bucket.
+  if (!groups.empty() && groups.size() != parameters_.size()) {
+    throw std::invalid_argument("GradientSync: " + std::to_string(groups.size()) + " groups for " +
+                                std::to_string(parameters_.size()) + " parameters");
+  }
+  // Reverse order, one dtype and one group per bucket.
+  std::map<int64_t, int64_t> open;  // group -> its bucket still taking parameters
   for (int64_t i = static_cast<int64_t>(parameters_.size()) - 1; i >= 0; --i) {
     const at::Tensor& p = parameters_[i];
     if (!p.requires_grad()) continue;
+    const int64_t group = groups.empty() ? 0 : groups[i];
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-    bool fits = !buckets_.empty();
+    const auto current = open.find(group);
+    bool fits = current != open.end();
     if (fits) {
-      const at::Tensor& first = parameters_[buckets_.back().parameters.front()];
+      const Bucket& bucket = buckets_[current->second];
+      const at::Tensor& first = parameters_[bucket.parameters.front()];
       fits = first.scalar_type() == p.scalar_type() && first.device() == p.device() &&
-             buckets_.back().bytes + bytes <= bucket_bytes;
+             bucket.bytes + bytes <= bucket_bytes;
     }
-    if (!fits) buckets_.emplace_back();
-    buckets_.back().parameters.push_back(i);
-    buckets_.back().bytes += bytes;
-    bucket_of_[i] = static_cast<int64_t>(buckets_.size()) - 1;
-
-    hooks_.push_back(std::make_shared<HookHandle>(torch::autograd::impl::grad_accumulator(p),
-                                                  [this, i] { on_gradient_ready(i); }));
+    if (!fits) {
+      open[group] = static_cast<int64_t>(buckets_.size());
+      buckets_.emplace_back();
+    }
+    Bucket& bucket = buckets_[open[group]];
+    bucket.parameters.push_back(i);
+    bucket.bytes += bytes;
+  }
+  // Buckets start in the order backward completes them: by the earliest-registered parameter each
+  // holds, the last to get its gradient.
+  std::stable_sort(buckets_.begin(), buckets_.end(), [](const Bucket& a, const Bucket& b) {
+    return a.parameters.back() > b.parameters.back();
+  });
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (const int64_t i : buckets_[b].parameters) {
+      bucket_of_[i] = static_cast<int64_t>(b);
+      hooks_.push_back(
+          std::make_shared<HookHandle>(torch::autograd::impl::grad_accumulator(parameters_[i]),
+                                       [this, i] { on_gradient_ready(i); }));
+    }
   }
 }
 
 GradientSync::~GradientSync() = default;
 
 int64_t GradientSync::num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+
+std::vector<std::vector<int64_t>> GradientSync::buckets() const {
+  std::vector<std::vector<int64_t>> parameters;
+  for (const Bucket& bucket : buckets_) parameters.push_back(bucket.parameters);
+  return parameters;
+}
 
 void GradientSync::arm() {
   for (Bucket& bucket : buckets_) {

@@ -6,7 +6,8 @@
 // accumulate over several micro-batches: only the last backward of a step may start the
 // reductions, so the owner arms the sync just before it (Megatron's "grad sync on the last
 // micro-batch"). Once its bucket starts, a gradient lives in the bucket's memory (DDP's
-// gradient_as_bucket_view), so no gradient is held twice.
+// gradient_as_bucket_view), so no gradient is held twice. Parameters may come in groups that never
+// share a bucket (ZeRO's owners), so that one group's gradients can be freed without another's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,8 +25,9 @@ class GradientSync {
   static constexpr int64_t kDefaultBucketBytes = 25 << 20;
 
   // `parameters`: this replica's, identical in order and shape on every replica of `replicas`.
+  // `groups`: empty (one group), or each parameter's group, the same on every replica.
   GradientSync(std::vector<at::Tensor> parameters, std::shared_ptr<World> replicas,
-               int64_t bucket_bytes = kDefaultBucketBytes);
+               std::vector<int64_t> groups = {}, int64_t bucket_bytes = kDefaultBucketBytes);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -37,6 +39,8 @@ class GradientSync {
   void finish();
 
   int64_t num_buckets() const;
+  // The parameters of each bucket (indices into the constructor's `parameters`), in launch order.
+  std::vector<std::vector<int64_t>> buckets() const;
   // Buckets whose reduction has started since arm().
   int64_t started_buckets() const { return next_bucket_; }
 

@@ -4,8 +4,9 @@
 // about as many bytes (whole tensors, as PyTorch's ZeroRedundancyOptimizer partitions them, so any
 // optimizer works unchanged on its part); each replica's optimizer holds and steps only the
 // parameters it owns, and after the step each owner broadcasts them to the other replicas.
-// Gradients stay whole on every replica (all-reduced as under plain data parallelism): the global
-// gradient norm and clipping see every gradient, as in one process.
+// Gradients are whole on every replica until the step (all-reduced as under plain data
+// parallelism): the global gradient norm and clipping see every gradient, as in one process. Then
+// the others' are freed: GradientSync's buckets follow the owners, so whole buckets go.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,6 +42,8 @@ class ZeroPartition {
   // over the replicas.
   void broadcast_parameters();
 
+  // Each parameter's owner among the replicas, -1 for one not trained.
+  const std::vector<int64_t>& owners() const { return owners_; }
   // Bytes of trainable parameters this replica owns, and in all.
   int64_t owned_bytes() const;
   int64_t total_bytes() const;

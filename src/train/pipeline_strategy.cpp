@@ -188,13 +188,17 @@ class PipelineStrategy : public Strategy {
     broadcast_initial_weights(module);
     pipe_ = std::make_unique<Pipe>(module.layers(), options_, pipeline_);
     if (replicas_ > 1) {
-      gradient_sync_ = std::make_unique<GradientSync>(pipe_->parameters(), replicas_of_stage_);
-      pipe_->set_last_backward_hook([this] {
-        if (sync_this_step_) gradient_sync_->arm();
-      });
       if (zero_stage_ == 1) {
         zero_ = std::make_unique<ZeroPartition>(pipe_->parameters(), replicas_of_stage_);
       }
+      // Under ZeRO a bucket holds one owner's gradients: the others' buckets are freed whole
+      // before the optimizer step, and are not held through the next forward.
+      gradient_sync_ =
+          std::make_unique<GradientSync>(pipe_->parameters(), replicas_of_stage_,
+                                         zero_ ? zero_->owners() : std::vector<int64_t>{});
+      pipe_->set_last_backward_hook([this] {
+        if (sync_this_step_) gradient_sync_->arm();
+      });
     }
     module.place(
         [this](const at::Tensor& input) {

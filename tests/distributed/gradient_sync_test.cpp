@@ -1,5 +1,6 @@
 // GradientSync between two real processes: gradients become the replicas' average, reductions
-// start from inside backward (not after it), and a parameter nobody used keeps no gradient.
+// start from inside backward (not after it), a parameter nobody used keeps no gradient, and
+// parameters of different groups never share a bucket.
 #include "distributed/gradient_sync.h"
 
 #include <gtest/gtest.h>
@@ -39,16 +40,25 @@ void require(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error(what);
 }
 
-PIPETRAIN_WORKER(gradient_sync_worker) {
-  auto world = World::connect(*select_cluster_environment());
+// Runs the checks with parameters in `group_count` groups (round robin, as ZeRO's owners come).
+void check_sync(const std::shared_ptr<World>& world, int64_t group_count) {
   auto model = make_model();
   auto unused = torch::zeros({3}, torch::requires_grad());
   // First in order, so last to be reduced: its bucket is the only one backward cannot complete.
   std::vector<at::Tensor> parameters{unused};
   for (const auto& p : model->parameters()) parameters.push_back(p);
+  std::vector<int64_t> groups;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    groups.push_back(static_cast<int64_t>(i) % group_count);
+  }
   // The 64 x 64 weight alone is 16 KiB: 8 KiB buckets make several.
-  GradientSync sync(parameters, world, /*bucket_bytes=*/8 << 10);
+  GradientSync sync(parameters, world, groups, /*bucket_bytes=*/8 << 10);
   require(sync.num_buckets() >= 3, "expected several buckets");
+  for (const auto& bucket : sync.buckets()) {
+    for (int64_t i : bucket) {
+      require(groups[i] == groups[bucket.front()], "a bucket mixes groups");
+    }
+  }
 
   // Two backward passes accumulate; only the armed one reduces.
   model->forward(data_of(world->rank())).pow(2).mean().mul(0.5).backward();
@@ -67,6 +77,12 @@ PIPETRAIN_WORKER(gradient_sync_worker) {
             "gradient " + std::to_string(i) + " is not the replicas' average");
   }
   require(!unused.grad().defined(), "an unused parameter got a gradient");
+}
+
+PIPETRAIN_WORKER(gradient_sync_worker) {
+  auto world = World::connect(*select_cluster_environment());
+  check_sync(world, 1);
+  check_sync(world, 2);
 }
 
 TEST(GradientSync, AveragesOverReplicasStartingDuringBackward) {
