@@ -33,6 +33,7 @@
 #include "models/hf_decoder.h"
 #include "models/hf_gpt2.h"
 #include "models/models.h"
+#include "models/plan_command.h"
 #include "models/prepare_data.h"
 
 namespace {
@@ -456,8 +457,22 @@ Args resolved(const std::string& command, Args a) {
   return a;
 }
 
+// `pipetrain plan`: one process profiles the layers on the first training batch.
+int plan(const Args& a) {
+  auto model = pipetrain::cli::make_model(a.model);
+  pipetrain::cli::PlanRequest request;
+  request.ranks = a.trainer.devices();
+  request.max_memory = a.trainer.max_memory();
+  request.accelerator = a.trainer.accelerator();
+  std::cout << pipetrain::cli::plan_report(*model.module, loader(model.train, a, false).batch(0, 0),
+                                           request)
+            << std::endl;
+  return 0;
+}
+
 int run(const std::string& command, const Args& given) {
   const Args a = resolved(command, given);
+  if (command == "plan") return plan(a);
   const auto options = trainer_options(a);
   if (const auto status = pipetrain::launch_ranks(options)) return *status;
   pipetrain::Trainer trainer(options);
@@ -587,7 +602,10 @@ int main(int argc, char** argv) {
       {"fit", "train a built-in model"},
       {"validate", "evaluate on the validation data"},
       {"test", "evaluate on the test data"},
-      {"predict", "predict (gpt: generate text from --prompt)"}};
+      {"predict", "predict (gpt: generate text from --prompt)"},
+      {"plan",
+       "profile the model's layers here and print the fastest pipeline plan over --devices ranks "
+       "within --max-memory per device (no training)"}};
   std::map<std::string, CLI::App*> subcommands;
   for (const auto& [name, help] : commands) {
     subcommands[name] = app.add_subcommand(name, help);

@@ -219,16 +219,20 @@ StepMemoryMeter::~StepMemoryMeter() {
   if (replaced_ != nullptr) c10::SetCPUAllocator(replaced_);
 }
 
-int64_t StepMemoryMeter::peak() const {
+int64_t StepMemoryMeter::peak() const { return since_start(/*peak=*/true); }
+
+int64_t StepMemoryMeter::held() const { return since_start(/*peak=*/false); }
+
+int64_t StepMemoryMeter::since_start(bool peak) const {
 #ifdef PIPETRAIN_HAS_CUDA
   if (device_.is_cuda()) {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index())
-               .allocated_bytes[0]
-               .peak -
-           start_;
+    const auto allocated =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index()).allocated_bytes[0];
+    return (peak ? allocated.peak : allocated.current) - start_;
   }
 #endif
-  return replaced_ == nullptr ? -1 : counting_allocator().peak() - start_;
+  if (replaced_ == nullptr) return -1;
+  return (peak ? counting_allocator().peak() : counting_allocator().live()) - start_;
 }
 
 int64_t peak_memory_bytes(const c10::Device& device) {

@@ -69,8 +69,12 @@ class StepMemoryMeter {
 
   // -1 where it could not be measured (another CPU allocator of higher priority is installed).
   int64_t peak() const;
+  // Bytes allocated since the meter started and not yet freed; -1 as peak().
+  int64_t held() const;
 
  private:
+  int64_t since_start(bool peak) const;  // the peak or the live bytes above the start
+
   c10::Device device_;
   int64_t start_ = 0;
   c10::Allocator* replaced_ = nullptr;  // the CPU allocator to put back

@@ -1,0 +1,27 @@
+// `pipetrain plan`: profiles a model's layers on the device at hand and prints the fastest plan
+// (balance, chunks, schedule, recompute mode) over --devices pipeline ranks within --max-memory
+// per device, without training.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pipetrain/data.h"
+#include "pipetrain/module.h"
+
+namespace pipetrain::cli {
+
+struct PlanRequest {
+  int64_t ranks = 1;
+  int64_t max_memory = 0;  // bytes per device; 0: no limit
+  std::string accelerator = "auto";
+  int repeats = 3;  // timed runs per layer and micro-batch size
+  // Micro-batch counts to weigh; empty: every power of two up to 32 that divides the batch.
+  std::vector<int64_t> chunks;
+};
+
+// The chosen plan's table and the fastest few others, one line each. Throws std::invalid_argument
+// when no plan fits, naming the smallest memory any needs.
+std::string plan_report(const Module& module, const Batch& batch, const PlanRequest& request);
+
+}  // namespace pipetrain::cli

@@ -1,0 +1,54 @@
+// What each layer of a model costs for one micro-batch, measured on the device at hand: the
+// forward and backward times (and the input-gradient part of the backward, a split backward's I)
+// and the bytes it holds from its forward to its backward. The planner's inputs: from them it
+// predicts any balance's, schedule's and recompute mode's step time and memory.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace pipetrain {
+
+struct LayerCost {
+  double forward_seconds = 0;
+  double backward_seconds = 0;        // input and weight gradients together (a whole B)
+  double input_backward_seconds = 0;  // the input gradient alone (a split backward's I)
+  double optimizer_seconds = 0;       // one optimizer step over its parameters
+  int64_t activation_bytes = 0;       // held from its forward to its backward, its output included
+  int64_t output_bytes = 0;           // what it hands the next layer
+  // Held on top while its backward runs, its parameters' gradients already there: the output's
+  // gradient, temporaries, each weight gradient before it is added in.
+  int64_t workspace_bytes = 0;
+  int64_t parameter_bytes = 0;  // trainable parameters; their gradients are as large
+  int64_t buffer_bytes = 0;     // frozen parameters and buffers
+};
+
+struct LayerProfile {
+  int64_t rows = 0;         // the micro-batch's rows
+  int64_t input_bytes = 0;  // the first layer's input
+  std::vector<LayerCost> layers;
+};
+
+// Makes the optimizer that would step these parameters (the one a training run uses).
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+// Builds layer i of `count` with `build(i)`, moves it to `device`, measures it on what the layers
+// before it made of `sample` (on the device), and drops it before building the next: the whole
+// model is never held. Each time is the fastest of `repeats` runs after one to warm up; bytes are
+// counted by the allocator (StepMemoryMeter). The optimizer's step is timed where `optimizer` is
+// given. Throws std::runtime_error where the allocator cannot be counted (another CPU allocator of
+// higher priority is installed).
+LayerProfile profile_layers(int64_t count,
+                            const std::function<torch::nn::AnyModule(int64_t)>& build,
+                            const at::Tensor& sample, const c10::Device& device, int repeats = 3,
+                            const OptimizerFactory& optimizer = {});
+
+}  // namespace pipetrain

@@ -1,0 +1,247 @@
+#include "train/training_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "pipeline/activation_memory.h"
+#include "pipeline/plan.h"
+#include "pipetrain/schedule.h"
+
+namespace pipetrain {
+namespace {
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+// Layers [begin, end) as one stage.
+struct Stage {
+  double forward = 0, backward = 0, input_backward = 0, optimizer = 0;
+  int64_t static_bytes = 0;
+  StageActivations activations;
+};
+
+Stage stage_of(const LayerProfile& profile, int64_t begin, int64_t end, bool last,
+               const PlannerOptions& options) {
+  Stage stage;
+  const auto& layers = profile.layers;
+  const int64_t input = begin == 0 ? profile.input_bytes : layers[begin - 1].output_bytes;
+  stage.activations.whole = input;
+  stage.activations.boundary = input + layers[end - 1].output_bytes;
+  for (int64_t i = begin; i < end; ++i) {
+    const LayerCost& c = layers[i];
+    stage.forward += c.forward_seconds;
+    stage.backward += c.backward_seconds;
+    stage.input_backward += c.input_backward_seconds;
+    stage.optimizer += c.optimizer_seconds;
+    stage.activations.whole += c.activation_bytes;
+    stage.activations.workspace = std::max(stage.activations.workspace, c.workspace_bytes);
+    stage.static_bytes +=
+        c.buffer_bytes + static_cast<int64_t>(static_cast<double>(c.parameter_bytes) *
+                                              (2 + options.optimizer_state_per_parameter_byte));
+  }
+  // The loss keeps the gradient of the model's output (cross-entropy's, of the logits).
+  if (last) stage.activations.whole += layers[end - 1].output_bytes;
+  return stage;
+}
+
+// The balance of `layers` over `stages` stages whose largest cost(stage, begin, end) is smallest
+// among those where fits(stage, begin, end) holds for every stage; empty when none fits.
+std::vector<int64_t> bottleneck_balance(
+    int64_t layers, int64_t stages, const std::function<double(int64_t, int64_t, int64_t)>& cost,
+    const std::function<bool(int64_t, int64_t, int64_t)>& fits) {
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  // best[s][j]: the smallest largest cost of the first j layers over stages 0..s-1.
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(layers + 1, kNone));
+  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(layers + 1, -1));
+  best[0][0] = 0;
+  for (int64_t s = 1; s <= stages; ++s) {
+    for (int64_t j = s; j <= layers - (stages - s); ++j) {
+      for (int64_t i = s - 1; i < j; ++i) {
+        if (best[s - 1][i] == kNone || !fits(s - 1, i, j)) continue;
+        const double value = std::max(best[s - 1][i], cost(s - 1, i, j));
+        if (value < best[s][j]) {
+          best[s][j] = value;
+          cut[s][j] = i;
+        }
+      }
+    }
+  }
+  if (best[stages][layers] == kNone) return {};
+  std::vector<int64_t> balance(stages);
+  for (int64_t s = stages, j = layers; s > 0; --s) {
+    balance[s - 1] = j - cut[s][j];
+    j = cut[s][j];
+  }
+  return balance;
+}
+
+TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& balance,
+                     int64_t chunks, const std::string& schedule_name, CheckpointMode mode,
+                     const PlannerOptions& options) {
+  const auto ranks = static_cast<int64_t>(balance.size());
+  const Schedule schedule = make_schedule(schedule_name, ranks, chunks);
+  const int64_t recomputed = recompute_below(mode, chunks);
+  // A recomputed micro-batch's backward runs its forward again first; the simulation takes one
+  // cost per stage, so each backward carries the recomputed share of a forward.
+  const double rerun = static_cast<double>(recomputed) / static_cast<double>(chunks);
+  ActionCosts costs;
+  costs.transfer = options.transfer_seconds;
+  std::vector<StageActivations> activations;
+  TrainingPlan plan;
+  plan.balance = balance;
+  plan.chunks = chunks;
+  plan.schedule = schedule_name;
+  plan.checkpoint = mode;
+  int64_t begin = 0;
+  for (int64_t s = 0; s < ranks; ++s) {
+    const Stage stage = stage_of(profile, begin, begin + balance[s], s == ranks - 1, options);
+    begin += balance[s];
+    costs.forward.push_back(stage.forward);
+    costs.backward.push_back(stage.backward + rerun * stage.forward);
+    costs.weight.push_back(std::max(0.0, stage.backward - stage.input_backward));
+    activations.push_back(stage.activations);
+    plan.stage_seconds.push_back(costs.forward.back() + costs.backward.back());
+    plan.static_bytes.push_back(stage.static_bytes);
+    plan.optimizer_seconds.push_back(stage.optimizer);
+  }
+  // The ranks step their optimizers side by side once the pipeline has drained.
+  plan.step_seconds =
+      simulate_plan(executed_plan(schedule, /*fused=*/false, recomputed), costs).step_time +
+      *std::max_element(plan.optimizer_seconds.begin(), plan.optimizer_seconds.end());
+  plan.peak_bytes = peak_activation_bytes(schedule, activations, recomputed);
+  for (int64_t r = 0; r < ranks; ++r) plan.peak_bytes[r] += plan.static_bytes[r];
+  return plan;
+}
+
+}  // namespace
+
+int64_t TrainingPlan::max_peak_bytes() const {
+  return peak_bytes.empty() ? 0 : *std::max_element(peak_bytes.begin(), peak_bytes.end());
+}
+
+std::string TrainingPlan::describe() const {
+  std::ostringstream text;
+  text << "balance ";
+  for (size_t s = 0; s < balance.size(); ++s) text << (s ? "," : "") << balance[s];
+  const auto modes = checkpoint_mode_names();
+  text << " chunks " << chunks << " schedule " << schedule << " checkpoint "
+       << modes[static_cast<size_t>(checkpoint)];
+  return text.str();
+}
+
+std::vector<TrainingPlan> weigh_plans(const std::map<int64_t, LayerProfile>& profiles,
+                                      const PlannerOptions& options) {
+  std::vector<TrainingPlan> plans;
+  for (const auto& [chunks, profile] : profiles) {
+    const auto layers = static_cast<int64_t>(profile.layers.size());
+    if (layers < options.ranks) {
+      throw std::invalid_argument("a plan over " + std::to_string(options.ranks) +
+                                  " ranks needs at least as many layers; the model has " +
+                                  std::to_string(layers));
+    }
+    for (const auto& name : options.schedules) {
+      const auto held = activations_held(make_schedule(name, options.ranks, chunks));
+      std::vector<int64_t> weighed;  // recompute_below of the modes weighed: one plan each
+      for (const CheckpointMode mode :
+           {CheckpointMode::kNever, CheckpointMode::kExceptLast, CheckpointMode::kAlways}) {
+        if (std::count(weighed.begin(), weighed.end(), recompute_below(mode, chunks)) > 0) continue;
+        weighed.push_back(recompute_below(mode, chunks));
+        const bool recomputes = recompute_below(mode, chunks) > 0;
+        const double rerun =
+            static_cast<double>(recompute_below(mode, chunks)) / static_cast<double>(chunks);
+        auto stage = [&](int64_t i, int64_t j) {
+          return stage_of(profile, i, j, j == layers, options);
+        };
+        auto time = [&](int64_t, int64_t i, int64_t j) {
+          const Stage st = stage(i, j);
+          return st.forward * (1 + rerun) + st.backward;
+        };
+        // Memory as the stage's held micro-batches take it, each kept whole or, where recomputed,
+        // by its boundary with one rebuilt at a time: for the balance only; the plan's figures
+        // come from the exact walk (peak_activation_bytes).
+        auto memory = [&](int64_t s, int64_t i, int64_t j) {
+          const Stage st = stage(i, j);
+          const auto& a = st.activations;
+          const int64_t activations =
+              recomputes ? held[s] * a.boundary + a.whole : held[s] * a.whole;
+          return static_cast<double>(st.static_bytes + activations + a.workspace);
+        };
+        std::vector<int64_t> balance;
+        if (options.max_memory > 0) {
+          balance =
+              bottleneck_balance(layers, options.ranks, time, [&](int64_t s, int64_t i, int64_t j) {
+                return memory(s, i, j) <= static_cast<double>(options.max_memory);
+              });
+        } else {
+          balance = bottleneck_balance(layers, options.ranks, time,
+                                       [](int64_t, int64_t, int64_t) { return true; });
+        }
+        if (balance.empty()) {
+          balance = bottleneck_balance(layers, options.ranks, memory,
+                                       [](int64_t, int64_t, int64_t) { return true; });
+        }
+        plans.push_back(predict(profile, balance, chunks, name, mode, options));
+      }
+    }
+  }
+  std::stable_sort(plans.begin(), plans.end(), [](const TrainingPlan& a, const TrainingPlan& b) {
+    return a.step_seconds < b.step_seconds;
+  });
+  return plans;
+}
+
+TrainingPlan choose_plan(const std::vector<TrainingPlan>& plans, int64_t max_memory) {
+  const TrainingPlan* fastest = nullptr;
+  for (const auto& plan : plans) {
+    if (max_memory > 0 && plan.max_peak_bytes() > max_memory) continue;
+    if (fastest == nullptr || plan.step_seconds < fastest->step_seconds) fastest = &plan;
+  }
+  if (fastest == nullptr) {
+    const auto smallest = std::min_element(
+        plans.begin(), plans.end(),
+        [](const auto& a, const auto& b) { return a.max_peak_bytes() < b.max_peak_bytes(); });
+    if (smallest == plans.end()) throw std::invalid_argument("no plan to choose from");
+    throw std::invalid_argument("no plan fits max_memory (--max-memory) " + mib(max_memory) +
+                                " MiB per device: the smallest any needs is " +
+                                mib(smallest->max_peak_bytes()) + " MiB (" + smallest->describe() +
+                                "); raise the limit, or spread the model over more devices");
+  }
+  const TrainingPlan* chosen = fastest;
+  for (const auto& plan : plans) {
+    if (max_memory > 0 && plan.max_peak_bytes() > max_memory) continue;
+    if (plan.step_seconds <= fastest->step_seconds * 1.01 &&
+        plan.max_peak_bytes() < chosen->max_peak_bytes()) {
+      chosen = &plan;
+    }
+  }
+  return *chosen;
+}
+
+std::string plan_table(const TrainingPlan& plan) {
+  std::ostringstream table;
+  table << "plan: " << plan.describe() << "\n";
+  table << "stage  layers  forward+backward per micro-batch, ms  peak memory, MiB\n";
+  int64_t first = 0;
+  for (size_t s = 0; s < plan.balance.size(); ++s) {
+    char row[128];
+    const std::string layers =
+        std::to_string(first) + "-" + std::to_string(first + plan.balance[s] - 1);
+    std::snprintf(row, sizeof row, "%5zu  %6s  %36.2f  %16s\n", s, layers.c_str(),
+                  plan.stage_seconds[s] * 1e3, mib(plan.peak_bytes[s]).c_str());
+    table << row;
+    first += plan.balance[s];
+  }
+  char step[96];
+  std::snprintf(step, sizeof step, "predicted step: %.2f ms", plan.step_seconds * 1e3);
+  table << step;
+  return table.str();
+}
+
+}  // namespace pipetrain
