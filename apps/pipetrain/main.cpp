@@ -265,6 +265,22 @@ void add_flags(CLI::App& app, Args& a) {
       ->default_str(std::to_string(t.max_memory()))
       ->run_callback_for_default()
       ->envname(env_name("--max-memory"));
+  app.add_option_function<std::string>(
+         "--plan",
+         [&t](const std::string& text) {
+           if (text.empty()) {
+             t.plan(std::nullopt);
+           } else {
+             t.plan(text == "auto" ? pipetrain::PlanOptions()
+                                   : pipetrain::PlanOptions().file(text));
+           }
+         },
+         "pipe, ddp_pipe: auto profiles the layers and trains the fastest balance, chunks, "
+         "schedule and checkpoint mode that fit --max-memory (plan.json in the run's folder); a "
+         "plan.json runs that plan again")
+      ->type_name("PLAN")
+      ->default_str("")
+      ->envname(env_name("--plan"));
   add("--zero-stage", t.zero_stage(),
       "ddp, ddp_pipe: 1 shares the optimizer state out among the replicas (ZeRO stage 1), 0 not");
   add_list("--balance", pipe.balance(), "layers per stage, e.g. 2,2 (default: by parameter count)");
@@ -464,6 +480,7 @@ int plan(const Args& a) {
   request.ranks = a.trainer.devices();
   request.max_memory = a.trainer.max_memory();
   request.accelerator = a.trainer.accelerator();
+  request.precision = a.trainer.precision();
   std::cout << pipetrain::cli::plan_report(*model.module, loader(model.train, a, false).batch(0, 0),
                                            request)
             << std::endl;

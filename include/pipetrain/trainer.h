@@ -34,6 +34,7 @@ class LRScheduler;
 class ProgressBar;
 class Strategy;
 class World;
+struct TrainingPlan;
 
 // When `options` asks for more processes than were launched (no torchrun or SLURM variables),
 // runs this program once per rank of this node, as torchrun would, and returns their exit status
@@ -113,6 +114,9 @@ class Trainer {
   friend class EvaluationLoop;
   friend class PredictionLoop;
   void setup(Module& module);
+  // Before the first setup, under TrainerOptions::plan: the planner's plan (rank 0's, or the
+  // file's) becomes pipe's options on every rank (src/train/trainer_plan.cpp).
+  void choose_pipeline_plan(Module& module, const DataLoader& loader);
   void optimizer_step(Module& module);
   bool max_steps_reached() const;
   // Collective, before each optimizer step: whether fit stops after it (max_time ran out, a stop
@@ -146,6 +150,11 @@ class Trainer {
   std::unique_ptr<ProgressBar> progress_;
   std::string log_dir_;
   Module* module_ = nullptr;
+  // The plan this run trains under (TrainerOptions::plan); null without one. Its first step's
+  // memory and the mean of its later steps' times are printed beside its predictions.
+  std::unique_ptr<TrainingPlan> plan_;
+  double planned_steps_seconds_ = 0;
+  int64_t planned_steps_ = 0;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::string scheduler_interval_ = "epoch";

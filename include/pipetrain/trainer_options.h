@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,23 @@ class BatchLimit {
   double value_ = 1.0;
 };
 
+// Let the planner choose a pipeline's balance, micro-batches (chunks), schedule and recompute
+// mode (`pipe` and `ddp_pipe`): rank 0 builds the model's layers one at a time, times each one's
+// forward, backward and AdamW step on the first training batch and counts what it holds in
+// memory, then weighs every schedule of one stage per rank (gpipe, 1f1b, zbh1, zbh2), every power
+// of two of chunks that divides the batch and every recompute mode, each with the balance that
+// makes its slowest stage fastest, and trains the plan predicted fastest whose predicted peak
+// memory fits max_memory on every rank. The plan is printed, written to plan.json in the run's
+// folder, and compared with what the run measures (its first step's memory, its mean step time).
+struct PlanOptions {
+  // Bytes per device the plan must fit; 0: TrainerOptions::max_memory (0 there too: no limit).
+  TORCH_ARG(int64_t, max_memory) = 0;
+  // A plan.json written by an earlier run: run that plan again, without profiling.
+  TORCH_ARG(std::string, file) = "";
+  // Timed runs of each layer (after one to warm up); each time is the fastest.
+  TORCH_ARG(int64_t, repeats) = 3;
+};
+
 struct TrainerOptions {
   // "single" | "pipe" | "ddp" | "ddp_pipe" | any registered name.
   TORCH_ARG(std::string, strategy) = "single";
@@ -49,6 +67,8 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, stages) = 0;
   // How `pipe` splits the model and schedules micro-batches.
   TORCH_ARG(PipeOptions, pipe) = {};
+  // Set: the planner chooses pipe's balance, chunks, schedule and checkpoint (PlanOptions).
+  TORCH_ARG(std::optional<PlanOptions>, plan) = std::nullopt;
   // Under `ddp` and `ddp_pipe`: 1 shares the optimizer's state out among the replicas of each
   // stage (ZeRO stage 1: each replica keeps and updates about 1 / replicas of it, then sends its
   // parameters to the others); 0 keeps it whole on every replica.

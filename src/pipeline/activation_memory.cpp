@@ -36,11 +36,12 @@ std::vector<int64_t> peak_activation_bytes(const Schedule& schedule,
           break;
         case Phase::kInputBackward:
           peak = std::max(peak, live + rebuilt + cost.workspace);
-          live += rebuilt;  // the rebuilt graph waits for the weight gradients
+          live += rebuilt + cost.split;  // what the weight gradients still need waits for them
+          peak = std::max(peak, live);
           break;
         case Phase::kWeightBackward:
           peak = std::max(peak, live + cost.workspace);
-          live -= kept + rebuilt;
+          live -= kept + rebuilt + cost.split;
           break;
       }
     }

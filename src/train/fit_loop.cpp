@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -22,6 +23,7 @@
 #include "precision.h"
 #include "stop_signals.h"
 #include "train/progress_bar.h"
+#include "train/training_plan.h"
 
 namespace pipetrain {
 
@@ -93,6 +95,8 @@ void TrainingEpochLoop::advance() {
   Trainer& t = trainer_;
   const TrainerOptions& options = t.options_;
   const int64_t batch_idx = t.fit_progress_.batch_idx;
+  const auto started = std::chrono::steady_clock::now();
+  const bool first_step = !data_.memory->measured;
   const Batch batch = t.next_batch(*batches_);
   call_hooks(options.callbacks(), &Callback::on_train_batch_start, t, module_, batch, batch_idx);
 
@@ -156,6 +160,11 @@ void TrainingEpochLoop::advance() {
     window_metrics_ = LoggedMetrics();
   }
   t.fit_progress_.batch_idx = batch_idx + 1;
+  if (t.plan_ && !first_step) {  // the plan's step: a batch through the pipeline, and its update
+    t.planned_steps_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    ++t.planned_steps_;
+  }
   if (t.progress_) t.progress_->update(batch_idx + 1, t.progress_metrics_);
   const TrainBatchOutputs outputs{loss};
   for (const auto& callback : options.callbacks()) {
@@ -203,6 +212,19 @@ void TrainingEpochLoop::check_first_step_memory(int64_t step_peak) {
     return;
   }
   t.print(memory_table(ranks));
+  if (t.plan_) {
+    // Each rank runs the plan's stage of its place in its pipeline.
+    std::string line = "the plan predicted, MiB:";
+    const size_t stages = t.plan_->peak_bytes.size();
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      char rank[96];
+      std::snprintf(rank, sizeof rank, " %zu: %.1f (measured %.1f)", r,
+                    static_cast<double>(t.plan_->peak_bytes[r % stages]) / (1 << 20),
+                    static_cast<double>(ranks[r].total()) / (1 << 20));
+      line += rank;
+    }
+    t.print(line);
+  }
   check_memory_limit(ranks, t.options_.max_memory());
 }
 
@@ -326,6 +348,16 @@ void FitLoop::on_run_end() {
             "; resume with --ckpt-path last (ckpt_path=\"last\")");
   }
   log_peak_memory();
+  if (t.plan_ && t.planned_steps_ > 0) {
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "the plan predicted a step of %.1f ms; measured %.1f ms (rank 0, mean of %lld "
+                  "batches after the first)",
+                  t.plan_->step_seconds * 1e3,
+                  t.planned_steps_seconds_ / static_cast<double>(t.planned_steps_) * 1e3,
+                  static_cast<long long>(t.planned_steps_));
+    t.print(line);
+  }
   for (auto& logger : t.loggers_) logger->save();
   if (!t.loggers_.empty()) {
     t.print("trained " + std::to_string(t.fit_progress_.global_step) + " steps in " +

@@ -8,8 +8,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "pipeline/recompute.h"
+#include "pipeline/split_backward.h"
 #include "pipeline/stage_value.h"
+#include "pipetrain/module.h"
 #include "train/memory_report.h"
+#include "train/precision.h"
 
 namespace pipetrain {
 namespace {
@@ -45,12 +49,20 @@ LayerProfile profile_layers(int64_t count,
     throw std::invalid_argument("profile_layers needs at least 1 timed run per layer, got " +
                                 std::to_string(repeats));
   }
+  // Dropout draws here must not move the run's random numbers.
+  const RngState rng = RngState::capture();
   LayerProfile profile;
   profile.rows = sample.size(0);
   StageValue input = StageValue::of(sample.to(device));
   profile.input_bytes = bytes_of(input.tensors);
   for (int64_t index = 0; index < count; ++index) {
     torch::nn::AnyModule layer = build(index);
+    // A layer lent by a model built whole goes back as it came: its weights, buffers and device.
+    std::vector<at::Tensor> tensors, kept;
+    for (const auto& p : layer.ptr()->parameters()) tensors.push_back(p);
+    for (const auto& b : layer.ptr()->buffers()) tensors.push_back(b);
+    for (const auto& t : tensors) kept.push_back(t.detach().clone());
+    const c10::Device home = tensors.empty() ? c10::Device(c10::kCPU) : tensors.front().device();
     layer.ptr()->to(device);
     LayerCost cost;
     for (const auto& p : layer.ptr()->parameters()) {
@@ -70,8 +82,9 @@ LayerProfile profile_layers(int64_t count,
         differentiable.push_back(t);
       }
     }
+    cost.input_differentiable = !differentiable.empty();
     cost.forward_seconds = cost.backward_seconds = cost.input_backward_seconds =
-        std::numeric_limits<double>::infinity();
+        cost.weight_backward_seconds = std::numeric_limits<double>::infinity();
     StageValue output;
     for (int run = 0; run <= repeats; ++run) {
       output = StageValue();  // freed before the meter starts, not counted against this run
@@ -101,25 +114,42 @@ LayerProfile profile_layers(int64_t count,
           cost.workspace_bytes = std::max<int64_t>(0, counted(meter.peak()) - held);
         }
       }
-      // The input gradient alone, on a graph of its own.
-      double input_backward = 0;
-      if (!differentiable.empty()) {
+      // The backward split as zero-bubble schedules run it (split_backward.h): the input
+      // gradient, then the weight gradients, and what the first half keeps for the second.
+      {
+        StepMemoryMeter meter(device);
         const auto again = StageValue::unpack(layer.any_forward(x.pack()), index);
         std::vector<at::Tensor> again_roots;
         for (const auto& t : again.tensors) {
           if (t.requires_grad()) again_roots.push_back(t);
         }
-        if (!again_roots.empty()) {
+        double input_backward = 0, weight_backward = 0;
+        int64_t split_held = 0;
+        if (!again_roots.empty() && differentiable.empty()) {
+          // Nothing to send back (tokens in): all of it is weight gradients.
           const auto start = std::chrono::steady_clock::now();
-          torch::autograd::grad(again_roots, differentiable, seeds, /*retain_graph=*/false,
-                                /*create_graph=*/false, /*allow_unused=*/true);
+          torch::autograd::backward(again_roots, seeds);
+          weight_backward = seconds_since(start, device);
+        } else if (!again_roots.empty()) {
+          const int64_t held = counted(meter.held());
+          std::vector<at::Tensor> input_grads;
+          auto start = std::chrono::steady_clock::now();
+          WeightBackward weights =
+              WeightBackward::input_backward(again_roots, seeds, differentiable, &input_grads);
           input_backward = seconds_since(start, device);
+          input_grads.clear();
+          split_held = counted(meter.held()) - held;
+          start = std::chrono::steady_clock::now();
+          weights.run();
+          weight_backward = seconds_since(start, device);
+        }
+        if (run > 0) {
+          cost.input_backward_seconds = std::min(cost.input_backward_seconds, input_backward);
+          cost.weight_backward_seconds = std::min(cost.weight_backward_seconds, weight_backward);
+          cost.split_held_bytes = std::max<int64_t>(0, split_held);
         }
       }
-      if (run > 0)
-        cost.input_backward_seconds = std::min(cost.input_backward_seconds, input_backward);
     }
-    cost.input_backward_seconds = std::min(cost.input_backward_seconds, cost.backward_seconds);
     std::vector<at::Tensor> trained;
     for (const auto& p : layer.ptr()->parameters()) {
       if (p.requires_grad() && p.grad().defined()) trained.push_back(p);
@@ -136,12 +166,51 @@ LayerProfile profile_layers(int64_t count,
         if (run > 0) cost.optimizer_seconds = std::min(cost.optimizer_seconds, seconds);
       }
     }
+    {
+      torch::NoGradGuard no_grad;
+      layer.ptr()->to(home);
+      size_t i = 0;
+      for (auto& p : layer.ptr()->parameters()) {
+        p.mutable_grad() = at::Tensor();
+        p.copy_(kept[i++]);
+      }
+      for (auto& b : layer.ptr()->buffers()) b.copy_(kept[i++]);
+    }
     for (auto& t : output.tensors) t = t.detach();
     cost.output_bytes = bytes_of(output.tensors);
     profile.layers.push_back(cost);
     input = std::move(output);
   }
+  rng.restore();
   return profile;
+}
+
+std::map<int64_t, LayerProfile> profile_module(const Module& module, const at::Tensor& inputs,
+                                               const c10::Device& device,
+                                               const std::string& precision, int repeats) {
+  const auto& specs = module.layer_specs();
+  const auto whole = module.layers();
+  const auto count = static_cast<int64_t>(specs.empty() ? whole->size() : specs.size());
+  auto build = [&](int64_t index) {
+    torch::nn::AnyModule layer =
+        specs.empty() ? *(whole->begin() + index) : specs[static_cast<size_t>(index)].build();
+    torch::nn::Sequential one;
+    one->push_back(layer);
+    convert_module(one, precision);
+    return layer;
+  };
+  auto adamw = [](std::vector<at::Tensor> parameters) {
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<torch::optim::AdamW>(std::move(parameters)));
+  };
+  std::map<int64_t, LayerProfile> profiles;
+  const int64_t rows = inputs.size(0);
+  for (int64_t chunks = 1; chunks <= 32 && chunks <= rows; chunks *= 2) {
+    if (rows % chunks != 0) continue;
+    profiles[chunks] =
+        profile_layers(count, build, inputs.narrow(0, 0, rows / chunks), device, repeats, adamw);
+  }
+  return profiles;
 }
 
 }  // namespace pipetrain

@@ -33,6 +33,7 @@
 #include "precision.h"
 #include "stop_signals.h"
 #include "train/progress_bar.h"
+#include "train/training_plan.h"
 
 namespace pipetrain {
 namespace fs = std::filesystem;
@@ -256,6 +257,7 @@ void Trainer::setup(Module& module) {
 
 void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoader* val_loader,
                   const std::string& ckpt_path) {
+  if (options_.plan() && module_ == nullptr) choose_pipeline_plan(module, train_loader);
   strategy_->check_data(train_loader);
   setup(module);
   // Kept once fit returns (the loader may not be): a checkpoint saved then says where the data is.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
@@ -22,7 +23,7 @@ std::string mib(int64_t bytes) {
 
 // Layers [begin, end) as one stage.
 struct Stage {
-  double forward = 0, backward = 0, input_backward = 0, optimizer = 0;
+  double forward = 0, backward = 0, weight_backward = 0, optimizer = 0;
   int64_t static_bytes = 0;
   StageActivations activations;
 };
@@ -38,7 +39,8 @@ Stage stage_of(const LayerProfile& profile, int64_t begin, int64_t end, bool las
     const LayerCost& c = layers[i];
     stage.forward += c.forward_seconds;
     stage.backward += c.backward_seconds;
-    stage.input_backward += c.input_backward_seconds;
+    stage.weight_backward += c.weight_backward_seconds;
+    stage.activations.split += c.split_held_bytes;
     stage.optimizer += c.optimizer_seconds;
     stage.activations.whole += c.activation_bytes;
     stage.activations.workspace = std::max(stage.activations.workspace, c.workspace_bytes);
@@ -48,6 +50,12 @@ Stage stage_of(const LayerProfile& profile, int64_t begin, int64_t end, bool las
   }
   // The loss keeps the gradient of the model's output (cross-entropy's, of the logits).
   if (last) stage.activations.whole += layers[end - 1].output_bytes;
+  // With no input gradient to compute (tokens in), a split backward's first half does nothing
+  // and keeps nothing: the weight half is the whole backward.
+  if (!layers[begin].input_differentiable) {
+    stage.weight_backward = stage.backward;
+    stage.activations.split = 0;
+  }
   return stage;
 }
 
@@ -105,7 +113,8 @@ TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& ba
     begin += balance[s];
     costs.forward.push_back(stage.forward);
     costs.backward.push_back(stage.backward + rerun * stage.forward);
-    costs.weight.push_back(std::max(0.0, stage.backward - stage.input_backward));
+    // The simulation takes a split backward's I as B - W: W as measured, within B.
+    costs.weight.push_back(std::min(stage.weight_backward, costs.backward.back()));
     activations.push_back(stage.activations);
     plan.stage_seconds.push_back(costs.forward.back() + costs.backward.back());
     plan.static_bytes.push_back(stage.static_bytes);
@@ -121,6 +130,11 @@ TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& ba
 }
 
 }  // namespace
+
+int64_t usable_bytes(const PlannerOptions& options) {
+  return static_cast<int64_t>(static_cast<double>(options.max_memory) *
+                              (1 - options.memory_margin));
+}
 
 int64_t TrainingPlan::max_peak_bytes() const {
   return peak_bytes.empty() ? 0 : *std::max_element(peak_bytes.begin(), peak_bytes.end());
@@ -174,10 +188,10 @@ std::vector<TrainingPlan> weigh_plans(const std::map<int64_t, LayerProfile>& pro
           return static_cast<double>(st.static_bytes + activations + a.workspace);
         };
         std::vector<int64_t> balance;
-        if (options.max_memory > 0) {
+        if (usable_bytes(options) > 0) {
           balance =
               bottleneck_balance(layers, options.ranks, time, [&](int64_t s, int64_t i, int64_t j) {
-                return memory(s, i, j) <= static_cast<double>(options.max_memory);
+                return memory(s, i, j) <= static_cast<double>(usable_bytes(options));
               });
         } else {
           balance = bottleneck_balance(layers, options.ranks, time,
@@ -197,26 +211,34 @@ std::vector<TrainingPlan> weigh_plans(const std::map<int64_t, LayerProfile>& pro
   return plans;
 }
 
-TrainingPlan choose_plan(const std::vector<TrainingPlan>& plans, int64_t max_memory) {
+TrainingPlan choose_plan(const std::vector<TrainingPlan>& plans, const PlannerOptions& options) {
+  const int64_t usable = usable_bytes(options);
+  auto fits = [&](const TrainingPlan& plan) {
+    return usable == 0 || plan.max_peak_bytes() <= usable;
+  };
   const TrainingPlan* fastest = nullptr;
   for (const auto& plan : plans) {
-    if (max_memory > 0 && plan.max_peak_bytes() > max_memory) continue;
-    if (fastest == nullptr || plan.step_seconds < fastest->step_seconds) fastest = &plan;
+    if (fits(plan) && (fastest == nullptr || plan.step_seconds < fastest->step_seconds)) {
+      fastest = &plan;
+    }
   }
   if (fastest == nullptr) {
     const auto smallest = std::min_element(
         plans.begin(), plans.end(),
         [](const auto& a, const auto& b) { return a.max_peak_bytes() < b.max_peak_bytes(); });
     if (smallest == plans.end()) throw std::invalid_argument("no plan to choose from");
-    throw std::invalid_argument("no plan fits max_memory (--max-memory) " + mib(max_memory) +
-                                " MiB per device: the smallest any needs is " +
-                                mib(smallest->max_peak_bytes()) + " MiB (" + smallest->describe() +
-                                "); raise the limit, or spread the model over more devices");
+    const auto needed = static_cast<int64_t>(static_cast<double>(smallest->max_peak_bytes()) /
+                                             (1 - options.memory_margin));
+    throw std::invalid_argument(
+        "no plan fits max_memory (--max-memory) " + mib(options.max_memory) +
+        " MiB per device, of which the planner uses " + mib(usable) +
+        " (the rest is its margin for what it does not predict): the smallest any needs is " +
+        mib(smallest->max_peak_bytes()) + " MiB (" + smallest->describe() + "), so a limit of " +
+        mib(needed) + " MiB would do; raise the limit, or spread the model over more devices");
   }
   const TrainingPlan* chosen = fastest;
   for (const auto& plan : plans) {
-    if (max_memory > 0 && plan.max_peak_bytes() > max_memory) continue;
-    if (plan.step_seconds <= fastest->step_seconds * 1.01 &&
+    if (fits(plan) && plan.step_seconds <= fastest->step_seconds * 1.01 &&
         plan.max_peak_bytes() < chosen->max_peak_bytes()) {
       chosen = &plan;
     }
@@ -233,8 +255,9 @@ std::string plan_table(const TrainingPlan& plan) {
     char row[128];
     const std::string layers =
         std::to_string(first) + "-" + std::to_string(first + plan.balance[s] - 1);
-    std::snprintf(row, sizeof row, "%5zu  %6s  %36.2f  %16s\n", s, layers.c_str(),
-                  plan.stage_seconds[s] * 1e3, mib(plan.peak_bytes[s]).c_str());
+    const double ms = s < plan.stage_seconds.size() ? plan.stage_seconds[s] * 1e3 : 0.0;
+    std::snprintf(row, sizeof row, "%5zu  %6s  %36.2f  %16s\n", s, layers.c_str(), ms,
+                  mib(plan.peak_bytes[s]).c_str());
     table << row;
     first += plan.balance[s];
   }
@@ -242,6 +265,43 @@ std::string plan_table(const TrainingPlan& plan) {
   std::snprintf(step, sizeof step, "predicted step: %.2f ms", plan.step_seconds * 1e3);
   table << step;
   return table.str();
+}
+
+std::string plan_to_json(const TrainingPlan& plan) {
+  nlohmann::json json{{"balance", plan.balance},
+                      {"chunks", plan.chunks},
+                      {"schedule", plan.schedule},
+                      {"checkpoint", checkpoint_mode_names()[static_cast<size_t>(plan.checkpoint)]},
+                      {"predicted_step_seconds", plan.step_seconds},
+                      {"predicted_peak_bytes", plan.peak_bytes},
+                      {"stage_seconds", plan.stage_seconds},
+                      {"optimizer_seconds", plan.optimizer_seconds},
+                      {"static_bytes", plan.static_bytes}};
+  return json.dump(2) + "\n";
+}
+
+TrainingPlan plan_from_json(const std::string& text, const std::string& source) {
+  TrainingPlan plan;
+  try {
+    const auto json = nlohmann::json::parse(text);
+    plan.balance = json.at("balance").get<std::vector<int64_t>>();
+    plan.chunks = json.at("chunks").get<int64_t>();
+    plan.schedule = json.at("schedule").get<std::string>();
+    plan.checkpoint = parse_checkpoint_mode(json.at("checkpoint").get<std::string>());
+    plan.step_seconds = json.at("predicted_step_seconds").get<double>();
+    plan.peak_bytes = json.at("predicted_peak_bytes").get<std::vector<int64_t>>();
+    plan.stage_seconds = json.value("stage_seconds", std::vector<double>{});
+    plan.optimizer_seconds = json.value("optimizer_seconds", std::vector<double>{});
+    plan.static_bytes = json.value("static_bytes", std::vector<int64_t>{});
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(source + " is not a plan pipetrain wrote (plan.json): " + e.what());
+  }
+  if (plan.balance.empty() || plan.peak_bytes.size() != plan.balance.size() || plan.chunks < 1) {
+    throw std::invalid_argument(source +
+                                " is not a plan pipetrain wrote (plan.json): its balance, chunks "
+                                "and predicted peaks do not agree");
+  }
+  return plan;
 }
 
 }  // namespace pipetrain

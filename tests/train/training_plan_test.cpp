@@ -21,6 +21,7 @@ LayerProfile profile_of(const std::vector<double>& forward_ms, int64_t activatio
     cost.forward_seconds = ms * 1e-3;
     cost.backward_seconds = 2 * ms * 1e-3;
     cost.input_backward_seconds = ms * 1e-3;
+    cost.weight_backward_seconds = ms * 1e-3;
     cost.activation_bytes = activation;
     cost.output_bytes = 4;
     cost.parameter_bytes = 100;
@@ -32,15 +33,15 @@ LayerProfile profile_of(const std::vector<double>& forward_ms, int64_t activatio
 PlannerOptions two_ranks(int64_t max_memory = 0) {
   PlannerOptions options;
   options.ranks = 2;
-  options.batch_rows = 4;
   options.max_memory = max_memory;
+  options.memory_margin = 0;  // the limits below are what plans may use
   return options;
 }
 
 TEST(TrainingPlan, BalancesUnevenLayersByTime) {
   // One layer as slow as the other three together: alone on a stage of its own.
   const auto plans = weigh_plans({{2, profile_of({1, 1, 1, 3}, 10, 2)}}, two_ranks());
-  const auto plan = choose_plan(plans, 0);
+  const auto plan = choose_plan(plans, two_ranks());
   EXPECT_EQ(plan.balance, (std::vector<int64_t>{3, 1}));
   EXPECT_EQ(plan.chunks, 2);
 }
@@ -63,7 +64,7 @@ TEST(TrainingPlan, ATightLimitIsMetByRecomputingAndNeverExceeded) {
   // Activations dominate: 1000 bytes per layer and micro-batch.
   const std::map<int64_t, LayerProfile> profiles{{4, profile_of({1, 1, 1, 1}, 1000, 1)}};
   const auto all = weigh_plans(profiles, two_ranks());
-  const auto free = choose_plan(all, 0);
+  const auto free = choose_plan(all, two_ranks());
   EXPECT_EQ(free.checkpoint, CheckpointMode::kNever);  // recomputing only costs time
   // Below what any plan that keeps every activation needs.
   int64_t limit = free.max_peak_bytes();
@@ -72,7 +73,7 @@ TEST(TrainingPlan, ATightLimitIsMetByRecomputingAndNeverExceeded) {
       limit = std::min(limit, plan.max_peak_bytes() - 1);
   }
   const auto plans = weigh_plans(profiles, two_ranks(limit));
-  const auto tight = choose_plan(plans, limit);
+  const auto tight = choose_plan(plans, two_ranks(limit));
   EXPECT_LE(tight.max_peak_bytes(), limit);
   EXPECT_NE(tight.checkpoint, CheckpointMode::kNever) << tight.describe();
   EXPECT_GT(tight.step_seconds, free.step_seconds);
@@ -84,9 +85,8 @@ TEST(TrainingPlan, ATightLimitIsMetByRecomputingAndNeverExceeded) {
 TEST(TrainingPlan, NothingFitsNamesTheSmallestPlan) {
   const std::map<int64_t, LayerProfile> profiles{{2, profile_of({1, 1, 1, 1}, 10, 2)}};
   const auto plans = weigh_plans(profiles, two_ranks(100));
-  const auto message = error_of<std::invalid_argument>([&] { choose_plan(plans, 100); });
-  EXPECT_NE(message.find("no plan fits max_memory (--max-memory) 0.0 MiB per device: the smallest "
-                         "any needs is "),
+  const auto message = error_of<std::invalid_argument>([&] { choose_plan(plans, two_ranks(100)); });
+  EXPECT_NE(message.find("no plan fits max_memory (--max-memory) 0.0 MiB per device"),
             std::string::npos)
       << message;
   // The plan named is the one needing least.
@@ -99,6 +99,26 @@ TEST(TrainingPlan, NothingFitsNamesTheSmallestPlan) {
     if (plan.max_peak_bytes() == smallest && named.empty()) named = plan.describe();
   }
   EXPECT_NE(message.find("(" + named + ")"), std::string::npos) << message;
+}
+
+TEST(TrainingPlan, PlansLeaveTheMarginFree) {
+  const std::map<int64_t, LayerProfile> profiles{{2, profile_of({1, 1, 1, 1}, 10, 2)}};
+  const auto fastest = choose_plan(weigh_plans(profiles, two_ranks()), two_ranks());
+  // A limit the fastest plan meets exactly, but not with 10% of it kept free.
+  PlannerOptions options = two_ranks(fastest.max_peak_bytes());
+  options.memory_margin = 0.1;
+  EXPECT_EQ(usable_bytes(options), static_cast<int64_t>(0.9 * fastest.max_peak_bytes()));
+  const auto plans = weigh_plans(profiles, options);
+  for (const auto& plan : plans) {
+    if (plan.max_peak_bytes() <= usable_bytes(options)) {
+      EXPECT_LE(choose_plan(plans, options).max_peak_bytes(), usable_bytes(options));
+      return;
+    }
+  }
+  EXPECT_NE(error_of<std::invalid_argument>([&] {
+              choose_plan(plans, options);
+            }).find("(the rest is its margin for what it does not predict)"),
+            std::string::npos);
 }
 
 TEST(TrainingPlan, FewerLayersThanRanksIsRefused) {

@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "pipetrain/module.h"
 #include "pipetrain/pipe.h"
@@ -105,11 +107,13 @@ struct UserRun : FitRun {
   int64_t accumulate = 1;
   bool deferred_batch_norm = false;
   int64_t zero_stage = 0;
+  std::string plan;  // "": none; "auto": the planner's; else a plan.json
 
   template <typename Visit>
   void fields(Visit&& visit) {
     FitRun::fields(visit);
-    PIPETRAIN_VISIT_FIELDS(visit, model, batch_size, accumulate, deferred_batch_norm, zero_stage);
+    PIPETRAIN_VISIT_FIELDS(visit, model, batch_size, accumulate, deferred_batch_norm, zero_stage,
+                           plan);
   }
 };
 
@@ -141,6 +145,9 @@ void train(const UserRun& run) {
   Trainer trainer(run.trainer_options(PipeOptions().deferred_batch_norm(run.deferred_batch_norm))
                       .accumulate_grad_batches(run.accumulate)
                       .zero_stage(run.zero_stage)
+                      .plan(run.plan.empty()     ? std::nullopt
+                            : run.plan == "auto" ? std::optional(PlanOptions().repeats(1))
+                                                 : std::optional(PlanOptions().file(run.plan)))
                       .max_epochs(2));
   auto model = make_model(run.model);
   const auto data = run.model.rfind("masked", 0) == 0 ? masked_data() : [] {
@@ -253,6 +260,40 @@ TEST_F(UserModels, ZeroStageOneOnAModelOfOnesOwnTrainsAsSingle) {
   train_in_ranks(zero, 2);
   expect_same_train_losses(single.root, zero.root);
   expect_same_weights(single.final_weights(), zero.final_weights(), 1e-5);
+}
+
+TEST_F(UserModels, ThePlannersPlanTrainsAsSingleAndRunsAgainFromItsFile) {
+  auto single = run("masked_per_rank", "single");
+  train(single);
+  auto planned = run("masked_per_rank", "planned");
+  planned.strategy = "pipe";
+  planned.devices = 2;
+  planned.plan = "auto";
+  train_in_ranks(planned, 2);
+  expect_same_train_losses(single.root, planned.root);
+  expect_same_weights(single.final_weights(), planned.final_weights(), 1e-5);
+
+  const std::string plan_file = planned.root + "/lightning_logs/version_0/plan.json";
+  ASSERT_TRUE(fs::exists(plan_file));
+  auto again = run("masked_per_rank", "again");
+  again.strategy = "pipe";
+  again.devices = 2;
+  again.plan = plan_file;
+  train_in_ranks(again, 2);
+  expect_same_train_losses(single.root, again.root);
+  // The plan it ran is the file's, kept beside its own logs.
+  std::ifstream first(plan_file), second(again.root + "/lightning_logs/version_0/plan.json");
+  std::stringstream a, b;
+  a << first.rdbuf();
+  b << second.rdbuf();
+  EXPECT_EQ(a.str(), b.str());
+
+  auto refused = run("masked_per_rank", "refused");
+  refused.plan = "auto";  // under single: no pipeline to plan
+  fs::create_directories(refused.root);
+  const auto error = error_of<std::invalid_argument>([&] { train(refused); });
+  EXPECT_NE(error.find("needs strategy pipe or ddp_pipe, not 'single'"), std::string::npos)
+      << error;
 }
 
 TEST_F(UserModels, ForwardOnAnythingButTheStepsBatchIsRefusedUnderEveryStrategy) {

@@ -23,43 +23,13 @@ std::string plan_report(const Module& module, const Batch& batch, const PlanRequ
     at::set_num_threads(std::max<int>(1, at::get_num_threads() / static_cast<int>(request.ranks)));
   }
   const int64_t rows = batch.data.size(0);
-  std::vector<int64_t> chunks = request.chunks;
-  if (chunks.empty()) {
-    for (int64_t c = 1; c <= 32 && c <= rows; c *= 2) {
-      if (rows % c == 0) chunks.push_back(c);
-    }
-  }
-  // A model built per rank is built here one layer at a time; one built whole lends its layers.
-  const auto& specs = module.layer_specs();
-  const auto whole = module.layers();
-  const auto count = static_cast<int64_t>(specs.empty() ? whole->size() : specs.size());
-  auto build = [&](int64_t index) {
-    if (!specs.empty()) {
-      torch::manual_seed(index);
-      return specs[index].build();
-    }
-    return *(whole->begin() + index);
-  };
-  std::map<int64_t, LayerProfile> profiles;
-  for (const int64_t c : chunks) {
-    if (rows % c != 0) {
-      throw std::invalid_argument("--chunks " + std::to_string(c) +
-                                  " does not divide the batch of " + std::to_string(rows) +
-                                  " rows (--batch-size)");
-    }
-    profiles[c] =
-        profile_layers(count, build, batch.data.narrow(0, 0, rows / c), device, request.repeats,
-                       [](std::vector<at::Tensor> parameters) {
-                         return std::unique_ptr<torch::optim::Optimizer>(
-                             std::make_unique<torch::optim::AdamW>(std::move(parameters)));
-                       });
-  }
+  const auto profiles =
+      profile_module(module, batch.data, device, request.precision, request.repeats);
   PlannerOptions options;
   options.ranks = request.ranks;
-  options.batch_rows = rows;
   options.max_memory = request.max_memory;
   const auto plans = weigh_plans(profiles, options);
-  const TrainingPlan chosen = choose_plan(plans, request.max_memory);
+  const TrainingPlan chosen = choose_plan(plans, options);
   std::ostringstream report;
   report << plan_table(chosen) << "\nother plans, fastest first (predicted step, largest peak):\n";
   int shown = 0;
@@ -69,7 +39,7 @@ std::string plan_report(const Module& module, const Batch& batch, const PlanRequ
     std::snprintf(line, sizeof line, "%9.2f ms  %9.1f MiB  ", plan.step_seconds * 1e3,
                   static_cast<double>(plan.max_peak_bytes()) / (1 << 20));
     report << line << plan.describe()
-           << (request.max_memory > 0 && plan.max_peak_bytes() > request.max_memory
+           << (usable_bytes(options) > 0 && plan.max_peak_bytes() > usable_bytes(options)
                    ? "  (over the limit)"
                    : "")
            << "\n";

@@ -15,9 +15,8 @@ struct PlanRequest {
   int64_t ranks = 1;
   int64_t max_memory = 0;  // bytes per device; 0: no limit
   std::string accelerator = "auto";
+  std::string precision = "32-true";
   int repeats = 3;  // timed runs per layer and micro-batch size
-  // Micro-batch counts to weigh; empty: every power of two up to 32 that divides the batch.
-  std::vector<int64_t> chunks;
 };
 
 // The chosen plan's table and the fastest few others, one line each. Throws std::invalid_argument

@@ -1,0 +1,97 @@
+// Trainer::choose_pipeline_plan: the planner (training_plan.h) run on the first training batch by
+// rank 0, its plan shared with every rank before any layer is built.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "io/file_writer.h"
+#include "pipetrain/module.h"
+#include "pipetrain/strategy.h"
+#include "pipetrain/trainer.h"
+#include "pipetrain/world.h"
+#include "train/layer_profile.h"
+#include "train/training_plan.h"
+
+namespace pipetrain {
+namespace {
+
+std::string read_plan_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw std::invalid_argument("cannot read the plan file " + path +
+                                " (PlanOptions::file, --plan): give the plan.json of an earlier "
+                                "run, or --plan auto to make one");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+void Trainer::choose_pipeline_plan(Module& module, const DataLoader& loader) {
+  const PlanOptions& plan_options = *options_.plan();
+  const std::string& name = options_.strategy();
+  if (name != "pipe" && name != "ddp_pipe") {
+    throw std::invalid_argument(
+        "TrainerOptions::plan (--plan) chooses a pipeline's balance, chunks, schedule and "
+        "recompute mode, so it needs strategy pipe or ddp_pipe, not '" +
+        name + "'");
+  }
+  if (options_.pipe().virtual_stages() != 1 || !options_.pipe().schedule_file().empty()) {
+    throw std::invalid_argument(
+        "TrainerOptions::plan (--plan) weighs schedules of one stage per rank: leave "
+        "virtual_stages at 1 and schedule_file empty");
+  }
+  const int64_t stages = name == "pipe" ? world_->size() : options_.stages();
+  const int64_t max_memory =
+      plan_options.max_memory() > 0 ? plan_options.max_memory() : options_.max_memory();
+
+  // Rank 0 plans; every rank gets the plan, or the error that stopped it.
+  std::string text, error;
+  if (world_->is_global_zero()) {
+    try {
+      if (!plan_options.file().empty()) {
+        text = read_plan_file(plan_options.file());
+      } else {
+        BatchShard shard;
+        shard.replicas = world_->size() / stages;
+        const Batch sample = loader.batch(0, 0, shard);
+        const auto profiles =
+            profile_module(module, sample.data, world_->device(), options_.precision(),
+                           static_cast<int>(plan_options.repeats()));
+        PlannerOptions planner;
+        planner.ranks = stages;
+        planner.max_memory = max_memory;
+        text = plan_to_json(choose_plan(weigh_plans(profiles, planner), planner));
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  error = world_->broadcast(error);
+  if (!error.empty()) throw std::invalid_argument(error);
+  text = world_->broadcast(text);
+  const std::string source = plan_options.file().empty() ? "the plan" : plan_options.file();
+  plan_ = std::make_unique<TrainingPlan>(plan_from_json(text, source));
+  if (static_cast<int64_t>(plan_->balance.size()) != stages) {
+    throw std::invalid_argument(source + " has " + std::to_string(plan_->balance.size()) +
+                                " stages, but this run has " + std::to_string(stages) +
+                                ": plan again (--plan auto) for this number of stages");
+  }
+  options_.pipe(options_.pipe()
+                    .balance(plan_->balance)
+                    .chunks(plan_->chunks)
+                    .schedule(plan_->schedule)
+                    .checkpoint(checkpoint_mode_names()[static_cast<size_t>(plan_->checkpoint)]));
+  strategy_ = create_strategy(name, options_);
+  if (world_->is_global_zero()) {
+    std::filesystem::create_directories(log_dir_);
+    write_file((std::filesystem::path(log_dir_) / "plan.json").string(), text);
+  }
+  print(plan_table(*plan_) + "\nplan written to " +
+        (std::filesystem::path(log_dir_) / "plan.json").string());
+}
+
+}  // namespace pipetrain
