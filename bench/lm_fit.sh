@@ -11,7 +11,7 @@
 # (train/items_per_sec in metrics.csv; the device synchronised at each window's ends, the first
 # 10 steps left out); MFU is its model FLOPs per second over PEAK_FLOPS (989e12, an H100/H200's
 # dense bf16); peak memory is nvidia-smi's largest memory.used during the run (the CUDA context
-# included, unlike a max_memory_allocated).
+# included, unlike a max_memory_allocated). Under --plan the plan's lines follow the JSON.
 set -euo pipefail
 model=$1
 shift
@@ -57,3 +57,5 @@ print('{"model": "$model", "model_size": "$size", "B": $B, "T": $T, "precision":
       '"step_ms": %.1f, "tokens_per_s": %.0f, "mfu": %.3f, "peak_gib": %.2f}'
       % (len(rows), 1e3 * $B * $T / tokens, tokens, flops / $PEAK_FLOPS, $peak / 1024))
 PY
+# Under --plan: the plan chosen and its predictions beside what the run measured.
+grep -E "^plan:|^predicted step|the plan predicted" "$dir/out.txt" || true

@@ -50,23 +50,25 @@ using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
 
 // Builds layer i of `count` with `build(i)`, moves it to `device`, measures it on what the layers
-// before it made of `sample` (on the device), and drops it before building the next: the whole
-// model is never held; a layer `build` lends (of a model built whole) is left as it was, its
-// weights, buffers and device unchanged and no gradients. Each time is the fastest of `repeats`
-// runs after one to warm up; bytes are counted by the allocator (StepMemoryMeter). The optimizer's
-// step is timed where `optimizer` is given. Throws std::runtime_error where the allocator cannot be
-// counted (another CPU allocator of higher priority is installed).
-LayerProfile profile_layers(int64_t count,
-                            const std::function<torch::nn::AnyModule(int64_t)>& build,
-                            const at::Tensor& sample, const c10::Device& device, int repeats = 3,
-                            const OptimizerFactory& optimizer = {});
+// before it made of each of `samples` (the model's input at each micro-batch size to weigh; result
+// [k] is samples[k]'s profile), and drops it before building the next: each layer is built once
+// and the whole model is never held; a layer `build` lends (of a model built whole) is left as it
+// was, its weights, buffers and device unchanged and no gradients. Each time is the fastest of
+// `repeats` runs after one to warm up; bytes are counted by the allocator (StepMemoryMeter). The
+// optimizer's step is timed where `optimizer` is given. Throws std::runtime_error where the
+// allocator cannot be counted (another CPU allocator of higher priority is installed).
+std::vector<LayerProfile> profile_layers(int64_t count,
+                                         const std::function<torch::nn::AnyModule(int64_t)>& build,
+                                         const std::vector<at::Tensor>& samples,
+                                         const c10::Device& device, int repeats = 3,
+                                         const OptimizerFactory& optimizer = {});
 
 class Module;
 
 // `module`'s layers profiled at every number of micro-batches (chunks) the planner weighs: each
 // power of two up to 32 that divides the rows of `inputs` (one replica's batch). A model built per
 // rank is built here a layer at a time, one built whole lends its layers; each converted to
-// `precision` as training will, and its AdamW step timed.
+// `precision` and run under its autocast as training will, and its AdamW step timed.
 std::map<int64_t, LayerProfile> profile_module(const Module& module, const at::Tensor& inputs,
                                                const c10::Device& device,
                                                const std::string& precision, int repeats);

@@ -13,18 +13,22 @@ TEST(LayerProfile, CountsWhatEachLayerHoldsAndOwns) {
   torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::ReLU(),
                               torch::nn::Linear(16, 4));
   int64_t built = 0;
-  const auto profile = profile_layers(
+  const auto profiles = profile_layers(
       3,
       [&](int64_t index) {
         ++built;
         return *(model->begin() + index);
       },
-      torch::randn({5, 8}), c10::Device(c10::kCPU), /*repeats=*/1,
+      {torch::randn({5, 8}), torch::randn({10, 8})}, c10::Device(c10::kCPU), /*repeats=*/1,
       [](std::vector<at::Tensor> parameters) {
         return std::unique_ptr<torch::optim::Optimizer>(
             std::make_unique<torch::optim::SGD>(std::move(parameters), 0.1));
       });
-  EXPECT_EQ(built, 3);
+  EXPECT_EQ(built, 3);  // once each, for both micro-batch sizes
+  ASSERT_EQ(profiles.size(), 2u);
+  EXPECT_EQ(profiles[1].rows, 10);
+  EXPECT_EQ(profiles[1].layers[0].activation_bytes, 10 * 16 * 4);
+  const LayerProfile& profile = profiles[0];
   EXPECT_EQ(profile.rows, 5);
   EXPECT_EQ(profile.input_bytes, 5 * 8 * 4);
   ASSERT_EQ(profile.layers.size(), 3u);
@@ -50,8 +54,8 @@ TEST(LayerProfile, AnEmbeddingTakesIntegerTokens) {
   torch::manual_seed(0);
   torch::nn::Embedding embedding(32, 8);
   const auto profile = profile_layers(
-      1, [&](int64_t) { return torch::nn::AnyModule(embedding); }, torch::randint(0, 32, {2, 3}),
-      c10::Device(c10::kCPU), 1);
+      1, [&](int64_t) { return torch::nn::AnyModule(embedding); }, {torch::randint(0, 32, {2, 3})},
+      c10::Device(c10::kCPU), 1)[0];
   EXPECT_EQ(profile.layers[0].output_bytes, 2 * 3 * 8 * 4);
   EXPECT_EQ(profile.layers[0].input_backward_seconds, 0);  // no gradient for tokens
   EXPECT_GT(profile.layers[0].weight_backward_seconds, 0);
