@@ -18,6 +18,7 @@
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <tuple>
 #include <type_traits>
 
 #include <pipetrain/checkpoint_io.h>
@@ -100,6 +101,8 @@ struct Args {
   int64_t max_new_tokens = 200;
   double temperature = 0.8;
   std::string config;
+  // --plan's links (bytes per second); kept apart, as --plan may come after them.
+  int64_t link_bandwidth = 450'000'000'000, network_bandwidth = 50'000'000'000;
 };
 
 template <typename T>
@@ -281,6 +284,23 @@ void add_flags(CLI::App& app, Args& a) {
       ->type_name("PLAN")
       ->default_str("")
       ->envname(env_name("--plan"));
+  for (const auto& [flag, value, shown, help] :
+       {std::tuple{"--link-bandwidth", &a.link_bandwidth, "450GB",
+                   "--plan, plan: bytes per second one way between two devices of a node, which "
+                   "activations crossing a stage boundary take (NVLink 4's; 0: free)"},
+        std::tuple{
+            "--network-bandwidth", &a.network_bandwidth, "50GB",
+            "--plan, plan: the same between nodes (a 400 Gb/s InfiniBand NIC's; 0: free)"}}) {
+    app.add_option_function<std::string>(
+           flag,
+           [flag = std::string(flag), value = value](const std::string& text) {
+             *value = parse_bytes(flag, text);
+           },
+           help)
+        ->type_name("BYTES")
+        ->default_str(shown)
+        ->envname(env_name(flag));
+  }
   add("--zero-stage", t.zero_stage(),
       "ddp, ddp_pipe: 1 shares the optimizer state out among the replicas (ZeRO stage 1), 0 not");
   add_list("--balance", pipe.balance(), "layers per stage, e.g. 2,2 (default: by parameter count)");
@@ -409,6 +429,11 @@ std::string find_config(int argc, char** argv) {
 // the loggers, and the callbacks the flags ask for.
 pipetrain::TrainerOptions trainer_options(const Args& a) {
   pipetrain::TrainerOptions options = a.trainer;
+  if (options.plan()) {
+    options.plan(options.plan()
+                     ->link_bandwidth(static_cast<double>(a.link_bandwidth))
+                     .network_bandwidth(static_cast<double>(a.network_bandwidth)));
+  }
   std::vector<std::string> loggers;
   for (const auto& name : options.loggers()) {
     if (name != "none") loggers.push_back(name);
@@ -477,7 +502,10 @@ Args resolved(const std::string& command, Args a) {
 int plan(const Args& a) {
   auto model = pipetrain::cli::make_model(a.model);
   pipetrain::cli::PlanRequest request;
-  request.ranks = a.trainer.devices();
+  request.devices = a.trainer.devices();
+  request.nodes = a.trainer.num_nodes();
+  request.link_bandwidth = static_cast<double>(a.link_bandwidth);
+  request.network_bandwidth = static_cast<double>(a.network_bandwidth);
   request.max_memory = a.trainer.max_memory();
   request.accelerator = a.trainer.accelerator();
   request.precision = a.trainer.precision();

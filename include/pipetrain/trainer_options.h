@@ -51,6 +51,11 @@ struct PlanOptions {
   TORCH_ARG(std::string, file) = "";
   // Timed runs of each layer (after one to warm up); each time is the fastest.
   TORCH_ARG(int64_t, repeats) = 3;
+  // Bytes per second, one way, between the devices of a node (NVLink 4's 450 GB/s) and between
+  // nodes (a 400 Gb/s InfiniBand NIC's 50 GB/s): a micro-batch's activations crossing a stage
+  // boundary take their bytes over it. 0: transfers are free.
+  TORCH_ARG(double, link_bandwidth) = 450e9;
+  TORCH_ARG(double, network_bandwidth) = 50e9;
 };
 
 struct TrainerOptions {

@@ -64,6 +64,9 @@ void Trainer::choose_pipeline_plan(Module& module, const DataLoader& loader) {
         PlannerOptions planner;
         planner.ranks = stages;
         planner.max_memory = max_memory;
+        planner.link_bytes_per_second = plan_options.link_bandwidth();
+        planner.network_bytes_per_second = plan_options.network_bandwidth();
+        planner.ranks_per_node = options_.devices();
         text = plan_to_json(choose_plan(weigh_plans(profiles, planner), planner));
       }
     } catch (const std::exception& e) {

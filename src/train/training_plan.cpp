@@ -90,6 +90,17 @@ std::vector<int64_t> bottleneck_balance(
   return balance;
 }
 
+// The time one micro-batch's activations (or their gradients, as large) take from the rank of
+// stage `s` to the next: bytes over the bandwidth of the link between them, the network's where
+// the two are on different nodes; free where no bandwidth is given.
+double transfer_seconds(int64_t bytes, int64_t s, const PlannerOptions& options) {
+  const bool across =
+      options.ranks_per_node > 0 && s / options.ranks_per_node != (s + 1) / options.ranks_per_node;
+  const double bandwidth =
+      across ? options.network_bytes_per_second : options.link_bytes_per_second;
+  return bandwidth > 0 ? static_cast<double>(bytes) / bandwidth : 0.0;
+}
+
 TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& balance,
                      int64_t chunks, const std::string& schedule_name, CheckpointMode mode,
                      const PlannerOptions& options) {
@@ -100,7 +111,6 @@ TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& ba
   // cost per stage, so each backward carries the recomputed share of a forward.
   const double rerun = static_cast<double>(recomputed) / static_cast<double>(chunks);
   ActionCosts costs;
-  costs.transfer = options.transfer_seconds;
   std::vector<StageActivations> activations;
   TrainingPlan plan;
   plan.balance = balance;
@@ -111,6 +121,10 @@ TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& ba
   for (int64_t s = 0; s < ranks; ++s) {
     const Stage stage = stage_of(profile, begin, begin + balance[s], s == ranks - 1, options);
     begin += balance[s];
+    if (s + 1 < ranks) {
+      costs.transfer = std::max(
+          costs.transfer, transfer_seconds(profile.layers[begin - 1].output_bytes, s, options));
+    }
     costs.forward.push_back(stage.forward);
     costs.backward.push_back(stage.backward + rerun * stage.forward);
     // The simulation takes a split backward's I as B - W: W as measured, within B.

@@ -27,7 +27,13 @@ struct PlannerOptions {
   // Optimizer state kept per byte of trainable parameters: AdamW's two moments.
   double optimizer_state_per_parameter_byte = 2;
   std::vector<std::string> schedules{"gpipe", "1f1b", "zbh1", "zbh2"};
-  double transfer_seconds = 0;  // from a send between ranks to its tensors' arrival
+  // Communication: a micro-batch's activations (and, backwards, their gradients) cross from one
+  // stage's rank to the next at this many bytes per second, over the network where the two ranks
+  // are on different nodes (ranks r and r + 1 of ranks_per_node each; 0: one node). The schedule's
+  // simulation takes the slowest boundary's time for every transfer; 0 bandwidth: free.
+  double link_bytes_per_second = 0;
+  double network_bytes_per_second = 0;
+  int64_t ranks_per_node = 0;
 };
 
 struct TrainingPlan {

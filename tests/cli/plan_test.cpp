@@ -121,6 +121,9 @@ TEST_F(Plan, ThePlanCommandPrintsAPlanOrTheSmallestMemoryAnyNeeds) {
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   EXPECT_NE(plan.output.find("plan: balance "), std::string::npos) << plan.output;
   EXPECT_NE(plan.output.find("predicted step: "), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("2 stages: 1 node(s) of 2 devices, transfers at 450 GB/s"),
+            std::string::npos)
+      << plan.output;
 
   const auto none = run_command(command("plan", {"--max-memory", "1MiB"}));
   EXPECT_EQ(none.exit_code, 2) << none.output;

@@ -121,6 +121,22 @@ TEST(TrainingPlan, PlansLeaveTheMarginFree) {
             std::string::npos);
 }
 
+TEST(TrainingPlan, TransfersTakeTheirBytesOverTheLinkBetweenNodes) {
+  // 4 bytes cross each boundary: at 4 bytes/s a transfer takes 1 s, far above the 1 ms layers.
+  const std::map<int64_t, LayerProfile> profiles{{1, profile_of({1, 1, 1, 1}, 10, 4)}};
+  const auto free = choose_plan(weigh_plans(profiles, two_ranks()), two_ranks());
+  PlannerOptions across = two_ranks();
+  across.ranks_per_node = 1;  // each rank a node of its own
+  across.network_bytes_per_second = 4;
+  const auto slow = choose_plan(weigh_plans(profiles, across), across);
+  // One micro-batch (chunks 1): its activations forward, its gradients back, 1 s each.
+  EXPECT_NEAR(slow.step_seconds - free.step_seconds, 2.0, 1e-9);
+  // Both ranks on one node: the network is not crossed, and the link is free.
+  across.ranks_per_node = 2;
+  EXPECT_DOUBLE_EQ(choose_plan(weigh_plans(profiles, across), across).step_seconds,
+                   free.step_seconds);
+}
+
 TEST(TrainingPlan, FewerLayersThanRanksIsRefused) {
   const auto message = error_of<std::invalid_argument>([] {
     weigh_plans({{1, profile_of({1}, 10, 4)}}, two_ranks());

@@ -20,13 +20,17 @@ std::string plan_report(const Module& module, const Batch& batch, const PlanRequ
   // CPU ranks share the machine: the launcher gives each cores / ranks threads
   // (OMP_NUM_THREADS), so the layers are timed with as many.
   if (!cuda && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    at::set_num_threads(std::max<int>(1, at::get_num_threads() / static_cast<int>(request.ranks)));
+    at::set_num_threads(
+        std::max<int>(1, at::get_num_threads() / static_cast<int>(request.devices)));
   }
   const int64_t rows = batch.data.size(0);
   const auto profiles =
       profile_module(module, batch.data, device, request.precision, request.repeats);
   PlannerOptions options;
-  options.ranks = request.ranks;
+  options.ranks = request.devices * request.nodes;
+  options.ranks_per_node = request.devices;
+  options.link_bytes_per_second = request.link_bandwidth;
+  options.network_bytes_per_second = request.network_bandwidth;
   options.max_memory = request.max_memory;
   const auto plans = weigh_plans(profiles, options);
   const TrainingPlan chosen = choose_plan(plans, options);
@@ -45,7 +49,14 @@ std::string plan_report(const Module& module, const Batch& batch, const PlanRequ
            << "\n";
     ++shown;
   }
-  report << "measured on " << device
+  char links[200];
+  std::snprintf(links, sizeof links,
+                "%lld stages: %lld node(s) of %lld devices, transfers at %.3g GB/s within a node "
+                "and %.3g GB/s between nodes (0: free); ",
+                static_cast<long long>(options.ranks), static_cast<long long>(request.nodes),
+                static_cast<long long>(request.devices), request.link_bandwidth / 1e9,
+                request.network_bandwidth / 1e9);
+  report << links << "layers measured on " << device
          << (cuda ? "" : " with " + std::to_string(at::get_num_threads()) + " threads") << ", "
          << rows << " rows per batch";
   return report.str();
