@@ -34,7 +34,7 @@ print("%.1f" % (1e3 / statistics.median(rates[2:] or rates)))
 PY
 }
 start=$(date +%s.%N)
-"$CLI" plan "${common[@]}" >"$dir/plan.out" 2>&1
+"$CLI" plan "${common[@]}" --stages "$devices" >"$dir/plan.out" 2>&1
 planning_s=$(python3 -c "import time; print('%.1f' % (time.time() - $start))")
 plan=$(grep '^plan: ' "$dir/plan.out" | sed 's/^plan: //')
 planned_balance=$(echo "$plan" | awk '{print $2}')

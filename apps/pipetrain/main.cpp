@@ -103,6 +103,7 @@ struct Args {
   std::string config;
   // --plan's links (bytes per second); kept apart, as --plan may come after them.
   int64_t link_bandwidth = 450'000'000'000, network_bandwidth = 50'000'000'000;
+  int64_t device_memory = 0;  // --plan's limit per device; 0: --max-memory's
 };
 
 template <typename T>
@@ -257,7 +258,9 @@ void add_flags(CLI::App& app, Args& a) {
   add("--accelerator", t.accelerator(), "cpu, cuda, or auto (cuda when a GPU is visible)");
   add("--devices", t.devices(), "processes per node; under pipe, the number of stages");
   add("--num-nodes", t.num_nodes(), "machines; start one launch per node with NODE_RANK set");
-  add("--stages", t.stages(), "ddp_pipe: stages per pipeline (must divide devices x num-nodes)");
+  add("--stages", t.stages(),
+      "ddp_pipe: stages per pipeline (must divide devices x num-nodes); plan: weigh only this "
+      "many (default: every count)");
   app.add_option_function<std::string>(
          "--max-memory",
          [&t](const std::string& text) { t.max_memory(parse_bytes("--max-memory", text)); },
@@ -288,9 +291,11 @@ void add_flags(CLI::App& app, Args& a) {
        {std::tuple{"--link-bandwidth", &a.link_bandwidth, "450GB",
                    "--plan, plan: bytes per second one way between two devices of a node, which "
                    "activations crossing a stage boundary take (NVLink 4's; 0: free)"},
-        std::tuple{
-            "--network-bandwidth", &a.network_bandwidth, "50GB",
-            "--plan, plan: the same between nodes (a 400 Gb/s InfiniBand NIC's; 0: free)"}}) {
+        std::tuple{"--network-bandwidth", &a.network_bandwidth, "50GB",
+                   "--plan, plan: the same between nodes (a 400 Gb/s InfiniBand NIC's; 0: free)"},
+        std::tuple{"--device-memory", &a.device_memory, "0",
+                   "--plan, plan: bytes of memory per device the plan must fit, e.g. 80GB (0: "
+                   "--max-memory's)"}}) {
     app.add_option_function<std::string>(
            flag,
            [flag = std::string(flag), value = value](const std::string& text) {
@@ -432,7 +437,8 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
   if (options.plan()) {
     options.plan(options.plan()
                      ->link_bandwidth(static_cast<double>(a.link_bandwidth))
-                     .network_bandwidth(static_cast<double>(a.network_bandwidth)));
+                     .network_bandwidth(static_cast<double>(a.network_bandwidth))
+                     .max_memory(a.device_memory));
   }
   std::vector<std::string> loggers;
   for (const auto& name : options.loggers()) {
@@ -504,9 +510,10 @@ int plan(const Args& a) {
   pipetrain::cli::PlanRequest request;
   request.devices = a.trainer.devices();
   request.nodes = a.trainer.num_nodes();
+  request.stages = a.trainer.stages();
   request.link_bandwidth = static_cast<double>(a.link_bandwidth);
   request.network_bandwidth = static_cast<double>(a.network_bandwidth);
-  request.max_memory = a.trainer.max_memory();
+  request.max_memory = a.device_memory > 0 ? a.device_memory : a.trainer.max_memory();
   request.accelerator = a.trainer.accelerator();
   request.precision = a.trainer.precision();
   std::cout << pipetrain::cli::plan_report(*model.module, loader(model.train, a, false).batch(0, 0),

@@ -132,6 +132,7 @@ struct Simulation {
   double step_time = 0.0;                       // time the last action finishes
   double bubble_fraction = 0.0;                 // 1 - sum(busy) / (ranks * step_time)
   std::vector<double> busy_time;                // per rank
+  std::vector<double> finish_time;              // per rank: when its last action ends
   std::vector<std::vector<double>> start_time;  // [rank][action index]
 };
 

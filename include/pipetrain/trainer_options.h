@@ -37,13 +37,15 @@ class BatchLimit {
 };
 
 // Let the planner choose a pipeline's balance, micro-batches (chunks), schedule and recompute
-// mode (`pipe` and `ddp_pipe`): rank 0 builds the model's layers one at a time, times each one's
-// forward, backward and AdamW step on the first training batch and counts what it holds in
-// memory, then weighs every schedule of one stage per rank (gpipe, 1f1b, zbh1, zbh2), every power
-// of two of chunks that divides the batch and every recompute mode, each with the balance that
-// makes its slowest stage fastest, and trains the plan predicted fastest whose predicted peak
-// memory fits max_memory on every rank. The plan is printed, written to plan.json in the run's
-// folder, and compared with what the run measures (its first step's memory, its mean step time).
+// mode (`pipe` and `ddp_pipe`; under ddp_pipe the ZeRO stage too): rank 0 builds the model's
+// layers one at a time, times each one's forward, backward and AdamW step on the first training
+// batch and counts what it holds in memory, then weighs every schedule (gpipe, 1f1b, zbh1, zbh2
+// with one stage per rank; interleaved1f1b and zbv with two), every power of two of chunks that
+// divides the batch, every recompute mode and, with replicas, ZeRO stage 0 and 1, each with the
+// balance that makes its slowest stage fastest, and trains the plan predicted fastest whose
+// predicted peak memory fits max_memory on every rank. The plan is printed, written to plan.json in
+// the run's folder, and compared with what the run measures (its first step's memory, its mean step
+// time).
 struct PlanOptions {
   // Bytes per device the plan must fit; 0: TrainerOptions::max_memory (0 there too: no limit).
   TORCH_ARG(int64_t, max_memory) = 0;
@@ -51,9 +53,13 @@ struct PlanOptions {
   TORCH_ARG(std::string, file) = "";
   // Timed runs of each layer (after one to warm up); each time is the fastest.
   TORCH_ARG(int64_t, repeats) = 3;
+  // The schedules weighed: interleaved1f1b and zbv with two stages per rank, the others one.
+  TORCH_ARG(std::vector<std::string>, schedules) = std::vector<std::string>{
+      "gpipe", "1f1b", "zbh1", "zbh2", "interleaved1f1b", "zbv"};
   // Bytes per second, one way, between the devices of a node (NVLink 4's 450 GB/s) and between
   // nodes (a 400 Gb/s InfiniBand NIC's 50 GB/s): a micro-batch's activations crossing a stage
-  // boundary take their bytes over it. 0: transfers are free.
+  // boundary take their bytes over it, and the replicas' gradient all-reduce (a ring) its share.
+  // 0: transfers are free.
   TORCH_ARG(double, link_bandwidth) = 450e9;
   TORCH_ARG(double, network_bandwidth) = 50e9;
 };

@@ -199,6 +199,7 @@ Simulation simulate_plan(const Plan& plan, const ActionCosts& costs) {
   for (int64_t r = 0; r < ranks; ++r) {
     sim.step_time = std::max(sim.step_time, clock[r]);
     busy += sim.busy_time[r];
+    sim.finish_time.push_back(clock[r]);
   }
   sim.bubble_fraction =
       sim.step_time > 0.0 ? 1.0 - busy / (static_cast<double>(ranks) * sim.step_time) : 0.0;

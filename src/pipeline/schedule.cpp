@@ -903,10 +903,15 @@ Simulation simulate(const Schedule& schedule, const ActionCosts& costs) {
   sim.step_time = r.end_time;
   sim.start_time = r.start;
   sim.busy_time.assign(ranks, 0.0);
+  sim.finish_time.assign(ranks, 0.0);
   double busy = 0.0;
   for (int64_t rank = 0; rank < ranks; ++rank) {
-    for (const Action& a : shape.resolved[rank])
-      sim.busy_time[rank] += costs.cost(a.stage, a.phase);
+    const auto& actions = shape.resolved[rank];
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const double cost = costs.cost(actions[i].stage, actions[i].phase);
+      sim.busy_time[rank] += cost;
+      sim.finish_time[rank] = std::max(sim.finish_time[rank], r.start[rank][i] + cost);
+    }
     busy += sim.busy_time[rank];
   }
   // A zero-cost step has no idle time to speak of; avoid reporting 0/0.

@@ -39,12 +39,18 @@ void Trainer::choose_pipeline_plan(Module& module, const DataLoader& loader) {
         "recompute mode, so it needs strategy pipe or ddp_pipe, not '" +
         name + "'");
   }
-  if (options_.pipe().virtual_stages() != 1 || !options_.pipe().schedule_file().empty()) {
+  if (!options_.pipe().schedule_file().empty()) {
     throw std::invalid_argument(
-        "TrainerOptions::plan (--plan) weighs schedules of one stage per rank: leave "
-        "virtual_stages at 1 and schedule_file empty");
+        "TrainerOptions::plan (--plan) chooses the schedule among the built-in ones: leave "
+        "schedule_file (--schedule-file) empty");
   }
   const int64_t stages = name == "pipe" ? world_->size() : options_.stages();
+  if (stages < 1) {
+    throw std::invalid_argument(
+        "TrainerOptions::plan (--plan) under ddp_pipe needs the stages per pipeline: pass "
+        "--stages (TrainerOptions::stages); the plan chooses the balance");
+  }
+  const int64_t replicas = world_->size() / stages;
   const int64_t max_memory =
       plan_options.max_memory() > 0 ? plan_options.max_memory() : options_.max_memory();
 
@@ -56,14 +62,16 @@ void Trainer::choose_pipeline_plan(Module& module, const DataLoader& loader) {
         text = read_plan_file(plan_options.file());
       } else {
         BatchShard shard;
-        shard.replicas = world_->size() / stages;
+        shard.replicas = replicas;
         const Batch sample = loader.batch(0, 0, shard);
         const auto profiles =
             profile_module(module, sample.data, world_->device(), options_.precision(),
                            static_cast<int>(plan_options.repeats()));
         PlannerOptions planner;
-        planner.ranks = stages;
+        planner.stages = stages;
+        planner.replicas = replicas;
         planner.max_memory = max_memory;
+        planner.schedules = plan_options.schedules();
         planner.link_bytes_per_second = plan_options.link_bandwidth();
         planner.network_bytes_per_second = plan_options.network_bandwidth();
         planner.ranks_per_node = options_.devices();
@@ -78,16 +86,22 @@ void Trainer::choose_pipeline_plan(Module& module, const DataLoader& loader) {
   text = world_->broadcast(text);
   const std::string source = plan_options.file().empty() ? "the plan" : plan_options.file();
   plan_ = std::make_unique<TrainingPlan>(plan_from_json(text, source));
-  if (static_cast<int64_t>(plan_->balance.size()) != stages) {
-    throw std::invalid_argument(source + " has " + std::to_string(plan_->balance.size()) +
-                                " stages, but this run has " + std::to_string(stages) +
-                                ": plan again (--plan auto) for this number of stages");
+  const auto planned_stages = static_cast<int64_t>(plan_->peak_bytes.size());
+  if (planned_stages != stages || plan_->replicas != replicas) {
+    throw std::invalid_argument(
+        source + " is for " + std::to_string(planned_stages) + " stages x " +
+        std::to_string(plan_->replicas) + " replicas, but this run has " + std::to_string(stages) +
+        " x " + std::to_string(replicas) +
+        ": run it with as many (--strategy ddp_pipe --stages S where it has replicas), or plan "
+        "again (--plan auto) for this layout");
   }
   options_.pipe(options_.pipe()
                     .balance(plan_->balance)
                     .chunks(plan_->chunks)
                     .schedule(plan_->schedule)
+                    .virtual_stages(plan_->virtual_stages)
                     .checkpoint(checkpoint_mode_names()[static_cast<size_t>(plan_->checkpoint)]));
+  options_.zero_stage(plan_->zero_stage);
   strategy_ = create_strategy(name, options_);
   if (world_->is_global_zero()) {
     std::filesystem::create_directories(log_dir_);

@@ -24,12 +24,11 @@ std::string mib(int64_t bytes) {
 // Layers [begin, end) as one stage.
 struct Stage {
   double forward = 0, backward = 0, weight_backward = 0, optimizer = 0;
-  int64_t static_bytes = 0;
+  int64_t parameter_bytes = 0, buffer_bytes = 0;
   StageActivations activations;
 };
 
-Stage stage_of(const LayerProfile& profile, int64_t begin, int64_t end, bool last,
-               const PlannerOptions& options) {
+Stage stage_of(const LayerProfile& profile, int64_t begin, int64_t end, bool last) {
   Stage stage;
   const auto& layers = profile.layers;
   const int64_t input = begin == 0 ? profile.input_bytes : layers[begin - 1].output_bytes;
@@ -44,9 +43,8 @@ Stage stage_of(const LayerProfile& profile, int64_t begin, int64_t end, bool las
     stage.optimizer += c.optimizer_seconds;
     stage.activations.whole += c.activation_bytes;
     stage.activations.workspace = std::max(stage.activations.workspace, c.workspace_bytes);
-    stage.static_bytes +=
-        c.buffer_bytes + static_cast<int64_t>(static_cast<double>(c.parameter_bytes) *
-                                              (2 + options.optimizer_state_per_parameter_byte));
+    stage.parameter_bytes += c.parameter_bytes;
+    stage.buffer_bytes += c.buffer_bytes;
   }
   // The loss keeps the gradient of the model's output (cross-entropy's, of the logits).
   if (last) stage.activations.whole += layers[end - 1].output_bytes;
@@ -57,6 +55,15 @@ Stage stage_of(const LayerProfile& profile, int64_t begin, int64_t end, bool las
     stage.activations.split = 0;
   }
   return stage;
+}
+
+// What a rank of `stage` holds throughout: weights, buffers, gradients and the optimizer's state,
+// of which ZeRO stage 1 keeps one replica's share.
+int64_t static_bytes(const Stage& stage, int64_t zero_stage, const PlannerOptions& options) {
+  const double state_share = zero_stage >= 1 ? 1.0 / static_cast<double>(options.replicas) : 1.0;
+  return stage.buffer_bytes +
+         static_cast<int64_t>(static_cast<double>(stage.parameter_bytes) *
+                              (2 + options.optimizer_state_per_parameter_byte * state_share));
 }
 
 // The balance of `layers` over `stages` stages whose largest cost(stage, begin, end) is smallest
@@ -90,40 +97,74 @@ std::vector<int64_t> bottleneck_balance(
   return balance;
 }
 
-// The time one micro-batch's activations (or their gradients, as large) take from the rank of
-// stage `s` to the next: bytes over the bandwidth of the link between them, the network's where
-// the two are on different nodes; free where no bandwidth is given.
-double transfer_seconds(int64_t bytes, int64_t s, const PlannerOptions& options) {
-  const bool across =
-      options.ranks_per_node > 0 && s / options.ranks_per_node != (s + 1) / options.ranks_per_node;
-  const double bandwidth =
-      across ? options.network_bytes_per_second : options.link_bytes_per_second;
-  return bandwidth > 0 ? static_cast<double>(bytes) / bandwidth : 0.0;
+int64_t node_of(int64_t rank, const PlannerOptions& options) {
+  return options.ranks_per_node > 0 ? rank / options.ranks_per_node : 0;
+}
+
+// Bytes per second between `ranks`: the network's where they are on more than one node.
+double bandwidth_between(const std::vector<int64_t>& ranks, const PlannerOptions& options) {
+  for (const int64_t rank : ranks) {
+    if (node_of(rank, options) != node_of(ranks.front(), options)) {
+      return options.network_bytes_per_second;
+    }
+  }
+  return options.link_bytes_per_second;
+}
+
+double seconds_for(double bytes, double bandwidth) { return bandwidth > 0 ? bytes / bandwidth : 0; }
+
+// The time one micro-batch's activations (or their gradients, as large) take from `rank` to
+// `next` (stage ranks of a pipeline), in the replica where that crossing is slowest; none within
+// a rank.
+double transfer_seconds(int64_t bytes, int64_t rank, int64_t next, const PlannerOptions& options) {
+  double slowest = 0;
+  for (int64_t r = 0; r < options.replicas && rank != next; ++r) {
+    const int64_t offset = r * options.stages;
+    slowest =
+        std::max(slowest, seconds_for(static_cast<double>(bytes),
+                                      bandwidth_between({offset + rank, offset + next}, options)));
+  }
+  return slowest;
+}
+
+// The ranks holding stage rank `s`'s stages, one per replica.
+std::vector<int64_t> replicas_of(int64_t s, const PlannerOptions& options) {
+  std::vector<int64_t> ranks;
+  for (int64_t r = 0; r < options.replicas; ++r) ranks.push_back(r * options.stages + s);
+  return ranks;
 }
 
 TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& balance,
-                     int64_t chunks, const std::string& schedule_name, CheckpointMode mode,
-                     const PlannerOptions& options) {
-  const auto ranks = static_cast<int64_t>(balance.size());
-  const Schedule schedule = make_schedule(schedule_name, ranks, chunks);
+                     const Schedule& schedule, const std::string& schedule_name, int64_t chunks,
+                     CheckpointMode mode, int64_t zero_stage, const PlannerOptions& options) {
+  const auto stages = static_cast<int64_t>(balance.size());
+  const int64_t ranks = options.stages;
+  const auto placement = stage_placement(schedule);
   const int64_t recomputed = recompute_below(mode, chunks);
   // A recomputed micro-batch's backward runs its forward again first; the simulation takes one
   // cost per stage, so each backward carries the recomputed share of a forward.
   const double rerun = static_cast<double>(recomputed) / static_cast<double>(chunks);
+  const auto replicas = static_cast<double>(options.replicas);
   ActionCosts costs;
   std::vector<StageActivations> activations;
+  std::vector<Stage> held(ranks);  // what each rank's stages hold together: parameters, buffers
   TrainingPlan plan;
   plan.balance = balance;
   plan.chunks = chunks;
   plan.schedule = schedule_name;
+  plan.virtual_stages = stages / ranks;
   plan.checkpoint = mode;
+  plan.replicas = options.replicas;
+  plan.zero_stage = zero_stage;
+  plan.optimizer_seconds.assign(ranks, 0);
   int64_t begin = 0;
-  for (int64_t s = 0; s < ranks; ++s) {
-    const Stage stage = stage_of(profile, begin, begin + balance[s], s == ranks - 1, options);
+  for (int64_t s = 0; s < stages; ++s) {
+    const Stage stage = stage_of(profile, begin, begin + balance[s], s == stages - 1);
     begin += balance[s];
-    if (s + 1 < ranks) {
-      costs.transfer = std::max(
-          costs.transfer, transfer_seconds(profile.layers[begin - 1].output_bytes, s, options));
+    if (s + 1 < stages) {
+      costs.transfer =
+          std::max(costs.transfer, transfer_seconds(profile.layers[begin - 1].output_bytes,
+                                                    placement[s], placement[s + 1], options));
     }
     costs.forward.push_back(stage.forward);
     costs.backward.push_back(stage.backward + rerun * stage.forward);
@@ -131,16 +172,41 @@ TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& ba
     costs.weight.push_back(std::min(stage.weight_backward, costs.backward.back()));
     activations.push_back(stage.activations);
     plan.stage_seconds.push_back(costs.forward.back() + costs.backward.back());
-    plan.static_bytes.push_back(stage.static_bytes);
-    plan.optimizer_seconds.push_back(stage.optimizer);
+    Stage& rank = held[placement[s]];
+    rank.parameter_bytes += stage.parameter_bytes;
+    rank.buffer_bytes += stage.buffer_bytes;
+    plan.optimizer_seconds[placement[s]] += stage.optimizer;
   }
-  // The ranks step their optimizers side by side once the pipeline has drained.
-  plan.step_seconds =
-      simulate_plan(executed_plan(schedule, /*fused=*/false, recomputed), costs).step_time +
-      *std::max_element(plan.optimizer_seconds.begin(), plan.optimizer_seconds.end());
+  std::vector<double> all_reduce, optimizer;  // per rank, after its pipeline work
+  for (int64_t r = 0; r < ranks; ++r) {
+    plan.static_bytes.push_back(static_bytes(held[r], zero_stage, options));
+    const double bandwidth = bandwidth_between(replicas_of(r, options), options);
+    const auto parameters = static_cast<double>(held[r].parameter_bytes);
+    all_reduce.push_back(seconds_for(2 * (replicas - 1) / replicas * parameters, bandwidth));
+    optimizer.push_back(zero_stage >= 1
+                            ? plan.optimizer_seconds[r] / replicas +
+                                  seconds_for((replicas - 1) / replicas * parameters, bandwidth)
+                            : plan.optimizer_seconds[r]);
+  }
+  const Simulation pipeline =
+      simulate_plan(executed_plan(schedule, /*fused=*/false, recomputed), costs);
+  // Each rank all-reduces its stages' gradients with its replicas once its last backward is done;
+  // the optimizers step side by side once every rank is there (clipping needs the global norm).
+  double synced = 0;
+  for (int64_t r = 0; r < ranks; ++r) {
+    synced = std::max(synced, pipeline.finish_time[r] + all_reduce[r]);
+  }
+  plan.step_seconds = synced + *std::max_element(optimizer.begin(), optimizer.end());
+  plan.pipeline_seconds = pipeline.step_time;
   plan.peak_bytes = peak_activation_bytes(schedule, activations, recomputed);
   for (int64_t r = 0; r < ranks; ++r) plan.peak_bytes[r] += plan.static_bytes[r];
   return plan;
+}
+
+// Which rank runs stage `s` of `plan` over `ranks` ranks: as its schedule places it.
+int64_t stage_rank(const TrainingPlan& plan, int64_t s, int64_t ranks) {
+  if (plan.virtual_stages == 1) return s;
+  return stage_placement(make_schedule(plan.schedule, ranks, plan.chunks, plan.virtual_stages))[s];
 }
 
 }  // namespace
@@ -159,23 +225,38 @@ std::string TrainingPlan::describe() const {
   text << "balance ";
   for (size_t s = 0; s < balance.size(); ++s) text << (s ? "," : "") << balance[s];
   const auto modes = checkpoint_mode_names();
-  text << " chunks " << chunks << " schedule " << schedule << " checkpoint "
-       << modes[static_cast<size_t>(checkpoint)];
+  text << " chunks " << chunks << " schedule " << schedule;
+  if (virtual_stages > 1) text << " virtual_stages " << virtual_stages;
+  text << " checkpoint " << modes[static_cast<size_t>(checkpoint)];
+  if (replicas > 1) text << " replicas " << replicas << " zero_stage " << zero_stage;
   return text.str();
 }
 
 std::vector<TrainingPlan> weigh_plans(const std::map<int64_t, LayerProfile>& profiles,
                                       const PlannerOptions& options) {
+  const std::vector<int64_t> zero_stages =
+      options.replicas > 1 ? options.zero_stages : std::vector<int64_t>{0};
   std::vector<TrainingPlan> plans;
   for (const auto& [chunks, profile] : profiles) {
     const auto layers = static_cast<int64_t>(profile.layers.size());
-    if (layers < options.ranks) {
-      throw std::invalid_argument("a plan over " + std::to_string(options.ranks) +
-                                  " ranks needs at least as many layers; the model has " +
+    if (layers < options.stages) {
+      throw std::invalid_argument("a plan over " + std::to_string(options.stages) +
+                                  " stages needs at least as many layers; the model has " +
                                   std::to_string(layers));
     }
     for (const auto& name : options.schedules) {
-      const auto held = activations_held(make_schedule(name, options.ranks, chunks));
+      const int64_t virtual_stages = planned_virtual_stages(name);
+      const int64_t stages = options.stages * virtual_stages;
+      // Two stages on one rank gain nothing there; and interleaved1f1b takes only chunks it can
+      // run in rounds of equal size.
+      if (stages > layers || (virtual_stages > 1 && options.stages == 1)) continue;
+      Schedule schedule;
+      try {
+        schedule = make_schedule(name, options.stages, chunks, virtual_stages);
+      } catch (const std::invalid_argument&) {
+        continue;
+      }
+      const auto held = activations_held(schedule);  // per stage
       std::vector<int64_t> weighed;  // recompute_below of the modes weighed: one plan each
       for (const CheckpointMode mode :
            {CheckpointMode::kNever, CheckpointMode::kExceptLast, CheckpointMode::kAlways}) {
@@ -184,45 +265,48 @@ std::vector<TrainingPlan> weigh_plans(const std::map<int64_t, LayerProfile>& pro
         const bool recomputes = recompute_below(mode, chunks) > 0;
         const double rerun =
             static_cast<double>(recompute_below(mode, chunks)) / static_cast<double>(chunks);
-        auto stage = [&](int64_t i, int64_t j) {
-          return stage_of(profile, i, j, j == layers, options);
-        };
+        auto stage = [&](int64_t i, int64_t j) { return stage_of(profile, i, j, j == layers); };
         auto time = [&](int64_t, int64_t i, int64_t j) {
           const Stage st = stage(i, j);
           return st.forward * (1 + rerun) + st.backward;
         };
-        // Memory as the stage's held micro-batches take it, each kept whole or, where recomputed,
-        // by its boundary with one rebuilt at a time: for the balance only; the plan's figures
-        // come from the exact walk (peak_activation_bytes).
-        auto memory = [&](int64_t s, int64_t i, int64_t j) {
-          const Stage st = stage(i, j);
-          const auto& a = st.activations;
-          const int64_t activations =
-              recomputes ? held[s] * a.boundary + a.whole : held[s] * a.whole;
-          return static_cast<double>(st.static_bytes + activations + a.workspace);
-        };
-        std::vector<int64_t> balance;
-        if (usable_bytes(options) > 0) {
-          balance =
-              bottleneck_balance(layers, options.ranks, time, [&](int64_t s, int64_t i, int64_t j) {
-                return memory(s, i, j) <= static_cast<double>(usable_bytes(options));
-              });
-        } else {
-          balance = bottleneck_balance(layers, options.ranks, time,
-                                       [](int64_t, int64_t, int64_t) { return true; });
+        for (const int64_t zero_stage : zero_stages) {
+          // Memory as the stage's held micro-batches take it, each kept whole or, where
+          // recomputed, by its boundary with one rebuilt at a time, and with a rank's stages
+          // sharing its limit evenly: for the balance only; the plan's figures come from the exact
+          // walk (peak_activation_bytes).
+          auto memory = [&](int64_t s, int64_t i, int64_t j) {
+            const Stage st = stage(i, j);
+            const auto& a = st.activations;
+            const int64_t activations =
+                recomputes ? held[s] * a.boundary + a.whole : held[s] * a.whole;
+            return static_cast<double>(static_bytes(st, zero_stage, options) + activations +
+                                       a.workspace);
+          };
+          const double limit =
+              static_cast<double>(usable_bytes(options)) / static_cast<double>(virtual_stages);
+          auto fits = [&](int64_t s, int64_t i, int64_t j) {
+            return usable_bytes(options) == 0 || memory(s, i, j) <= limit;
+          };
+          std::vector<int64_t> balance = bottleneck_balance(layers, stages, time, fits);
+          if (balance.empty()) {
+            balance = bottleneck_balance(layers, stages, memory,
+                                         [](int64_t, int64_t, int64_t) { return true; });
+          }
+          plans.push_back(
+              predict(profile, balance, schedule, name, chunks, mode, zero_stage, options));
         }
-        if (balance.empty()) {
-          balance = bottleneck_balance(layers, options.ranks, memory,
-                                       [](int64_t, int64_t, int64_t) { return true; });
-        }
-        plans.push_back(predict(profile, balance, chunks, name, mode, options));
       }
     }
   }
   std::stable_sort(plans.begin(), plans.end(), [](const TrainingPlan& a, const TrainingPlan& b) {
-    return a.step_seconds < b.step_seconds;
+    return a.seconds_per_batch() < b.seconds_per_batch();
   });
   return plans;
+}
+
+int64_t planned_virtual_stages(const std::string& schedule) {
+  return schedule == "interleaved1f1b" || schedule == "zbv" ? 2 : 1;
 }
 
 TrainingPlan choose_plan(const std::vector<TrainingPlan>& plans, const PlannerOptions& options) {
@@ -232,7 +316,8 @@ TrainingPlan choose_plan(const std::vector<TrainingPlan>& plans, const PlannerOp
   };
   const TrainingPlan* fastest = nullptr;
   for (const auto& plan : plans) {
-    if (fits(plan) && (fastest == nullptr || plan.step_seconds < fastest->step_seconds)) {
+    if (fits(plan) &&
+        (fastest == nullptr || plan.seconds_per_batch() < fastest->seconds_per_batch())) {
       fastest = &plan;
     }
   }
@@ -244,15 +329,17 @@ TrainingPlan choose_plan(const std::vector<TrainingPlan>& plans, const PlannerOp
     const auto needed = static_cast<int64_t>(static_cast<double>(smallest->max_peak_bytes()) /
                                              (1 - options.memory_margin));
     throw std::invalid_argument(
-        "no plan fits max_memory (--max-memory) " + mib(options.max_memory) +
-        " MiB per device, of which the planner uses " + mib(usable) +
+        "no plan fits " + mib(options.max_memory) +
+        " MiB per device (--device-memory, --max-memory, PlanOptions::max_memory), of which the "
+        "planner uses " +
+        mib(usable) +
         " (the rest is its margin for what it does not predict): the smallest any needs is " +
         mib(smallest->max_peak_bytes()) + " MiB (" + smallest->describe() + "), so a limit of " +
         mib(needed) + " MiB would do; raise the limit, or spread the model over more devices");
   }
   const TrainingPlan* chosen = fastest;
   for (const auto& plan : plans) {
-    if (fits(plan) && plan.step_seconds <= fastest->step_seconds * 1.01 &&
+    if (fits(plan) && plan.seconds_per_batch() <= fastest->seconds_per_batch() * 1.01 &&
         plan.max_peak_bytes() < chosen->max_peak_bytes()) {
       chosen = &plan;
     }
@@ -263,20 +350,26 @@ TrainingPlan choose_plan(const std::vector<TrainingPlan>& plans, const PlannerOp
 std::string plan_table(const TrainingPlan& plan) {
   std::ostringstream table;
   table << "plan: " << plan.describe() << "\n";
-  table << "stage  layers  forward+backward per micro-batch, ms  peak memory, MiB\n";
+  table << "stage  rank  layers  forward+backward per micro-batch, ms  rank's peak memory, MiB\n";
+  const auto ranks = static_cast<int64_t>(plan.peak_bytes.size());
   int64_t first = 0;
   for (size_t s = 0; s < plan.balance.size(); ++s) {
+    const int64_t rank = stage_rank(plan, static_cast<int64_t>(s), ranks);
     char row[128];
     const std::string layers =
         std::to_string(first) + "-" + std::to_string(first + plan.balance[s] - 1);
     const double ms = s < plan.stage_seconds.size() ? plan.stage_seconds[s] * 1e3 : 0.0;
-    std::snprintf(row, sizeof row, "%5zu  %6s  %36.2f  %16s\n", s, layers.c_str(), ms,
-                  mib(plan.peak_bytes[s]).c_str());
+    std::snprintf(row, sizeof row, "%5zu  %4lld  %6s  %36.2f  %23s\n", s,
+                  static_cast<long long>(rank), layers.c_str(), ms,
+                  mib(plan.peak_bytes[rank]).c_str());
     table << row;
     first += plan.balance[s];
   }
-  char step[96];
-  std::snprintf(step, sizeof step, "predicted step: %.2f ms", plan.step_seconds * 1e3);
+  char step[160];
+  std::snprintf(step, sizeof step,
+                "predicted step: %.2f ms (the pipeline %.2f ms, then gradients synced and the "
+                "optimizer's step)",
+                plan.step_seconds * 1e3, plan.pipeline_seconds * 1e3);
   table << step;
   return table.str();
 }
@@ -285,8 +378,12 @@ std::string plan_to_json(const TrainingPlan& plan) {
   nlohmann::json json{{"balance", plan.balance},
                       {"chunks", plan.chunks},
                       {"schedule", plan.schedule},
+                      {"virtual_stages", plan.virtual_stages},
                       {"checkpoint", checkpoint_mode_names()[static_cast<size_t>(plan.checkpoint)]},
+                      {"replicas", plan.replicas},
+                      {"zero_stage", plan.zero_stage},
                       {"predicted_step_seconds", plan.step_seconds},
+                      {"predicted_pipeline_seconds", plan.pipeline_seconds},
                       {"predicted_peak_bytes", plan.peak_bytes},
                       {"stage_seconds", plan.stage_seconds},
                       {"optimizer_seconds", plan.optimizer_seconds},
@@ -302,7 +399,11 @@ TrainingPlan plan_from_json(const std::string& text, const std::string& source) 
     plan.chunks = json.at("chunks").get<int64_t>();
     plan.schedule = json.at("schedule").get<std::string>();
     plan.checkpoint = parse_checkpoint_mode(json.at("checkpoint").get<std::string>());
+    plan.virtual_stages = json.value("virtual_stages", int64_t{1});
+    plan.replicas = json.value("replicas", int64_t{1});
+    plan.zero_stage = json.value("zero_stage", int64_t{0});
     plan.step_seconds = json.at("predicted_step_seconds").get<double>();
+    plan.pipeline_seconds = json.value("predicted_pipeline_seconds", plan.step_seconds);
     plan.peak_bytes = json.at("predicted_peak_bytes").get<std::vector<int64_t>>();
     plan.stage_seconds = json.value("stage_seconds", std::vector<double>{});
     plan.optimizer_seconds = json.value("optimizer_seconds", std::vector<double>{});
@@ -310,10 +411,13 @@ TrainingPlan plan_from_json(const std::string& text, const std::string& source) 
   } catch (const std::exception& e) {
     throw std::invalid_argument(source + " is not a plan pipetrain wrote (plan.json): " + e.what());
   }
-  if (plan.balance.empty() || plan.peak_bytes.size() != plan.balance.size() || plan.chunks < 1) {
+  if (plan.balance.empty() || plan.virtual_stages < 1 ||
+      plan.peak_bytes.size() * plan.virtual_stages != plan.balance.size() || plan.chunks < 1 ||
+      plan.replicas < 1 || plan.zero_stage < 0 || plan.zero_stage > 1) {
     throw std::invalid_argument(source +
-                                " is not a plan pipetrain wrote (plan.json): its balance, chunks "
-                                "and predicted peaks do not agree");
+                                " is not a plan pipetrain wrote (plan.json): its balance, chunks, "
+                                "virtual_stages, replicas, zero_stage and predicted peaks do not "
+                                "agree");
   }
   return plan;
 }

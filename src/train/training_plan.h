@@ -1,11 +1,19 @@
 // The planner: from each layer's measured costs (layer_profile.h), the fastest way to train the
-// model over a number of pipeline ranks within a memory limit per device. It weighs every
-// schedule of one stage per rank, number of micro-batches (chunks) and recompute mode, each with
+// model over a number of pipeline stages (and data-parallel replicas of that pipeline) within a
+// memory limit per device. It weighs every schedule (interleaved1f1b and zbv with two stages per
+// rank), number of micro-batches (chunks), recompute mode and, with replicas, ZeRO stage, each with
 // the balance that makes its slowest stage fastest within the limit (less a margin), and predicts
-// for each plan the step time (the schedule's simulation, simulate_plan, over the stages' summed
-// layer times, then the slowest rank's optimizer step) and each rank's peak memory (its weights,
-// gradients and optimizer state, plus the activations its schedule holds at once,
-// peak_activation_bytes).
+// for each plan the step time and each rank's peak memory (its weights, gradients and optimizer
+// state, plus the activations its schedule holds at once, peak_activation_bytes).
+//
+// The step, as predicted: the schedule's simulation (simulate_plan) over the stages' summed layer
+// times, each micro-batch's activations crossing a boundary in bytes / bandwidth; then, with
+// replicas, each stage's gradient all-reduce among its replicas (a ring: 2 (R-1)/R of the
+// gradients' bytes over the slowest link the group spans), started when its rank's last backward
+// ends; then, once every rank is there (clipping takes the global norm), the slowest rank's
+// optimizer step (under ZeRO 1, its share: 1/R of the stage's, followed by the parameters'
+// exchange, (R-1)/R of their bytes). Latency and links shared by several transfers are not
+// modelled.
 #pragma once
 
 #include <cstdint>
@@ -19,51 +27,68 @@
 namespace pipetrain {
 
 struct PlannerOptions {
-  int64_t ranks = 1;       // pipeline stages, one per rank
+  int64_t stages = 1;    // pipeline stages, one per rank
+  int64_t replicas = 1;  // copies of the pipeline; rank replica x stages + stage holds a stage
+  // ZeRO stages weighed where there are replicas (TrainerOptions::zero_stage).
+  std::vector<int64_t> zero_stages{0, 1};
   int64_t max_memory = 0;  // bytes per rank; 0: no limit
   // The share of max_memory plans leave free for what the prediction misses (the loss's own
   // temporaries, the allocator's rounding): measured predictions were within 10% on CPU.
   double memory_margin = 0.1;
   // Optimizer state kept per byte of trainable parameters: AdamW's two moments.
   double optimizer_state_per_parameter_byte = 2;
-  std::vector<std::string> schedules{"gpipe", "1f1b", "zbh1", "zbh2"};
-  // Communication: a micro-batch's activations (and, backwards, their gradients) cross from one
-  // stage's rank to the next at this many bytes per second, over the network where the two ranks
-  // are on different nodes (ranks r and r + 1 of ranks_per_node each; 0: one node). The schedule's
-  // simulation takes the slowest boundary's time for every transfer; 0 bandwidth: free.
+  // Weighed with one stage per rank, interleaved1f1b and zbv with two (planned_virtual_stages).
+  std::vector<std::string> schedules{"gpipe", "1f1b", "zbh1", "zbh2", "interleaved1f1b", "zbv"};
+  // Communication: bytes per second one way between two ranks of a node (link) and of different
+  // nodes (network); ranks_per_node consecutive ranks make a node (0: one node). A micro-batch's
+  // activations (and, backwards, their gradients) cross from one stage's rank to the next; the
+  // schedule's simulation takes the slowest boundary's time for every transfer. 0 bandwidth: free.
   double link_bytes_per_second = 0;
   double network_bytes_per_second = 0;
   int64_t ranks_per_node = 0;
 };
 
 struct TrainingPlan {
-  std::vector<int64_t> balance;  // layers per stage
+  std::vector<int64_t> balance;  // layers per stage: ranks x virtual_stages of them
   int64_t chunks = 1;
   std::string schedule;
+  int64_t virtual_stages = 1;  // stages per rank
   CheckpointMode checkpoint = CheckpointMode::kNever;
+  int64_t replicas = 1;
+  int64_t zero_stage = 0;
   double step_seconds = 0;                // predicted
-  std::vector<int64_t> peak_bytes;        // predicted, per rank
+  double pipeline_seconds = 0;            // of it, the forwards and backwards (the schedule's)
+  std::vector<int64_t> peak_bytes;        // predicted, per rank of a pipeline
   std::vector<double> stage_seconds;      // one micro-batch's forward and backward, per stage
-  std::vector<double> optimizer_seconds;  // the optimizer's step, per stage
+  std::vector<double> optimizer_seconds;  // the optimizer's step over the rank's parameters
   std::vector<int64_t> static_bytes;      // weights, gradients and optimizer state, per rank
   int64_t max_peak_bytes() const;
-  // "balance 3,4 chunks 4 schedule 1f1b checkpoint never"
+  // The step over the replicas: the time one replica's batch takes, by which plans of different
+  // replica counts compare (each replica reads batch_size rows).
+  double seconds_per_batch() const { return step_seconds / static_cast<double>(replicas); }
+  // "balance 3,4 chunks 4 schedule 1f1b checkpoint never" (" virtual_stages 2" after the
+  // schedule where it has them), then " replicas 2 zero_stage 1" with replicas.
   std::string describe() const;
 };
 
-// Every plan weighed, fastest first: for each chunks of `profiles` (profiles[chunks]: the layers
-// measured on a micro-batch of 1 / chunks of the batch), schedule and recompute mode, the balance
-// whose slowest stage is fastest among those whose predicted memory fits max_memory, or where none
-// does, the balance needing least memory. Throws std::invalid_argument for fewer layers than ranks.
+// Every plan weighed, fastest first (seconds_per_batch): for each chunks of `profiles`
+// (profiles[chunks]: the layers measured on a micro-batch of 1 / chunks of a replica's batch),
+// schedule, recompute mode and ZeRO stage, the balance whose slowest stage is fastest among those
+// whose predicted memory fits max_memory, or where none does, the balance needing least memory.
+// Throws std::invalid_argument for fewer layers than stages.
 std::vector<TrainingPlan> weigh_plans(const std::map<int64_t, LayerProfile>& profiles,
                                       const PlannerOptions& options);
+
+// The stages per rank the planner weighs `schedule` with: 2 for interleaved1f1b and zbv, else 1.
+int64_t planned_virtual_stages(const std::string& schedule);
 
 // What a plan may predict per rank: max_memory less the margin; 0 without a limit.
 int64_t usable_bytes(const PlannerOptions& options);
 
-// The fastest of `plans` (weigh_plans's) whose every rank fits usable_bytes(options); among plans
-// within 1% of it, the one needing least memory. Throws std::invalid_argument when none fits,
-// naming the smallest memory a plan needs, that plan, and the limit that would take it.
+// The fastest of `plans` (weigh_plans's; by seconds_per_batch) whose every rank fits
+// usable_bytes(options); among plans within 1% of it, the one needing least memory. Throws
+// std::invalid_argument when none fits, naming the smallest memory a plan needs, that plan, and the
+// limit that would take it.
 TrainingPlan choose_plan(const std::vector<TrainingPlan>& plans, const PlannerOptions& options);
 
 // One row per stage: its layers, predicted time per micro-batch, predicted peak memory; then the

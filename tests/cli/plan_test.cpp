@@ -112,23 +112,36 @@ TEST_F(Plan, PredictedMemoryIsWhatFitMeasuresAndALimitIsKept) {
       EXPECT_LE(rank.measured * (1 << 20), static_cast<double>(limit)) << tight.output;
     }
   } else {
-    EXPECT_NE(tight.output.find("no plan fits max_memory"), std::string::npos) << tight.output;
+    EXPECT_NE(tight.output.find("no plan fits"), std::string::npos) << tight.output;
   }
 }
 
 TEST_F(Plan, ThePlanCommandPrintsAPlanOrTheSmallestMemoryAnyNeeds) {
-  const auto plan = run_command(command("plan", {"--max-memory", "1GiB"}));
+  const auto plan = run_command(command("plan", {"--device-memory", "1GiB"}));
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   EXPECT_NE(plan.output.find("plan: balance "), std::string::npos) << plan.output;
   EXPECT_NE(plan.output.find("predicted step: "), std::string::npos) << plan.output;
-  EXPECT_NE(plan.output.find("2 stages: 1 node(s) of 2 devices, transfers at 450 GB/s"),
+  EXPECT_NE(plan.output.find("2 devices: 1 node(s) of 2, transfers at 450 GB/s"), std::string::npos)
+      << plan.output;
+  // Both ways of making 2 devices into pipelines are weighed: 2 stages, or 1 stage x 2 replicas.
+  EXPECT_NE(plan.output.find("replicas 2 zero_stage"), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("train it with: --devices 2 --num-nodes 1 --strategy"),
             std::string::npos)
       << plan.output;
 
-  const auto none = run_command(command("plan", {"--max-memory", "1MiB"}));
+  // --stages fixes the pipeline's depth; one that does not divide the devices is refused.
+  const auto deep = run_command(command("plan", {"--stages", "2"}));
+  ASSERT_EQ(deep.exit_code, 0) << deep.output;
+  EXPECT_NE(deep.output.find("2 stages x 1 replicas"), std::string::npos) << deep.output;
+  EXPECT_EQ(deep.output.find("replicas 2"), std::string::npos) << deep.output;
+  const auto uneven = run_command(command("plan", {"--stages", "3"}));
+  EXPECT_EQ(uneven.exit_code, 2) << uneven.output;
+  EXPECT_NE(uneven.output.find("--stages 3 does not divide the 2 devices"), std::string::npos)
+      << uneven.output;
+
+  const auto none = run_command(command("plan", {"--device-memory", "1MiB"}));
   EXPECT_EQ(none.exit_code, 2) << none.output;
-  EXPECT_NE(none.output.find("no plan fits max_memory (--max-memory) 1.0 MiB per device"),
-            std::string::npos)
+  EXPECT_NE(none.output.find("no plan fits 1.0 MiB per device (--device-memory"), std::string::npos)
       << none.output;
   EXPECT_NE(none.output.find("MiB would do"), std::string::npos) << none.output;
 }

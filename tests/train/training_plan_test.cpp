@@ -1,9 +1,11 @@
 // The planner on layer costs made up for the test: the balance that makes the slowest stage
 // fastest, a recompute mode chosen where memory asks for one, a plan's memory as counted by hand,
-// and an honest answer when nothing fits.
+// transfers and replicas' all-reduce by hand, and an honest answer when nothing fits.
 #include "train/training_plan.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "support/errors.h"
 
@@ -32,7 +34,7 @@ LayerProfile profile_of(const std::vector<double>& forward_ms, int64_t activatio
 
 PlannerOptions two_ranks(int64_t max_memory = 0) {
   PlannerOptions options;
-  options.ranks = 2;
+  options.stages = 2;
   options.max_memory = max_memory;
   options.memory_margin = 0;  // the limits below are what plans may use
   return options;
@@ -86,7 +88,7 @@ TEST(TrainingPlan, NothingFitsNamesTheSmallestPlan) {
   const std::map<int64_t, LayerProfile> profiles{{2, profile_of({1, 1, 1, 1}, 10, 2)}};
   const auto plans = weigh_plans(profiles, two_ranks(100));
   const auto message = error_of<std::invalid_argument>([&] { choose_plan(plans, two_ranks(100)); });
-  EXPECT_NE(message.find("no plan fits max_memory (--max-memory) 0.0 MiB per device"),
+  EXPECT_NE(message.find("no plan fits 0.0 MiB per device (--device-memory, --max-memory"),
             std::string::npos)
       << message;
   // The plan named is the one needing least.
@@ -137,11 +139,86 @@ TEST(TrainingPlan, TransfersTakeTheirBytesOverTheLinkBetweenNodes) {
                    free.step_seconds);
 }
 
+TEST(TrainingPlan, ReplicasAllReduceTheirGradientsAndZeroSharesTheOptimizerState) {
+  // One micro-batch; each stage 2 layers of 100 parameter bytes; links of 100 bytes/s.
+  const std::map<int64_t, LayerProfile> profiles{{1, profile_of({1, 1, 1, 1}, 10, 4)}};
+  PlannerOptions one = two_ranks();
+  one.link_bytes_per_second = one.network_bytes_per_second = 100;
+  one.schedules = {"gpipe"};
+  const auto alone = weigh_plans(profiles, one);
+  PlannerOptions two = one;
+  two.replicas = 2;
+  two.ranks_per_node = 4;  // all four ranks on one node
+  const auto plans = weigh_plans(profiles, two);
+  auto find = [&](int64_t zero_stage) {
+    const auto it = std::find_if(plans.begin(), plans.end(), [&](const TrainingPlan& p) {
+      return p.zero_stage == zero_stage && p.checkpoint == CheckpointMode::kNever;
+    });
+    EXPECT_NE(it, plans.end());
+    return *it;
+  };
+  const TrainingPlan plain = find(0), zero = find(1);
+  ASSERT_EQ(plain.balance, (std::vector<int64_t>{2, 2}));
+  ASSERT_EQ(alone.front().balance, plain.balance);
+  // The ring all-reduce moves 2 (R-1)/R x 200 gradient bytes: 2 s after the pipeline.
+  EXPECT_NEAR(plain.step_seconds - alone.front().step_seconds, 2.0, 1e-9);
+  EXPECT_DOUBLE_EQ(plain.pipeline_seconds, alone.front().pipeline_seconds);
+  EXPECT_DOUBLE_EQ(plain.seconds_per_batch(), plain.step_seconds / 2);
+  // ZeRO 1 then exchanges (R-1)/R of the 200 parameter bytes: 1 s more, for half the state.
+  EXPECT_NEAR(zero.step_seconds - plain.step_seconds, 1.0, 1e-9);
+  EXPECT_EQ(plain.static_bytes, (std::vector<int64_t>{800, 800}));
+  EXPECT_EQ(zero.static_bytes, (std::vector<int64_t>{600, 600}));
+  EXPECT_NE(zero.describe().find("replicas 2 zero_stage 1"), std::string::npos) << zero.describe();
+  // A limit between the two: ZeRO's plan is the one that fits.
+  two.max_memory = plain.max_peak_bytes() - 1;
+  EXPECT_EQ(choose_plan(weigh_plans(profiles, two), two).zero_stage, 1);
+  // Two nodes of two ranks: each stage's replicas (ranks s and 2 + s) meet over the network.
+  two.ranks_per_node = 2;
+  two.network_bytes_per_second = 50;
+  two.max_memory = 0;
+  const auto spread = weigh_plans(profiles, two);
+  const auto spread_plain = std::find_if(spread.begin(), spread.end(), [](const auto& p) {
+    return p.zero_stage == 0 && p.checkpoint == CheckpointMode::kNever;
+  });
+  EXPECT_NEAR(spread_plain->step_seconds - alone.front().step_seconds, 4.0, 1e-9);
+}
+
+TEST(TrainingPlan, InterleavedAndVSchedulesRunTwoStagesPerRank) {
+  // 4 layers of 1 ms forward, 2 ms backward over 2 ranks, 2 micro-batches: one-stage schedules
+  // take (chunks + ranks - 1) x 6 ms = 18 ms; two stages per rank take chunks x 2 x 3 + 3 = 15.
+  const std::map<int64_t, LayerProfile> profiles{{2, profile_of({1, 1, 1, 1}, 10, 2)}};
+  const auto plans = weigh_plans(profiles, two_ranks());
+  auto find = [&](const std::string& schedule) {
+    const auto it = std::find_if(plans.begin(), plans.end(), [&](const TrainingPlan& p) {
+      return p.schedule == schedule && p.checkpoint == CheckpointMode::kNever;
+    });
+    EXPECT_NE(it, plans.end()) << schedule;
+    return *it;
+  };
+  const TrainingPlan one = find("1f1b"), interleaved = find("interleaved1f1b"), v = find("zbv");
+  EXPECT_NEAR(one.pipeline_seconds, 18e-3, 1e-12);
+  EXPECT_NEAR(interleaved.pipeline_seconds, 15e-3, 1e-12);
+  EXPECT_EQ(interleaved.virtual_stages, 2);
+  EXPECT_EQ(interleaved.balance, (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_NE(interleaved.describe().find("schedule interleaved1f1b virtual_stages 2"),
+            std::string::npos);
+  // Each rank holds two layers' weights, gradients and AdamW state, whichever its stages.
+  EXPECT_EQ(interleaved.static_bytes, (std::vector<int64_t>{800, 800}));
+  EXPECT_EQ(v.static_bytes, (std::vector<int64_t>{800, 800}));
+  ASSERT_EQ(v.peak_bytes.size(), 2u);
+  // zbv puts stages 0 and 3 on rank 0: the table says so.
+  EXPECT_NE(plan_table(v).find("    3     0     3-3"), std::string::npos) << plan_table(v);
+  // The plan file keeps the stages per rank.
+  const auto back = plan_from_json(plan_to_json(interleaved), "test");
+  EXPECT_EQ(back.virtual_stages, 2);
+  EXPECT_EQ(back.balance, interleaved.balance);
+}
+
 TEST(TrainingPlan, FewerLayersThanRanksIsRefused) {
   const auto message = error_of<std::invalid_argument>([] {
     weigh_plans({{1, profile_of({1}, 10, 4)}}, two_ranks());
   });
-  EXPECT_NE(message.find("a plan over 2 ranks needs at least as many layers; the model has 1"),
+  EXPECT_NE(message.find("a plan over 2 stages needs at least as many layers; the model has 1"),
             std::string::npos)
       << message;
 }

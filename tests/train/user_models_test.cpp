@@ -107,13 +107,15 @@ struct UserRun : FitRun {
   int64_t accumulate = 1;
   bool deferred_batch_norm = false;
   int64_t zero_stage = 0;
-  std::string plan;  // "": none; "auto": the planner's; else a plan.json
+  int64_t stages = 0;            // ddp_pipe's
+  std::string plan;              // "": none; "auto": the planner's; else a plan.json
+  std::string planned_schedule;  // under "auto": the only schedule weighed; "": all
 
   template <typename Visit>
   void fields(Visit&& visit) {
     FitRun::fields(visit);
     PIPETRAIN_VISIT_FIELDS(visit, model, batch_size, accumulate, deferred_batch_norm, zero_stage,
-                           plan);
+                           stages, plan, planned_schedule);
   }
 };
 
@@ -145,9 +147,14 @@ void train(const UserRun& run) {
   Trainer trainer(run.trainer_options(PipeOptions().deferred_batch_norm(run.deferred_batch_norm))
                       .accumulate_grad_batches(run.accumulate)
                       .zero_stage(run.zero_stage)
-                      .plan(run.plan.empty()     ? std::nullopt
-                            : run.plan == "auto" ? std::optional(PlanOptions().repeats(1))
-                                                 : std::optional(PlanOptions().file(run.plan)))
+                      .stages(run.stages)
+                      .plan(run.plan.empty() ? std::nullopt
+                            : run.plan == "auto"
+                                ? std::optional(run.planned_schedule.empty()
+                                                    ? PlanOptions().repeats(1)
+                                                    : PlanOptions().repeats(1).schedules(
+                                                          {run.planned_schedule}))
+                                : std::optional(PlanOptions().file(run.plan)))
                       .max_epochs(2));
   auto model = make_model(run.model);
   const auto data = run.model.rfind("masked", 0) == 0 ? masked_data() : [] {
@@ -262,16 +269,40 @@ TEST_F(UserModels, ZeroStageOneOnAModelOfOnesOwnTrainsAsSingle) {
   expect_same_weights(single.final_weights(), zero.final_weights(), 1e-5);
 }
 
+// The plan.json a planned run wrote beside its logs.
+std::string plan_of(const UserRun& run) {
+  std::ifstream in(run.root + "/lightning_logs/version_0/plan.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 TEST_F(UserModels, ThePlannersPlanTrainsAsSingleAndRunsAgainFromItsFile) {
   auto single = run("masked_per_rank", "single");
   train(single);
+  // Planned under pipe (all schedules weighed); with two stages per rank (interleaved1f1b alone
+  // weighed); and as replicas of a one-stage pipeline each reading half of single's batch (the
+  // ZeRO stage among what the plan chooses).
   auto planned = run("masked_per_rank", "planned");
   planned.strategy = "pipe";
-  planned.devices = 2;
-  planned.plan = "auto";
-  train_in_ranks(planned, 2);
-  expect_same_train_losses(single.root, planned.root);
-  expect_same_weights(single.final_weights(), planned.final_weights(), 1e-5);
+  auto interleaved = run("masked_per_rank", "interleaved");
+  interleaved.strategy = "pipe";
+  interleaved.planned_schedule = "interleaved1f1b";
+  auto replicated = run("masked_per_rank", "replicated");
+  replicated.strategy = "ddp_pipe";
+  replicated.stages = 1;
+  replicated.batch_size = 8;
+  for (auto* planned_run : {&planned, &interleaved, &replicated}) {
+    SCOPED_TRACE(planned_run->root);
+    planned_run->devices = 2;
+    planned_run->plan = "auto";
+    train_in_ranks(*planned_run, 2);
+    expect_same_train_losses(single.root, planned_run->root);
+    expect_same_weights(single.final_weights(), planned_run->final_weights(), 1e-5);
+  }
+  EXPECT_NE(plan_of(interleaved).find("\"virtual_stages\": 2"), std::string::npos)
+      << plan_of(interleaved);
+  EXPECT_NE(plan_of(replicated).find("\"replicas\": 2"), std::string::npos) << plan_of(replicated);
 
   const std::string plan_file = planned.root + "/lightning_logs/version_0/plan.json";
   ASSERT_TRUE(fs::exists(plan_file));
@@ -282,11 +313,7 @@ TEST_F(UserModels, ThePlannersPlanTrainsAsSingleAndRunsAgainFromItsFile) {
   train_in_ranks(again, 2);
   expect_same_train_losses(single.root, again.root);
   // The plan it ran is the file's, kept beside its own logs.
-  std::ifstream first(plan_file), second(again.root + "/lightning_logs/version_0/plan.json");
-  std::stringstream a, b;
-  a << first.rdbuf();
-  b << second.rdbuf();
-  EXPECT_EQ(a.str(), b.str());
+  EXPECT_EQ(plan_of(planned), plan_of(again));
 
   auto refused = run("masked_per_rank", "refused");
   refused.plan = "auto";  // under single: no pipeline to plan

@@ -26,34 +26,75 @@ std::string plan_report(const Module& module, const Batch& batch, const PlanRequ
   const int64_t rows = batch.data.size(0);
   const auto profiles =
       profile_module(module, batch.data, device, request.precision, request.repeats);
+  const int64_t layers = static_cast<int64_t>(profiles.begin()->second.layers.size());
+  const int64_t devices = request.devices * request.nodes;
+  if (request.stages > 0 && devices % request.stages != 0) {
+    throw std::invalid_argument("--stages " + std::to_string(request.stages) +
+                                " does not divide the " + std::to_string(devices) +
+                                " devices (--devices x --num-nodes) into whole pipelines");
+  }
   PlannerOptions options;
-  options.ranks = request.devices * request.nodes;
   options.ranks_per_node = request.devices;
   options.link_bytes_per_second = request.link_bandwidth;
   options.network_bytes_per_second = request.network_bandwidth;
   options.max_memory = request.max_memory;
-  const auto plans = weigh_plans(profiles, options);
+  std::vector<TrainingPlan> plans;
+  for (int64_t stages = 1; stages <= std::min(devices, layers); ++stages) {
+    if (devices % stages != 0 || (request.stages > 0 && stages != request.stages)) continue;
+    options.stages = stages;
+    options.replicas = devices / stages;
+    const auto weighed = weigh_plans(profiles, options);
+    plans.insert(plans.end(), weighed.begin(), weighed.end());
+  }
+  std::stable_sort(plans.begin(), plans.end(), [](const TrainingPlan& a, const TrainingPlan& b) {
+    return a.seconds_per_batch() < b.seconds_per_batch();
+  });
   const TrainingPlan chosen = choose_plan(plans, options);
   std::ostringstream report;
-  report << plan_table(chosen) << "\nother plans, fastest first (predicted step, largest peak):\n";
+  report << plan_table(chosen) << "\n"
+         << chosen.peak_bytes.size() << " stages x " << chosen.replicas
+         << " replicas: " << rows * chosen.replicas << " rows per step (" << rows
+         << " per replica), "
+         << static_cast<int64_t>(static_cast<double>(rows * chosen.replicas) / chosen.step_seconds)
+         << " rows/s\ntrain it with: --devices " << request.devices << " --num-nodes "
+         << request.nodes;
+  if (chosen.replicas > 1) {
+    report << " --strategy ddp_pipe --stages " << chosen.peak_bytes.size() << " --zero-stage "
+           << chosen.zero_stage;
+  } else {
+    report << " --strategy pipe";
+  }
+  report << " --balance ";
+  for (size_t s = 0; s < chosen.balance.size(); ++s) {
+    report << (s ? "," : "") << chosen.balance[s];
+  }
+  if (chosen.virtual_stages > 1) report << " --virtual-stages " << chosen.virtual_stages;
+  report << " --chunks " << chosen.chunks << " --schedule " << chosen.schedule << " --checkpoint "
+         << checkpoint_mode_names()[static_cast<size_t>(chosen.checkpoint)]
+         << "\nthe fastest plans that fit (predicted step, per replica's batch, largest peak):\n";
+  // Plans that predict alike (one-stage schedules on one rank, say) are shown once.
+  const TrainingPlan* last = nullptr;
   int shown = 0;
   for (const auto& plan : plans) {
     if (shown == 8) break;
-    char line[64];
-    std::snprintf(line, sizeof line, "%9.2f ms  %9.1f MiB  ", plan.step_seconds * 1e3,
+    const bool fits = usable_bytes(options) == 0 || plan.max_peak_bytes() <= usable_bytes(options);
+    if (!fits || (last != nullptr && last->step_seconds == plan.step_seconds &&
+                  last->max_peak_bytes() == plan.max_peak_bytes())) {
+      continue;
+    }
+    char line[80];
+    std::snprintf(line, sizeof line, "%9.2f ms  %9.2f ms  %9.1f MiB  ", plan.step_seconds * 1e3,
+                  plan.seconds_per_batch() * 1e3,
                   static_cast<double>(plan.max_peak_bytes()) / (1 << 20));
-    report << line << plan.describe()
-           << (usable_bytes(options) > 0 && plan.max_peak_bytes() > usable_bytes(options)
-                   ? "  (over the limit)"
-                   : "")
-           << "\n";
+    report << line << plan.describe() << "\n";
+    last = &plan;
     ++shown;
   }
   char links[200];
   std::snprintf(links, sizeof links,
-                "%lld stages: %lld node(s) of %lld devices, transfers at %.3g GB/s within a node "
+                "%lld devices: %lld node(s) of %lld, transfers at %.3g GB/s within a node "
                 "and %.3g GB/s between nodes (0: free); ",
-                static_cast<long long>(options.ranks), static_cast<long long>(request.nodes),
+                static_cast<long long>(devices), static_cast<long long>(request.nodes),
                 static_cast<long long>(request.devices), request.link_bandwidth / 1e9,
                 request.network_bandwidth / 1e9);
   report << links << "layers measured on " << device
