@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The planner on one GPU, where a plan has one stage and chooses its chunks and recompute mode:
-# every chunks x checkpoint configuration trained under the same --max-memory (bench/lm_fit.sh,
+# The planner on one GPU, where a plan has one stage and chooses its chunks, schedule (on one rank
+# gpipe holds every micro-batch, 1f1b one) and recompute mode: every schedule x chunks x checkpoint
+# configuration trained under the same --max-memory (bench/lm_fit.sh,
 # bf16-mixed; one over the limit is refused by fit before its first update), then --plan auto's
 # choice. One JSON line per configuration, then the planner's: its plan and step against the best
 # configuration that fits, and the ratio.
 #   bench/plan_gpu.sh MODEL SIZE B T LIMIT     e.g. bench/plan_gpu.sh gpt2 124M 16 1024 16GiB
-# STEPS (default 30) steps per run; CHUNKS (default "1 2 4 8").
+# STEPS (default 30) steps per run; CHUNKS (default "1 2 4 8"), SCHEDULES (default "gpipe 1f1b").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$1 size=$2 B=$3 T=$4 limit=$5
@@ -18,14 +19,17 @@ step_ms() {  # fit flags... -> the run's step in ms, or null where it did not fi
   echo "$out" | tail -n +2 >&2  # a plan's lines
 }
 best=null best_config=""
-for chunks in ${CHUNKS:-1 2 4 8}; do
-  for checkpoint in never always; do
-    ms=$(step_ms --chunks "$chunks" --checkpoint "$checkpoint")
-    config="chunks $chunks checkpoint $checkpoint"
-    echo "{\"config\": \"$config\", \"step_ms\": $ms}"
-    if [ "$ms" != null ] && { [ "$best" = null ] || python3 -c "import sys; sys.exit(not $ms < $best)"; }; then
-      best=$ms best_config=$config
-    fi
+for schedule in ${SCHEDULES:-gpipe 1f1b}; do
+  for chunks in ${CHUNKS:-1 2 4 8}; do
+    for checkpoint in never always; do
+      [ "$schedule" = 1f1b ] && [ "$chunks" = 1 ] && continue  # gpipe's, on one rank
+      ms=$(step_ms --schedule "$schedule" --chunks "$chunks" --checkpoint "$checkpoint")
+      config="schedule $schedule chunks $chunks checkpoint $checkpoint"
+      echo "{\"config\": \"$config\", \"step_ms\": $ms}"
+      if [ "$ms" != null ] && { [ "$best" = null ] || python3 -c "import sys; sys.exit(not $ms < $best)"; }; then
+        best=$ms best_config=$config
+      fi
+    done
   done
 done
 planned=$(step_ms --plan auto 2>"${TMPDIR:-/tmp}/plan_gpu_plan.txt")

@@ -203,9 +203,28 @@ std::map<int64_t, LayerProfile> profile_module(const Module& module, const at::T
   const auto& specs = module.layer_specs();
   const auto whole = module.layers();
   const auto count = static_cast<int64_t>(specs.empty() ? whole->size() : specs.size());
+  // Which layer first holds each tensor of a model built whole, and what each layer shares.
+  std::map<const c10::TensorImpl*, int64_t> first_holder;
+  std::vector<std::map<int64_t, int64_t>> shared(static_cast<size_t>(count));
   auto build = [&](int64_t index) {
     torch::nn::AnyModule layer =
         specs.empty() ? *(whole->begin() + index) : specs[static_cast<size_t>(index)].build();
+    auto& mine = shared[static_cast<size_t>(index)];
+    if (specs.empty()) {
+      for (const auto& p : layer.ptr()->parameters()) {
+        if (!p.requires_grad()) continue;
+        const auto [it, first] = first_holder.emplace(p.unsafeGetTensorImpl(), index);
+        if (!first && it->second != index) mine[it->second] += static_cast<int64_t>(p.nbytes());
+      }
+    } else if (specs[static_cast<size_t>(index)].build_sharing) {
+      // Built sharing the tensors of the layers it is tied to where one process holds them all.
+      const auto parameters = layer.ptr()->named_parameters();
+      for (const auto& [own, global] : specs[static_cast<size_t>(index)].tied_to) {
+        const auto* p = parameters.find(own);
+        if (p == nullptr || !p->requires_grad()) continue;
+        mine[std::stoll(global.substr(0, global.find('.')))] += static_cast<int64_t>(p->nbytes());
+      }
+    }
     torch::nn::Sequential one;
     one->push_back(layer);
     convert_module(one, precision);
@@ -227,7 +246,12 @@ std::map<int64_t, LayerProfile> profile_module(const Module& module, const at::T
   }
   const auto measured = profile_layers(count, build, samples, device, repeats, adamw);
   std::map<int64_t, LayerProfile> profiles;
-  for (size_t k = 0; k < chunk_counts.size(); ++k) profiles[chunk_counts[k]] = measured[k];
+  for (size_t k = 0; k < chunk_counts.size(); ++k) {
+    LayerProfile& profile = profiles[chunk_counts[k]] = measured[k];
+    for (size_t i = 0; i < profile.layers.size(); ++i) {
+      profile.layers[i].shared_parameter_bytes = shared[i];
+    }
+  }
   return profiles;
 }
 

@@ -37,6 +37,9 @@ struct LayerCost {
   bool input_differentiable = true;
   int64_t parameter_bytes = 0;  // trainable parameters; their gradients are as large
   int64_t buffer_bytes = 0;     // frozen parameters and buffers
+  // Of parameter_bytes, what an earlier layer holds too (a head tied to the embedding): that
+  // layer's index -> bytes. A process holding both holds them once.
+  std::map<int64_t, int64_t> shared_parameter_bytes;
 };
 
 struct LayerProfile {
@@ -68,7 +71,9 @@ class Module;
 // `module`'s layers profiled at every number of micro-batches (chunks) the planner weighs: each
 // power of two up to 32 that divides the rows of `inputs` (one replica's batch). A model built per
 // rank is built here a layer at a time, one built whole lends its layers; each converted to
-// `precision` and run under its autocast as training will, and its AdamW step timed.
+// `precision` and run under its autocast as training will, and its AdamW step timed. Parameters
+// two layers share (one tensor in a model built whole; a LayerSpec tie built sharing where one
+// process holds both) are noted in shared_parameter_bytes.
 std::map<int64_t, LayerProfile> profile_module(const Module& module, const at::Tensor& inputs,
                                                const c10::Device& device,
                                                const std::string& precision, int repeats);

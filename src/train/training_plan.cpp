@@ -45,6 +45,9 @@ Stage stage_of(const LayerProfile& profile, int64_t begin, int64_t end, bool las
     stage.activations.workspace = std::max(stage.activations.workspace, c.workspace_bytes);
     stage.parameter_bytes += c.parameter_bytes;
     stage.buffer_bytes += c.buffer_bytes;
+    for (const auto& [other, bytes] : c.shared_parameter_bytes) {
+      if (other >= begin && other < end) stage.parameter_bytes -= bytes;  // held once
+    }
   }
   // The loss keeps the gradient of the model's output (cross-entropy's, of the logits).
   if (last) stage.activations.whole += layers[end - 1].output_bytes;
@@ -176,6 +179,16 @@ TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& ba
     rank.parameter_bytes += stage.parameter_bytes;
     rank.buffer_bytes += stage.buffer_bytes;
     plan.optimizer_seconds[placement[s]] += stage.optimizer;
+  }
+  // Parameters shared by layers of two stages of one rank (a V schedule's embedding and head) are
+  // held once there.
+  std::vector<int64_t> stage_of_layer;
+  for (int64_t s = 0; s < stages; ++s) stage_of_layer.insert(stage_of_layer.end(), balance[s], s);
+  for (size_t i = 0; i < profile.layers.size(); ++i) {
+    for (const auto& [other, bytes] : profile.layers[i].shared_parameter_bytes) {
+      const int64_t a = stage_of_layer[i], b = stage_of_layer[static_cast<size_t>(other)];
+      if (a != b && placement[a] == placement[b]) held[placement[a]].parameter_bytes -= bytes;
+    }
   }
   std::vector<double> all_reduce, optimizer;  // per rank, after its pipeline work
   for (int64_t r = 0; r < ranks; ++r) {

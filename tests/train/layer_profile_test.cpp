@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "pipetrain/module.h"
+
 namespace pipetrain::testing::layer_profile_test {
 namespace {
 
@@ -61,6 +63,37 @@ TEST(LayerProfile, AnEmbeddingTakesIntegerTokens) {
   EXPECT_GT(profile.layers[0].weight_backward_seconds, 0);
   EXPECT_EQ(profile.layers[0].parameter_bytes, 32 * 8 * 4);
   EXPECT_EQ(profile.layers[0].optimizer_seconds, 0);  // no optimizer given
+}
+
+// A head that multiplies by another layer's weight (transposed): one tensor, two layers.
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(const at::Tensor& tied) { weight = register_parameter("weight", tied); }
+  at::Tensor forward(const at::Tensor& x) { return torch::matmul(x, weight); }
+  at::Tensor weight;
+};
+TORCH_MODULE(TiedHead);
+
+class TiedModel : public Module {
+ public:
+  explicit TiedModel(torch::nn::Sequential layers) : Module(std::move(layers)) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    return forward(batch.data).sum();
+  }
+  OptimizerConfig configure_optimizers() override {
+    return OptimizerConfig(std::make_unique<torch::optim::SGD>(parameters(), 0.1));
+  }
+};
+
+TEST(LayerProfile, ParametersTwoLayersShareAreNotedOnTheLaterLayer) {
+  torch::manual_seed(0);
+  torch::nn::Linear in(6, 4);
+  TiedModel model(torch::nn::Sequential(in, torch::nn::Tanh(), TiedHead(in->weight)));
+  const auto profiles =
+      profile_module(model, torch::randn({2, 6}), c10::Device(c10::kCPU), "32-true", 1);
+  const LayerProfile& profile = profiles.at(1);
+  EXPECT_TRUE(profile.layers[0].shared_parameter_bytes.empty());
+  EXPECT_EQ(profile.layers[2].parameter_bytes, 6 * 4 * 4);
+  EXPECT_EQ(profile.layers[2].shared_parameter_bytes, (std::map<int64_t, int64_t>{{0, 6 * 4 * 4}}));
 }
 
 }  // namespace

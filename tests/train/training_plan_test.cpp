@@ -214,6 +214,26 @@ TEST(TrainingPlan, InterleavedAndVSchedulesRunTwoStagesPerRank) {
   EXPECT_EQ(back.balance, interleaved.balance);
 }
 
+TEST(TrainingPlan, ParametersTwoLayersShareAreHeldOnceWhereOneRankHoldsBoth) {
+  // The last layer's 100 parameter bytes are the first's (a head tied to the embedding).
+  LayerProfile tied = profile_of({1, 1, 1, 1}, 10, 2);
+  tied.layers[3].shared_parameter_bytes = {{0, 100}};
+  const std::map<int64_t, LayerProfile> profiles{{2, tied}};
+  PlannerOptions one = two_ranks();
+  one.stages = 1;
+  // One rank: 300 bytes of parameters, x4 with gradients and AdamW's state.
+  EXPECT_EQ(weigh_plans(profiles, one).front().static_bytes, (std::vector<int64_t>{1200}));
+  const auto plans = weigh_plans(profiles, two_ranks());
+  for (const auto& plan : plans) {
+    SCOPED_TRACE(plan.describe());
+    if (plan.schedule == "zbv") {  // rank 0 holds the first and the last layer
+      EXPECT_EQ(plan.static_bytes, (std::vector<int64_t>{400, 800}));
+    } else if (plan.schedule != "interleaved1f1b") {  // each of two ranks its own copy
+      EXPECT_EQ(plan.static_bytes, (std::vector<int64_t>{800, 800}));
+    }
+  }
+}
+
 TEST(TrainingPlan, FewerLayersThanRanksIsRefused) {
   const auto message = error_of<std::invalid_argument>([] {
     weigh_plans({{1, profile_of({1}, 10, 4)}}, two_ranks());
