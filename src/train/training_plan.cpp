@@ -1,6 +1,7 @@
 #include "train/training_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <limits>
@@ -224,9 +225,19 @@ int64_t stage_rank(const TrainingPlan& plan, int64_t s, int64_t ranks) {
 
 }  // namespace
 
-int64_t usable_bytes(const PlannerOptions& options) {
-  return static_cast<int64_t>(static_cast<double>(options.max_memory) *
-                              (1 - options.memory_margin));
+int64_t bytes_needed(const TrainingPlan& plan, const PlannerOptions& options) {
+  int64_t needed = 0;
+  for (size_t r = 0; r < plan.peak_bytes.size(); ++r) {
+    const int64_t held = r < plan.static_bytes.size() ? plan.static_bytes[r] : 0;
+    const auto activations = static_cast<double>(plan.peak_bytes[r] - held);
+    needed = std::max(
+        needed, held + static_cast<int64_t>(std::ceil(activations * (1 + options.memory_margin))));
+  }
+  return needed;
+}
+
+bool fits(const TrainingPlan& plan, const PlannerOptions& options) {
+  return options.max_memory == 0 || bytes_needed(plan, options) <= options.max_memory;
 }
 
 int64_t TrainingPlan::max_peak_bytes() const {
@@ -292,16 +303,16 @@ std::vector<TrainingPlan> weigh_plans(const std::map<int64_t, LayerProfile>& pro
             const Stage st = stage(i, j);
             const auto& a = st.activations;
             const int64_t activations =
-                recomputes ? held[s] * a.boundary + a.whole : held[s] * a.whole;
-            return static_cast<double>(static_bytes(st, zero_stage, options) + activations +
-                                       a.workspace);
+                (recomputes ? held[s] * a.boundary + a.whole : held[s] * a.whole) + a.workspace;
+            return static_cast<double>(static_bytes(st, zero_stage, options)) +
+                   static_cast<double>(activations) * (1 + options.memory_margin);
           };
           const double limit =
-              static_cast<double>(usable_bytes(options)) / static_cast<double>(virtual_stages);
-          auto fits = [&](int64_t s, int64_t i, int64_t j) {
-            return usable_bytes(options) == 0 || memory(s, i, j) <= limit;
+              static_cast<double>(options.max_memory) / static_cast<double>(virtual_stages);
+          auto fits_limit = [&](int64_t s, int64_t i, int64_t j) {
+            return options.max_memory == 0 || memory(s, i, j) <= limit;
           };
-          std::vector<int64_t> balance = bottleneck_balance(layers, stages, time, fits);
+          std::vector<int64_t> balance = bottleneck_balance(layers, stages, time, fits_limit);
           if (balance.empty()) {
             balance = bottleneck_balance(layers, stages, memory,
                                          [](int64_t, int64_t, int64_t) { return true; });
@@ -323,36 +334,34 @@ int64_t planned_virtual_stages(const std::string& schedule) {
 }
 
 TrainingPlan choose_plan(const std::vector<TrainingPlan>& plans, const PlannerOptions& options) {
-  const int64_t usable = usable_bytes(options);
-  auto fits = [&](const TrainingPlan& plan) {
-    return usable == 0 || plan.max_peak_bytes() <= usable;
-  };
   const TrainingPlan* fastest = nullptr;
   for (const auto& plan : plans) {
-    if (fits(plan) &&
+    if (fits(plan, options) &&
         (fastest == nullptr || plan.seconds_per_batch() < fastest->seconds_per_batch())) {
       fastest = &plan;
     }
   }
   if (fastest == nullptr) {
-    const auto smallest = std::min_element(
-        plans.begin(), plans.end(),
-        [](const auto& a, const auto& b) { return a.max_peak_bytes() < b.max_peak_bytes(); });
+    const auto smallest =
+        std::min_element(plans.begin(), plans.end(), [&](const auto& a, const auto& b) {
+          return bytes_needed(a, options) < bytes_needed(b, options);
+        });
     if (smallest == plans.end()) throw std::invalid_argument("no plan to choose from");
-    const auto needed = static_cast<int64_t>(static_cast<double>(smallest->max_peak_bytes()) /
-                                             (1 - options.memory_margin));
+    char margin[16];
+    std::snprintf(margin, sizeof margin, "%.0f%%", options.memory_margin * 100);
     throw std::invalid_argument(
         "no plan fits " + mib(options.max_memory) +
-        " MiB per device (--device-memory, --max-memory, PlanOptions::max_memory), of which the "
-        "planner uses " +
-        mib(usable) +
-        " (the rest is its margin for what it does not predict): the smallest any needs is " +
-        mib(smallest->max_peak_bytes()) + " MiB (" + smallest->describe() + "), so a limit of " +
-        mib(needed) + " MiB would do; raise the limit, or spread the model over more devices");
+        " MiB per device (--device-memory, --max-memory, PlanOptions::max_memory): the smallest "
+        "any needs is " +
+        mib(bytes_needed(*smallest, options)) + " MiB (" + smallest->describe() +
+        "; its predicted peak " + mib(smallest->max_peak_bytes()) + " MiB and " + margin +
+        " of its activations as a margin for what the prediction misses), so a limit of " +
+        mib(bytes_needed(*smallest, options)) +
+        " MiB would do; raise the limit, or spread the model over more devices");
   }
   const TrainingPlan* chosen = fastest;
   for (const auto& plan : plans) {
-    if (fits(plan) && plan.seconds_per_batch() <= fastest->seconds_per_batch() * 1.01 &&
+    if (fits(plan, options) && plan.seconds_per_batch() <= fastest->seconds_per_batch() * 1.01 &&
         plan.max_peak_bytes() < chosen->max_peak_bytes()) {
       chosen = &plan;
     }

@@ -60,6 +60,10 @@ TEST(TrainingPlan, MemoryIsCountedAsByHand) {
   // stage also the loss's gradient of its output (4): 28, twice.
   EXPECT_EQ(gpipe->peak_bytes, (std::vector<int64_t>{800 + 48, 800 + 56}));
   EXPECT_EQ(gpipe->static_bytes, (std::vector<int64_t>{800, 800}));
+  // The limit it needs: the largest rank's 800 plus its 56 bytes of activations and 10% of them.
+  PlannerOptions margin = two_ranks();
+  margin.memory_margin = 0.1;
+  EXPECT_EQ(bytes_needed(*gpipe, margin), 800 + 62);
 }
 
 TEST(TrainingPlan, ATightLimitIsMetByRecomputingAndNeverExceeded) {
@@ -100,26 +104,27 @@ TEST(TrainingPlan, NothingFitsNamesTheSmallestPlan) {
   for (const auto& plan : plans) {
     if (plan.max_peak_bytes() == smallest && named.empty()) named = plan.describe();
   }
-  EXPECT_NE(message.find("(" + named + ")"), std::string::npos) << message;
+  EXPECT_NE(message.find("(" + named + ";"), std::string::npos) << message;
 }
 
 TEST(TrainingPlan, PlansLeaveTheMarginFree) {
   const std::map<int64_t, LayerProfile> profiles{{2, profile_of({1, 1, 1, 1}, 10, 2)}};
   const auto fastest = choose_plan(weigh_plans(profiles, two_ranks()), two_ranks());
-  // A limit the fastest plan meets exactly, but not with 10% of it kept free.
+  // A limit the fastest plan's prediction meets exactly, but not with the margin on its
+  // activations.
   PlannerOptions options = two_ranks(fastest.max_peak_bytes());
   options.memory_margin = 0.1;
-  EXPECT_EQ(usable_bytes(options), static_cast<int64_t>(0.9 * fastest.max_peak_bytes()));
+  EXPECT_FALSE(fits(fastest, options));
   const auto plans = weigh_plans(profiles, options);
   for (const auto& plan : plans) {
-    if (plan.max_peak_bytes() <= usable_bytes(options)) {
-      EXPECT_LE(choose_plan(plans, options).max_peak_bytes(), usable_bytes(options));
+    if (fits(plan, options)) {
+      EXPECT_LE(bytes_needed(choose_plan(plans, options), options), options.max_memory);
       return;
     }
   }
   EXPECT_NE(error_of<std::invalid_argument>([&] {
               choose_plan(plans, options);
-            }).find("(the rest is its margin for what it does not predict)"),
+            }).find("as a margin for what the prediction misses"),
             std::string::npos);
 }
 

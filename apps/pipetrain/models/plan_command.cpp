@@ -77,9 +77,8 @@ std::string plan_report(const Module& module, const Batch& batch, const PlanRequ
   int shown = 0;
   for (const auto& plan : plans) {
     if (shown == 8) break;
-    const bool fits = usable_bytes(options) == 0 || plan.max_peak_bytes() <= usable_bytes(options);
-    if (!fits || (last != nullptr && last->step_seconds == plan.step_seconds &&
-                  last->max_peak_bytes() == plan.max_peak_bytes())) {
+    if (!fits(plan, options) || (last != nullptr && last->step_seconds == plan.step_seconds &&
+                                 last->max_peak_bytes() == plan.max_peak_bytes())) {
       continue;
     }
     char line[80];
