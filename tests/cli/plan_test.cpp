@@ -1,7 +1,7 @@
-// The planner through the command: `pipetrain plan` and `fit --plan auto` on a small Llama, whose
-// predicted memory per process is held against what fit measures in its first step (within 15%),
-// a limit below the fastest plan's needs met by another plan that measures within it, and a limit
-// nothing fits refused with the smallest plan's needs.
+// The planner through the command: `pipetrain plan` and `fit --plan auto` on a small Llama and a
+// small GPT-2, whose predicted memory per process is held against what fit measures in its first
+// step (within 15%), a limit below the fastest plan's needs met by another plan that measures
+// within it, and a limit nothing fits refused with the smallest plan's needs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,21 +26,19 @@ class Plan : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir); }
 
-  // A 4-block Llama of width 256 over byte tokens, 8 rows of 128 a batch, over 2 processes.
+  // A 4-block Llama of width 256 over byte tokens, 8 rows of 128 a batch, over 2 processes; with
+  // `model` gpt2, GPT-2 of that shape (its layers uneven: embeddings, blocks, the head).
   std::vector<std::string> command(const std::string& subcommand,
-                                   const std::vector<std::string>& extra) const {
+                                   const std::vector<std::string>& extra,
+                                   const std::string& model = "llama") const {
     std::vector<std::string> flags{"--model",
-                                   "llama",
+                                   model,
                                    "--n-layer",
                                    "4",
                                    "--n-embd",
                                    "256",
                                    "--n-head",
                                    "4",
-                                   "--n-kv-head",
-                                   "2",
-                                   "--intermediate-size",
-                                   "512",
                                    "--vocab-size",
                                    "256",
                                    "--block-size",
@@ -65,6 +63,8 @@ class Plan : public ::testing::Test {
                                    "2",
                                    "--logger",
                                    "csv"};
+    if (model == "llama")
+      flags.insert(flags.end(), {"--n-kv-head", "2", "--intermediate-size", "512"});
     if (subcommand == "fit") flags.insert(flags.end(), {"--strategy", "pipe", "--plan", "auto"});
     flags.insert(flags.end(), extra.begin(), extra.end());
     return pipetrain_command({subcommand}, flags);
@@ -113,6 +113,16 @@ TEST_F(Plan, PredictedMemoryIsWhatFitMeasuresAndALimitIsKept) {
     }
   } else {
     EXPECT_NE(tight.output.find("no plan fits"), std::string::npos) << tight.output;
+  }
+}
+
+TEST_F(Plan, PredictedMemoryHoldsForGpt2sUnevenLayers) {
+  const auto fit = run_command(command("fit", {}, "gpt2"));
+  ASSERT_EQ(fit.exit_code, 0) << fit.output;
+  const auto ranks = predicted_and_measured(fit.output);
+  ASSERT_EQ(ranks.size(), 2u) << fit.output;
+  for (const auto& rank : ranks) {
+    EXPECT_NEAR(rank.predicted, rank.measured, 0.15 * rank.measured) << fit.output;
   }
 }
 

@@ -5,8 +5,9 @@
 // errors.
 // Tolerance: fp32 on CPU, relative 1e-5 on per-step losses and absolute 1e-5 on the final
 // weights, where only the order of sums differs (micro-batches, the tied gradient's two halves);
-// 3e-5 on the weights of the resumed run, whose two layouts' roundings add up (measured: 1.6e-5
-// at most, one weight of an MLP).
+// 5e-5 on the weights of the resumed run, whose two layouts' roundings add up (measured: 1.6e-5
+// at most on an Intel machine, 3.1e-5 on an AMD EPYC one, whose BLAS kernels round otherwise;
+// one weight of an MLP).
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -186,8 +187,8 @@ TEST_F(DecoderPipe, BuiltPerRankTrainsAsOneProcess) {
 
 // Three stages stop mid-epoch (built per rank or whole, `per_rank`); two stages resume from their
 // checkpoint, built each way of `resumed`, and with the three train as one uninterrupted `single`
-// run built as the three were. Weights within 3e-5: the two layouts' roundings add up (measured:
-// 1.6e-5 at most, one weight of an MLP).
+// run built as the three were. Weights within 5e-5: the two layouts' roundings add up (measured:
+// 1.6e-5 and, on an AMD EPYC machine, 3.1e-5 at most, one weight of an MLP).
 void expect_three_stages_resume_on_two(const std::string& dir, bool per_rank,
                                        const std::vector<bool>& resumed) {
   DecoderRun single;
@@ -222,7 +223,7 @@ void expect_three_stages_resume_on_two(const std::string& dir, bool per_rank,
     const auto rest = read_csv_column(metrics_csv(two.root), "train_loss");
     seen.insert(seen.end(), rest.begin(), rest.end());
     expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"), seen, 1e-5);
-    expect_same_weights(single.final_weights(), two.final_weights(), 3e-5);
+    expect_same_weights(single.final_weights(), two.final_weights(), 5e-5);
   }
 }
 
