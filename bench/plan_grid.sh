@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner's choice (--plan auto) against a grid of hand-written pipelines on CPU processes:
-# balance by parameter count (the default) or the planner's own, chunks 2, 4, 8, each one-stage
-# schedule, checkpoint never or always; every configuration trained with the same --max-memory,
+# balance by parameter count (the default) or the planner's own, chunks 2, 4, 8, each schedule
+# (interleaved1f1b and zbv with 2 stages per process; the planner's balance only where its stage
+# count is the schedule's), checkpoint never or always; every configuration trained with the same --max-memory,
 # those that do not fit it refused by fit before their first update. One JSON line per
 # configuration (median step of the steps after the second, from ThroughputMonitor's
 # train/steps_per_sec), then the planner's line: its plan, its step, the best configuration that
@@ -42,9 +43,15 @@ planned=$(step_ms planned --plan auto)
 best=null best_config=""
 for balance in params "$planned_balance"; do
   for chunks in 2 4 8; do
-    for schedule in gpipe 1f1b zbh1 zbh2; do
+    for schedule in gpipe 1f1b zbh1 zbh2 interleaved1f1b zbv; do
+      virtual=1
+      case $schedule in interleaved1f1b | zbv) virtual=2 ;; esac
+      if [ "$balance" != params ] && [ "$(echo "$balance" | tr ',' '\n' | wc -l)" != $((devices * virtual)) ]; then
+        continue
+      fi
       for checkpoint in never always; do
-        flags=(--chunks "$chunks" --schedule "$schedule" --checkpoint "$checkpoint")
+        flags=(--chunks "$chunks" --schedule "$schedule" --checkpoint "$checkpoint"
+          --virtual-stages "$virtual")
         [ "$balance" = params ] || flags+=(--balance "$balance")
         config="balance $balance chunks $chunks schedule $schedule checkpoint $checkpoint"
         ms=$(step_ms "grid_${balance//,/-}_${chunks}_${schedule}_$checkpoint" "${flags[@]}")
