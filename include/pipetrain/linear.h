@@ -16,9 +16,18 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 namespace pipetrain {
 
 at::Tensor linear(const at::Tensor& input, const at::Tensor& weight,
                   const at::Tensor& bias = at::Tensor());
+
+// Several Linear layers reading one input (attention's q, k and v projections; SwiGLU's gate and
+// up): linear(input, weights[i], biases[i]) for each (`biases` empty, or one per weight, undefined
+// for none). While a stage fuses, the input's gradient, the sum of the layers', is added up inside
+// the GEMMs that compute it, where autograd would add the layers' gradients in passes of their own.
+std::vector<at::Tensor> linears(const at::Tensor& input, const std::vector<at::Tensor>& weights,
+                                const std::vector<at::Tensor>& biases = {});
 
 }  // namespace pipetrain

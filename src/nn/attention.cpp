@@ -9,6 +9,8 @@
 
 #include <pipetrain/linear.h>
 
+#include "util/compat.h"
+
 namespace pipetrain::nn {
 namespace {
 
@@ -131,9 +133,12 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     k = split_heads(qkv[1], options.n_head());
     v = split_heads(qkv[2], options.n_head());
   } else {
-    q = split_heads(linear(q_proj, x), options.n_head());
-    k = split_heads(linear(k_proj, x), options.n_kv_head());
-    v = split_heads(linear(v_proj, x), options.n_kv_head());
+    const auto bias = [](const torch::nn::Linear& layer) { return layer->bias; };
+    const auto qkv = pipetrain::linears(x, {q_proj->weight, k_proj->weight, v_proj->weight},
+                                        {bias(q_proj), bias(k_proj), bias(v_proj)});
+    q = split_heads(qkv[0], options.n_head());
+    k = split_heads(qkv[1], options.n_kv_head());
+    v = split_heads(qkv[2], options.n_kv_head());
   }
   if (options.qk_norm()) {
     q = q_norm(q);
@@ -143,7 +148,14 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   k = k.transpose(1, 2);
   v = v.transpose(1, 2);
   if (!rotary.is_empty()) {
-    std::tie(q, k) = rotary->rotate(q, k);
+    // Under autocast on a GPU the fp32 tables rotate q and k into fp32, which attention casts to
+    // autocast's dtype at once (and its backward casts their gradients back): asked for in that
+    // dtype, the rotation rounds once in its own pass, to the same values.
+    std::optional<at::ScalarType> dtype;
+    if (q.is_cuda() && autocast_enabled(c10::DeviceType::CUDA)) {
+      dtype = autocast_dtype(c10::DeviceType::CUDA);
+    }
+    std::tie(q, k) = rotary->rotate(q, k, dtype);
   }
   const auto y =
       causal_attention(q, k, v, is_training() ? options.dropout() : 0.0, options.kernel());

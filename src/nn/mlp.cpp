@@ -74,7 +74,9 @@ SwiGLUImpl::SwiGLUImpl(const SwiGLUOptions& options_)
           "down_proj", projection(options_.hidden(), options_.n_embd(), options_.bias()))) {}
 
 at::Tensor SwiGLUImpl::forward(const at::Tensor& x) {
-  return linear(down_proj, silu_times(linear(gate_proj, x), linear(up_proj, x)));
+  const auto gate_up =
+      pipetrain::linears(x, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias});
+  return linear(down_proj, silu_times(gate_up[0], gate_up[1]));
 }
 
 GeluMlpImpl::GeluMlpImpl(const GeluMlpOptions& options_)

@@ -62,25 +62,33 @@ kernels::RotaryHeads rotary_heads(const at::Tensor& input, const at::Tensor& out
   return heads;
 }
 
-// `xs` (x, or q and k) rotated in one launch, each result in the tables' dtype (what ATen's
-// promotion gives x * cos) and laid out as dense_layout says. Saves what rotated_gradients needs.
+// Whether the kernels rotate x into `rotated`: the tables' dtype, or x's where the tables are fp32.
+bool kernels_give(const at::Tensor& x, const at::Tensor& cos, at::ScalarType rotated) {
+  return rotated == cos.scalar_type() ||
+         (rotated == x.scalar_type() && cos.scalar_type() == at::kFloat);
+}
+
+// `xs` (x, or q and k) rotated in one launch, each result in `rotated_type` (the tables' dtype,
+// what ATen's promotion gives x * cos, or x's) and laid out as dense_layout says. Saves what
+// rotated_gradients needs.
 variable_list rotate_on_gpu(AutogradContext* ctx, const variable_list& xs, const at::Tensor& cos,
-                            const at::Tensor& sin) {
+                            const at::Tensor& sin, at::ScalarType rotated_type) {
   variable_list rotated;
   std::vector<kernels::RotaryHeads> heads(2);
   for (size_t i = 0; i < xs.size(); ++i) {
     const auto layout = dense_layout(xs[i]);
-    rotated.push_back(empty_in_layout(xs[i].sizes(), layout, cos.options()));
+    rotated.push_back(empty_in_layout(xs[i].sizes(), layout, cos.options().dtype(rotated_type)));
     heads[i] = rotary_heads(xs[i], rotated[i]);
     ctx->saved_data["layout" + std::to_string(i)] = layout;
   }
   const at::Tensor& x = xs[0];
-  kernels::rotary_forward(*kernels::kernel_dtype(x.scalar_type()),
-                          *kernels::kernel_dtype(cos.scalar_type()), heads[0], heads[1], x.size(0),
-                          x.size(2), x.size(3), cos.data_ptr(), sin.data_ptr(),
-                          kernels::current_stream());
+  kernels::rotary_forward(
+      *kernels::kernel_dtype(x.scalar_type()), *kernels::kernel_dtype(cos.scalar_type()),
+      *kernels::kernel_dtype(rotated_type), heads[0], heads[1], x.size(0), x.size(2), x.size(3),
+      cos.data_ptr(), sin.data_ptr(), kernels::current_stream());
   ctx->save_for_backward({cos, sin});
   ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+  ctx->saved_data["rotated_dtype"] = static_cast<int64_t>(rotated_type);
   return rotated;
 }
 
@@ -89,28 +97,30 @@ variable_list rotated_gradients(AutogradContext* ctx, const variable_list& grads
   const auto saved = ctx->get_saved_variables();
   const at::Tensor &cos = saved[0], &sin = saved[1];
   const auto x_type = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+  const auto rotated_type = static_cast<at::ScalarType>(ctx->saved_data["rotated_dtype"].toInt());
   variable_list inputs, results;
   std::vector<kernels::RotaryHeads> heads(2);
   for (size_t i = 0; i < grads.size(); ++i) {
-    // Autograd hands each over in its result's dtype (the tables'), at any strides.
-    inputs.push_back(grads[i].stride(3) == 1 ? grads[i] : grads[i].contiguous());
+    // Autograd hands each over in its result's dtype, at any strides.
+    const auto grad = grads[i].to(rotated_type);
+    inputs.push_back(grad.stride(3) == 1 ? grad : grad.contiguous());
     results.push_back(empty_in_layout(grads[i].sizes(),
                                       ctx->saved_data["layout" + std::to_string(i)].toIntVector(),
                                       grads[i].options().dtype(x_type)));
     heads[i] = rotary_heads(inputs[i], results[i]);
   }
   const at::Tensor& grad = inputs[0];
-  kernels::rotary_backward(*kernels::kernel_dtype(x_type),
-                           *kernels::kernel_dtype(cos.scalar_type()), heads[0], heads[1],
-                           grad.size(0), grad.size(2), grad.size(3), cos.data_ptr(), sin.data_ptr(),
-                           kernels::current_stream());
+  kernels::rotary_backward(
+      *kernels::kernel_dtype(x_type), *kernels::kernel_dtype(cos.scalar_type()),
+      *kernels::kernel_dtype(rotated_type), heads[0], heads[1], grad.size(0), grad.size(2),
+      grad.size(3), cos.data_ptr(), sin.data_ptr(), kernels::current_stream());
   return results;
 }
 
 struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
                             const at::Tensor& sin) {
-    return rotate_on_gpu(ctx, {x}, cos, sin)[0];
+    return rotate_on_gpu(ctx, {x}, cos, sin, cos.scalar_type())[0];
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -121,13 +131,14 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
 // q and k, which share the tables, in one launch each way.
 struct RotaryPairFunction : torch::autograd::Function<RotaryPairFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& cos, const at::Tensor& sin) {
-    return rotate_on_gpu(ctx, {q, k}, cos, sin);
+                               const at::Tensor& cos, const at::Tensor& sin,
+                               at::ScalarType rotated_type) {
+    return rotate_on_gpu(ctx, {q, k}, cos, sin, rotated_type);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto gradients = rotated_gradients(ctx, grads);
-    return {gradients[0], gradients[1], at::Tensor(), at::Tensor()};
+    return {gradients[0], gradients[1], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -220,17 +231,23 @@ at::Tensor RotaryEmbeddingImpl::forward(const at::Tensor& x) {
   return apply_rotary(x, cos, sin);
 }
 
-std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::rotate(const at::Tensor& q,
-                                                               const at::Tensor& k) {
+std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::rotate(
+    const at::Tensor& q, const at::Tensor& k, std::optional<at::ScalarType> dtype) {
   const auto [cos, sin] = tables_for(q);
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
+  const auto rotated_type = dtype.value_or(cos.scalar_type());
   if (kernels_take(q, cos, sin) && kernels_take(k, cos, sin) && k.size(0) == q.size(0) &&
-      k.scalar_type() == q.scalar_type()) {
-    const auto rotated = RotaryPairFunction::apply(q, k, cos, sin);
+      k.scalar_type() == q.scalar_type() && kernels_give(q, cos, rotated_type)) {
+    const auto rotated = RotaryPairFunction::apply(q, k, cos, sin, rotated_type);
     return {rotated[0], rotated[1]};
   }
 #endif
-  return {apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)};
+  auto rotated_q = apply_rotary(q, cos, sin), rotated_k = apply_rotary(k, cos, sin);
+  if (dtype) {
+    rotated_q = rotated_q.to(*dtype);
+    rotated_k = rotated_k.to(*dtype);
+  }
+  return {rotated_q, rotated_k};
 }
 
 }  // namespace pipetrain::nn

@@ -4,7 +4,8 @@
 // backward); Llama's compiled PyTorch peer fuses them. Here each thread takes V features of the
 // first half of one head at one position and the V features they pair with in the second half:
 // it reads each element of x once and writes each of the output once, in the output's dtype (fp32
-// where autocast's tables are fp32 and q is bf16, as ATen's promotion gives). The tables' rows are
+// where autocast's tables are fp32 and q is bf16, as ATen's promotion gives, or x's own where
+// attention would cast it back at once). The tables' rows are
 // read by every head of every sequence and stay in cache. The backward is the same pass with the
 // rotation transposed: grad_x = grad * cos + rotate_half^T(grad * sin).
 #include <algorithm>
@@ -22,14 +23,14 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // beyond, threads loop over items
 
 // Item `item` of `tensor`: V features of the first half of one head at one position and the V
-// features of the second half they pair with. The forward reads X and writes Table; the backward
-// reads Table (the output's gradient) and writes X.
-template <typename X, typename Table, int V, bool kBackward>
+// features of the second half they pair with. The forward reads X and writes R (the rotated x's
+// dtype); the backward reads R (the rotated x's gradient) and writes X.
+template <typename X, typename Table, typename R, int V, bool kBackward>
 __device__ inline void rotate_item(const RotaryHeads& tensor, int64_t item, int64_t packs,
                                    int64_t positions, int64_t half, const Table* __restrict__ cos,
                                    const Table* __restrict__ sin) {
-  using Read = std::conditional_t<kBackward, Table, X>;
-  using Written = std::conditional_t<kBackward, X, Table>;
+  using Read = std::conditional_t<kBackward, R, X>;
+  using Written = std::conditional_t<kBackward, X, R>;
   const int64_t feature = item % packs * V;
   item /= packs;
   const int64_t head = item % tensor.heads;
@@ -70,7 +71,7 @@ __device__ inline void rotate_item(const RotaryHeads& tensor, int64_t item, int6
 // The items of `first` and then those of `second`: the V features of the first half fastest, then
 // heads, which attention's layout (a projection's [B, T, H, D] transposed) puts side by side and
 // which read the same row of the tables, then positions, then sequences.
-template <typename X, typename Table, int V, bool kBackward>
+template <typename X, typename Table, typename R, int V, bool kBackward>
 __global__ void rotary_kernel(const RotaryHeads first, const RotaryHeads second, int64_t batch,
                               int64_t positions, int64_t half, const Table* __restrict__ cos,
                               const Table* __restrict__ sin) {
@@ -83,10 +84,10 @@ __global__ void rotary_kernel(const RotaryHeads first, const RotaryHeads second,
     // Two calls rather than a reference chosen at run time, which would copy both tensors'
     // parameters to local memory.
     if (item < first_items) {
-      rotate_item<X, Table, V, kBackward>(first, item, packs, positions, half, cos, sin);
+      rotate_item<X, Table, R, V, kBackward>(first, item, packs, positions, half, cos, sin);
     } else {
-      rotate_item<X, Table, V, kBackward>(second, item - first_items, packs, positions, half, cos,
-                                          sin);
+      rotate_item<X, Table, R, V, kBackward>(second, item - first_items, packs, positions, half,
+                                             cos, sin);
     }
   }
 }
@@ -104,25 +105,25 @@ bool takes_packs(const RotaryHeads& tensor) {
          aligned_to(tensor.output, V * sizeof(Written));
 }
 
-template <typename X, typename Table, bool kBackward, int V>
+template <typename X, typename Table, typename R, bool kBackward, int V>
 void launch_packs(const RotaryHeads& first, const RotaryHeads& second, int64_t batch,
                   int64_t positions, int64_t half, const Table* cos, const Table* sin,
                   cudaStream_t stream) {
   const int64_t items = batch * (first.heads + second.heads) * positions * (half / V);
   if (items == 0) return;
   const int64_t blocks = std::min(kMaxBlocks, (items + kThreads - 1) / kThreads);
-  rotary_kernel<X, Table, V, kBackward><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+  rotary_kernel<X, Table, R, V, kBackward><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       first, second, batch, positions, half, cos, sin);
   check_launch(kBackward ? "rotary backward" : "rotary forward");
 }
 
 // 16 bytes of x at a time (8 bf16 or 4 fp32 features) where every tensor's rows and the half
 // allow it, else one feature at a time.
-template <typename X, typename Table, bool kBackward>
+template <typename X, typename Table, typename R, bool kBackward>
 void launch(const RotaryHeads& first, const RotaryHeads& second, int64_t batch, int64_t positions,
             int64_t head_dim, const void* cos, const void* sin, cudaStream_t stream) {
-  using Read = std::conditional_t<kBackward, Table, X>;
-  using Written = std::conditional_t<kBackward, X, Table>;
+  using Read = std::conditional_t<kBackward, R, X>;
+  using Written = std::conditional_t<kBackward, X, R>;
   constexpr int kVector = 16 / sizeof(X);
   const int64_t half = head_dim / 2;
   const auto* cos_table = static_cast<const Table*>(cos);
@@ -132,57 +133,69 @@ void launch(const RotaryHeads& first, const RotaryHeads& second, int64_t batch, 
                       takes_packs<Read, Written, kVector>(first) &&
                       takes_packs<Read, Written, kVector>(second);
   if (packed) {
-    launch_packs<X, Table, kBackward, kVector>(first, second, batch, positions, half, cos_table,
-                                               sin_table, stream);
+    launch_packs<X, Table, R, kBackward, kVector>(first, second, batch, positions, half, cos_table,
+                                                  sin_table, stream);
   } else {
-    launch_packs<X, Table, kBackward, 1>(first, second, batch, positions, half, cos_table,
-                                         sin_table, stream);
+    launch_packs<X, Table, R, kBackward, 1>(first, second, batch, positions, half, cos_table,
+                                            sin_table, stream);
   }
 }
 
 template <typename X, bool kBackward>
-void with_table_type(Dtype x_dtype, Dtype table_dtype, const RotaryHeads& first,
-                     const RotaryHeads& second, int64_t batch, int64_t positions, int64_t head_dim,
-                     const void* cos, const void* sin, cudaStream_t stream) {
-  if (table_dtype == x_dtype) {
-    return launch<X, X, kBackward>(first, second, batch, positions, head_dim, cos, sin, stream);
+void with_table_type(Dtype x_dtype, Dtype table_dtype, Dtype rotated_dtype,
+                     const RotaryHeads& first, const RotaryHeads& second, int64_t batch,
+                     int64_t positions, int64_t head_dim, const void* cos, const void* sin,
+                     cudaStream_t stream) {
+  if (table_dtype == x_dtype && rotated_dtype == x_dtype) {
+    return launch<X, X, X, kBackward>(first, second, batch, positions, head_dim, cos, sin, stream);
   }
-  if (table_dtype == Dtype::kFloat) {
-    return launch<X, float, kBackward>(first, second, batch, positions, head_dim, cos, sin, stream);
+  if (table_dtype == Dtype::kFloat && rotated_dtype == Dtype::kFloat) {
+    return launch<X, float, float, kBackward>(first, second, batch, positions, head_dim, cos, sin,
+                                              stream);
   }
-  throw std::invalid_argument("pipetrain: rotary kernels take tables in x's dtype or fp32");
+  if (table_dtype == Dtype::kFloat && rotated_dtype == x_dtype) {
+    return launch<X, float, X, kBackward>(first, second, batch, positions, head_dim, cos, sin,
+                                          stream);
+  }
+  throw std::invalid_argument(
+      "pipetrain: rotary kernels take tables in x's dtype or fp32, and rotate into the tables' "
+      "dtype or x's");
 }
 
 template <bool kBackward>
-void rotary(Dtype x_dtype, Dtype table_dtype, const RotaryHeads& first, const RotaryHeads& second,
-            int64_t batch, int64_t positions, int64_t head_dim, const void* cos, const void* sin,
-            void* stream) {
+void rotary(Dtype x_dtype, Dtype table_dtype, Dtype rotated_dtype, const RotaryHeads& first,
+            const RotaryHeads& second, int64_t batch, int64_t positions, int64_t head_dim,
+            const void* cos, const void* sin, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (x_dtype) {
     case Dtype::kFloat:
-      return with_table_type<float, kBackward>(x_dtype, table_dtype, first, second, batch,
-                                               positions, head_dim, cos, sin, s);
+      return with_table_type<float, kBackward>(x_dtype, table_dtype, rotated_dtype, first, second,
+                                               batch, positions, head_dim, cos, sin, s);
     case Dtype::kBFloat16:
-      return with_table_type<__nv_bfloat16, kBackward>(x_dtype, table_dtype, first, second, batch,
-                                                       positions, head_dim, cos, sin, s);
+      return with_table_type<__nv_bfloat16, kBackward>(x_dtype, table_dtype, rotated_dtype, first,
+                                                       second, batch, positions, head_dim, cos, sin,
+                                                       s);
     case Dtype::kHalf:
-      return with_table_type<__half, kBackward>(x_dtype, table_dtype, first, second, batch,
-                                                positions, head_dim, cos, sin, s);
+      return with_table_type<__half, kBackward>(x_dtype, table_dtype, rotated_dtype, first, second,
+                                                batch, positions, head_dim, cos, sin, s);
   }
 }
 
 }  // namespace
 
-void rotary_forward(Dtype x_dtype, Dtype table_dtype, const RotaryHeads& first,
+void rotary_forward(Dtype x_dtype, Dtype table_dtype, Dtype rotated_dtype, const RotaryHeads& first,
                     const RotaryHeads& second, int64_t batch, int64_t positions, int64_t head_dim,
                     const void* cos, const void* sin, void* stream) {
-  rotary<false>(x_dtype, table_dtype, first, second, batch, positions, head_dim, cos, sin, stream);
+  rotary<false>(x_dtype, table_dtype, rotated_dtype, first, second, batch, positions, head_dim, cos,
+                sin, stream);
 }
 
-void rotary_backward(Dtype x_dtype, Dtype table_dtype, const RotaryHeads& first,
-                     const RotaryHeads& second, int64_t batch, int64_t positions, int64_t head_dim,
-                     const void* cos, const void* sin, void* stream) {
-  rotary<true>(x_dtype, table_dtype, first, second, batch, positions, head_dim, cos, sin, stream);
+void rotary_backward(Dtype x_dtype, Dtype table_dtype, Dtype rotated_dtype,
+                     const RotaryHeads& first, const RotaryHeads& second, int64_t batch,
+                     int64_t positions, int64_t head_dim, const void* cos, const void* sin,
+                     void* stream) {
+  rotary<true>(x_dtype, table_dtype, rotated_dtype, first, second, batch, positions, head_dim, cos,
+               sin, stream);
 }
 
 }  // namespace pipetrain::kernels

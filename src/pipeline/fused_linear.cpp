@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "pipetrain/linear.h"
@@ -109,33 +111,99 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
   }
 };
 
+// The input and parameters a fused Linear's GEMMs multiply: under autocast, the casts autocast's
+// linear makes, through its cache: one bf16 copy of a weight per step, shared with any other use
+// of it. Made with autograd recording, as autocast makes them, so that a copy another layer takes
+// from the cache still carries that layer's gradient.
+LinearState state_for(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+                      const std::shared_ptr<DeferredWeightGradients>& deferred) {
+  LinearState state{weight, bias, weight, bias, deferred};
+  const auto device = input.device().type();
+  if (autocast_enabled(device)) {
+    const auto dtype = autocast_dtype(device);
+    state.compute_weight = at::autocast::cached_cast(dtype, weight, device);
+    if (bias.defined()) state.compute_bias = at::autocast::cached_cast(dtype, bias, device);
+  }
+  return state;
+}
+
+at::Tensor compute_input(const at::Tensor& input) {
+  const auto device = input.device().type();
+  if (!autocast_enabled(device)) return input;
+  return at::autocast::cached_cast(autocast_dtype(device), input, device);
+}
+
+bool needs_gradients(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  return at::GradMode::is_enabled() && (input.requires_grad() || weight.requires_grad() ||
+                                        (bias.defined() && bias.requires_grad()));
+}
+
+// Autograd calls a Function's backward only through an input that carries a gradient. Data
+// entering the first stage carries none: an alias of it that does stands in, and gets none back
+// (nor costs the GEMM that would compute it).
+at::Tensor standing_in(const at::Tensor& x) {
+  return x.requires_grad() ? x : x.detach().requires_grad_(true);
+}
+
 // at::linear(input, weight, bias), its parameters' gradients accumulated in place by its backward
 // (deferred into `deferred` while that defers).
 at::Tensor fused_linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                         const std::shared_ptr<DeferredWeightGradients>& deferred) {
-  if (!at::GradMode::is_enabled() || !(input.requires_grad() || weight.requires_grad() ||
-                                       (bias.defined() && bias.requires_grad()))) {
+  if (!needs_gradients(input, weight, bias))
     return at::linear(input, weight, optional_tensor(bias));
-  }
-  LinearState state{weight, bias, weight, bias, deferred};
-  at::Tensor x = input;
-  const auto device = input.device().type();
-  if (autocast_enabled(device)) {
-    // The casts autocast's linear makes, through its cache: one bf16 copy of a weight per step,
-    // shared with any other use of it. Made with autograd recording, as autocast makes them, so
-    // that a copy another layer takes from the cache still carries that layer's gradient.
-    const auto dtype = autocast_dtype(device);
-    x = at::autocast::cached_cast(dtype, input, device);
-    state.compute_weight = at::autocast::cached_cast(dtype, weight, device);
-    if (bias.defined()) state.compute_bias = at::autocast::cached_cast(dtype, bias, device);
-  }
-  // Autograd calls a Function's backward only through an input that carries a gradient. Data
-  // entering the first stage carries none: an alias of it that does stands in, and gets none
-  // back (nor costs the GEMM that would compute it).
+  LinearState state = state_for(input, weight, bias, deferred);
+  const at::Tensor x = compute_input(input);
   state.input_is_data = !x.requires_grad();
-  return LinearAccumulatingGrad::apply(state.input_is_data ? x.detach().requires_grad_(true) : x,
-                                       state);
+  return LinearAccumulatingGrad::apply(standing_in(x), state);
 }
+
+// Several fused Linear layers reading one input: the input's gradient is the sum of theirs, one
+// GEMM adding into the last's result (beta 1) where autograd would add them in passes of its own.
+struct LinearsHandle : torch::CustomClassHolder {
+  std::vector<LinearState> states;
+};
+
+struct LinearsAccumulatingGrad : torch::autograd::Function<LinearsAccumulatingGrad> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const std::vector<LinearState>& states) {
+    ctx->save_for_backward({input});
+    auto handle = c10::make_intrusive<LinearsHandle>();
+    handle->states = states;
+    ctx->saved_data["linears"] = c10::IValue::make_capsule(std::move(handle));
+    variable_list outputs;
+    for (const auto& state : states) {
+      outputs.push_back(
+          at::linear(input, state.compute_weight, optional_tensor(state.compute_bias)));
+    }
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor input = ctx->get_saved_variables()[0];
+    const auto& states =
+        static_cast<LinearsHandle*>(ctx->saved_data["linears"].toCapsule().get())->states;
+    const at::Tensor rows = input.reshape({-1, input.size(-1)});
+    at::Tensor input_grad;
+    for (size_t i = 0; i < states.size(); ++i) {
+      if (!grads[i].defined()) continue;  // an output the loss does not depend on
+      const auto& state = states[i];
+      const at::Tensor grad = grads[i].reshape({-1, grads[i].size(-1)});
+      WeightGradient work{state.weight, state.bias, grad, rows};
+      if (state.deferred && state.deferred->deferring()) {
+        state.deferred->add(std::move(work));
+      } else {
+        DeferredWeightGradients::accumulate({std::move(work)});
+      }
+      if (state.input_is_data) continue;
+      if (input_grad.defined()) {
+        input_grad.addmm_(grad, state.compute_weight);
+      } else {
+        input_grad = grad.mm(state.compute_weight);
+      }
+    }
+    return {input_grad.defined() ? input_grad.view(input.sizes()) : at::Tensor(), at::Tensor()};
+  }
+};
 
 class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImpl> {
  public:
@@ -171,6 +239,33 @@ thread_local Fusing fusing;
 at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
   if (!fusing.active) return at::linear(input, weight, optional_tensor(bias));
   return fused_linear(input, weight, bias, fusing.deferred);
+}
+
+std::vector<at::Tensor> linears(const at::Tensor& input, const std::vector<at::Tensor>& weights,
+                                const std::vector<at::Tensor>& biases) {
+  if (!biases.empty() && biases.size() != weights.size()) {
+    throw std::invalid_argument("pipetrain::linears: " + std::to_string(weights.size()) +
+                                " weights and " + std::to_string(biases.size()) +
+                                " biases; give one bias per weight (undefined: none) or none");
+  }
+  const auto bias = [&](size_t i) { return biases.empty() ? at::Tensor() : biases[i]; };
+  bool fuse = fusing.active;
+  for (size_t i = 0; i < weights.size() && fuse; ++i) {
+    fuse = needs_gradients(input, weights[i], bias(i));
+  }
+  if (!fuse) {
+    std::vector<at::Tensor> outputs;
+    for (size_t i = 0; i < weights.size(); ++i)
+      outputs.push_back(linear(input, weights[i], bias(i)));
+    return outputs;
+  }
+  const at::Tensor x = compute_input(input);
+  std::vector<LinearState> states;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    states.push_back(state_for(input, weights[i], bias(i), fusing.deferred));
+    states.back().input_is_data = !x.requires_grad();
+  }
+  return LinearsAccumulatingGrad::apply(standing_in(x), states);
 }
 
 FusedLinearScope::FusedLinearScope(std::shared_ptr<DeferredWeightGradients> deferred)

@@ -434,6 +434,50 @@ TEST(CudaKernels, RotaryEmbeddingGivesWhatAtensExpressionGives) {
   }
 }
 
+// Attention asks for q and k in autocast's dtype: the rotation rounded once in its own pass must be
+// the fp32 rotation cast afterwards, to the bit, and so must the gradients that go back through it
+// (head_dim 64 read 8 bf16 at a time, 24 one at a time).
+TEST(CudaKernels, RotaryIntoAutocastsDtypeIsTheFp32RotationCast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const int64_t head_dim : {64, 24}) {
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    torch::manual_seed(13);
+    const int64_t batch = 2, time = 40, heads = 4, kv_heads = 2;
+    const auto options = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+    const auto q_data = torch::randn({batch, time, heads * head_dim}, options);
+    const auto k_data = torch::randn({batch, time, kv_heads * head_dim}, options);
+    const auto grad_q = torch::randn({batch, heads, time, head_dim}, options);
+    const auto grad_k = torch::randn({batch, kv_heads, time, head_dim}, options);
+    nn::RotaryEmbedding rotary{nn::RotaryEmbeddingOptions(head_dim)};
+    std::vector<at::Tensor> results[2];
+    for (const bool into_bf16 : {false, true}) {
+      const auto q_proj = q_data.clone().requires_grad_(true);
+      const auto k_proj = k_data.clone().requires_grad_(true);
+      const auto q = q_proj.view({batch, time, heads, head_dim}).transpose(1, 2);
+      const auto k = k_proj.view({batch, time, kv_heads, head_dim}).transpose(1, 2);
+      set_autocast_to_bf16(c10::DeviceType::CUDA, true);
+      at::Tensor q_out, k_out;
+      if (into_bf16) {
+        std::tie(q_out, k_out) = rotary->rotate(q, k, torch::kBFloat16);
+      } else {
+        std::tie(q_out, k_out) = rotary->rotate(q, k);
+        EXPECT_EQ(q_out.scalar_type(), torch::kFloat);
+        q_out = q_out.to(torch::kBFloat16);
+        k_out = k_out.to(torch::kBFloat16);
+      }
+      set_autocast_to_bf16(c10::DeviceType::CUDA, false);
+      at::autocast::clear_cache();
+      torch::autograd::backward({q_out, k_out}, {grad_q, grad_k});
+      results[into_bf16] = {q_out.detach(), k_out.detach(), q_proj.grad(), k_proj.grad()};
+    }
+    const char* names[] = {"q", "k", "q projection's gradient", "k projection's gradient"};
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(results[1][i].scalar_type(), torch::kBFloat16) << names[i];
+      EXPECT_TRUE(torch::equal(results[1][i], results[0][i])) << names[i];
+    }
+  }
+}
+
 // SwiGLU (`ours`: the module, whose silu(gate) * up is fused) or its projections around ATen's
 // silu(gate) * up, then a random gradient. {output, the gradients of x and of the gate, up and
 // down projections' weights}.

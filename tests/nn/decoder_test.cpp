@@ -1,8 +1,8 @@
 // A decoder of one's own built from pipetrain::nn (small Llama and Qwen3 shapes: GQA, RoPE, tied
 // and untied heads, q/k norms), trained by a Module a user would write, under `pipe` on 2 and 3
-// stages with every schedule and checkpoint mode against `single` on the same data and initial
-// weights, and a checkpoint of 3 stages resumed on 2; plus the Sequential's layout, presets and
-// errors.
+// stages with every schedule and checkpoint mode (and with gradient-accumulation fusion) against
+// `single` on the same data and initial weights, and a checkpoint of 3 stages resumed on 2; plus
+// the Sequential's layout, presets and errors.
 // Tolerance: fp32 on CPU, relative 1e-5 on per-step losses and absolute 1e-5 on the final
 // weights, where only the order of sums differs (micro-batches, the tied gradient's two halves);
 // 5e-5 on the weights of the resumed run, whose two layouts' roundings add up (measured: 1.6e-5
@@ -77,19 +77,22 @@ struct DecoderRun : FitRun {
   bool qwen3 = false;
   int64_t virtual_stages = 1;
   bool per_rank = false;  // nn::decoder_layers, built per rank, rather than nn::decoder
+  bool fuse = false;      // PipeOptions::fuse_gradient_accumulation
 
   template <typename Visit>
   void fields(Visit&& visit) {
     FitRun::fields(visit);
-    PIPETRAIN_VISIT_FIELDS(visit, qwen3, virtual_stages, per_rank);
+    PIPETRAIN_VISIT_FIELDS(visit, qwen3, virtual_stages, per_rank, fuse);
   }
 };
 
 // Two epochs of 4 batches of 8 windows, shuffled, gradients clipped at 1.
 void train(const DecoderRun& run) {
-  Trainer trainer(run.trainer_options(PipeOptions().virtual_stages(run.virtual_stages))
-                      .max_epochs(2)
-                      .gradient_clip_val(1.0));
+  Trainer trainer(
+      run.trainer_options(
+             PipeOptions().virtual_stages(run.virtual_stages).fuse_gradient_accumulation(run.fuse))
+          .max_epochs(2)
+          .gradient_clip_val(1.0));
   torch::manual_seed(5);
   const auto config = run.qwen3 ? small_qwen3() : small_llama();
   auto model = run.per_rank ? LanguageModel(nn::decoder_layers(config)) : LanguageModel(config);
@@ -124,6 +127,7 @@ struct Layout {
   int64_t stages;
   std::string schedule, checkpoint;
   int64_t virtual_stages = 1;
+  bool fuse = false;  // gradient-accumulation fusion: q, k, v and gate, up through linears()
 };
 
 void expect_layouts_train_as_one_process(const std::string& dir, bool qwen3,
@@ -138,8 +142,8 @@ void expect_layouts_train_as_one_process(const std::string& dir, bool qwen3,
   ASSERT_EQ(expected.size(), 8u);
   for (const auto& layout : layouts) {
     DecoderRun pipe;
-    pipe.root =
-        dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" + layout.checkpoint;
+    pipe.root = dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" +
+                layout.checkpoint + (layout.fuse ? "-fused" : "");
     SCOPED_TRACE(pipe.root);
     pipe.qwen3 = qwen3;
     pipe.strategy = "pipe";
@@ -149,6 +153,7 @@ void expect_layouts_train_as_one_process(const std::string& dir, bool qwen3,
     pipe.checkpoint = layout.checkpoint;
     pipe.virtual_stages = layout.virtual_stages;
     pipe.per_rank = per_rank;
+    pipe.fuse = layout.fuse;
     train_in_ranks(pipe);
     expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"), 1e-5);
     expect_same_weights(single.final_weights(), pipe.final_weights(), weight_tolerance);
@@ -164,13 +169,18 @@ TEST_F(DecoderPipe, TiedLlamaTrainsAsOneProcessInEveryScheduleAndCheckpointMode)
                                        {3, "1f1b", "never"},
                                        {3, "zbh2", "always"},
                                        {2, "interleaved1f1b", "except_last", 2},
-                                       {2, "zbv", "always", 2}});
+                                       {2, "zbv", "always", 2},
+                                       {2, "zbh1", "never", 1, true},
+                                       {3, "gpipe", "always", 1, true}});
 }
 
 // Qwen3: multi-query, q/k norms, head_dim apart from n_embd / n_head, an untied head.
 TEST_F(DecoderPipe, UntiedQwen3TrainsAsOneProcess) {
-  expect_layouts_train_as_one_process(
-      dir, true, {{2, "1f1b", "always"}, {3, "gpipe", "except_last"}, {3, "zbh1", "never"}});
+  expect_layouts_train_as_one_process(dir, true,
+                                      {{2, "1f1b", "always"},
+                                       {3, "gpipe", "except_last"},
+                                       {3, "zbh1", "never"},
+                                       {2, "zbh2", "never", 1, true}});
 }
 
 // Built per rank (nn::decoder_layers): each process builds its own layers, each from its own seed,

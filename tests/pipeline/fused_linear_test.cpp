@@ -37,25 +37,38 @@ int64_t virtual_stages(const std::string& schedule) {
 const std::vector<std::string> kModes = {"never", "always"};
 
 // A block of the user's own, its Linear layers held inside it (where the pipe cannot swap them):
-// they fuse through pipetrain::linear. One of them has no bias.
+// they fuse through pipetrain::linear. One of them has no bias. A gated one reads its input
+// through two layers at once (pipetrain::linears: up with a bias, gate without), whose input
+// gradients the fused backward adds up inside its GEMMs.
 class ResidualMlpImpl : public torch::nn::Module {
  public:
-  explicit ResidualMlpImpl(int64_t width)
+  explicit ResidualMlpImpl(int64_t width, bool gated = false)
       : up(register_module("up", torch::nn::Linear(width, 2 * width))),
         down(register_module(
-            "down", torch::nn::Linear(torch::nn::LinearOptions(2 * width, width).bias(false)))) {}
+            "down", torch::nn::Linear(torch::nn::LinearOptions(2 * width, width).bias(false)))) {
+    if (gated) {
+      gate = register_module(
+          "gate", torch::nn::Linear(torch::nn::LinearOptions(width, 2 * width).bias(false)));
+    }
+  }
   at::Tensor forward(const at::Tensor& x) {
-    const auto hidden = torch::tanh(pipetrain::linear(x, up->weight, up->bias));
+    at::Tensor hidden;
+    if (gate.is_empty()) {
+      hidden = torch::tanh(pipetrain::linear(x, up->weight, up->bias));
+    } else {
+      const auto both = pipetrain::linears(x, {up->weight, gate->weight}, {up->bias, gate->bias});
+      hidden = torch::tanh(both[0]) * torch::sigmoid(both[1]);
+    }
     return x + pipetrain::linear(hidden, down->weight, down->bias);
   }
-  torch::nn::Linear up, down;
+  torch::nn::Linear up, down, gate{nullptr};
 };
 TORCH_MODULE(ResidualMlp);
 
 torch::nn::Sequential make_block_model(uint64_t seed) {
   torch::manual_seed(seed);
-  return torch::nn::Sequential(torch::nn::Linear(6, 16), ResidualMlp(16), ResidualMlp(16),
-                               torch::nn::Linear(16, 3));
+  return torch::nn::Sequential(torch::nn::Linear(6, 16), ResidualMlp(16),
+                               ResidualMlp(16, /*gated=*/true), torch::nn::Linear(16, 3));
 }
 
 using ModelFactory = torch::nn::Sequential (*)(uint64_t seed);
@@ -129,23 +142,35 @@ TEST(FusedGradientAccumulation, LinearsInsideBlocksFuseThroughPipetrainLinear) {
   for (const bool fused : {false, true}) {
     auto model = make_block_model(3);
     const auto block = model->ptr<ResidualMlpImpl>(1);
+    const auto gated = model->ptr<ResidualMlpImpl>(2);
     int hooks_fired = 0;
     block->up->weight.register_hook([&](const at::Tensor&) { ++hooks_fired; });
+    gated->gate->weight.register_hook([&](const at::Tensor&) { ++hooks_fired; });
     Pipe pipe(model, PipeOptions(options).chunks(3).fuse_gradient_accumulation(fused), world);
     const auto [inputs, targets] = reference_batch(0);
     pipe.forward_backward(inputs, kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
       return torch::mse_loss(out, targets.slice(0, mb.begin, mb.end));
     });
-    for (const auto& p : {block->up->weight, block->up->bias, block->down->weight}) {
+    for (const auto& p : {block->up->weight, block->up->bias, block->down->weight,
+                          gated->up->weight, gated->up->bias, gated->gate->weight}) {
       ASSERT_TRUE(p.grad().defined());
       EXPECT_FALSE(p.grad().is_view()) << "optimizers detach_() gradients in place";
     }
-    EXPECT_EQ(hooks_fired, fused ? 0 : 3) << (fused ? "fused" : "plain");
+    EXPECT_EQ(hooks_fired, fused ? 0 : 6) << (fused ? "fused" : "plain");
   }
-  // Outside a step of a pipe that fuses, pipetrain::linear is at::linear.
+  // Outside a step of a pipe that fuses, pipetrain::linear is at::linear, and so are
+  // pipetrain::linears' layers.
   const auto y =
       pipetrain::linear(torch::randn({2, 16}), torch::randn({3, 16}, torch::requires_grad()));
   EXPECT_EQ(y.grad_fn()->name().find("LinearAccumulatingGrad"), std::string::npos);
+  const auto ys =
+      pipetrain::linears(torch::randn({2, 16}), {torch::randn({3, 16}, torch::requires_grad()),
+                                                 torch::randn({4, 16}, torch::requires_grad())});
+  ASSERT_EQ(ys.size(), 2u);
+  EXPECT_EQ(ys[1].sizes(), (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(ys[0].grad_fn()->name().find("LinearsAccumulatingGrad"), std::string::npos);
+  EXPECT_THROW(pipetrain::linears(torch::randn({2, 16}), {torch::randn({3, 16})}, {{}, {}}),
+               std::invalid_argument);
 }
 
 // The gradients pipetrain::linear leaves in `weight` and `bias` (and the input's) for one backward

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -53,8 +54,11 @@ class RotaryEmbeddingImpl : public torch::nn::Module {
   // autocast in fp32 (a bf16 x comes out fp32), as Hugging Face's and torchtitan's Llama do: their
   // tables take the dtype of the residual stream, fp32 under autocast.
   at::Tensor forward(const at::Tensor& x);
-  // q and k both, as forward() each, the tables looked up once.
-  std::tuple<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k);
+  // q and k both, as forward() each, the tables looked up once; where `dtype` is given (q's own
+  // or the tables'), each result then cast to it, in the same pass on a GPU. Attention asks for
+  // autocast's dtype, into which attention itself would cast fp32 results at once.
+  std::tuple<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k,
+                                            std::optional<at::ScalarType> dtype = std::nullopt);
 
   RotaryEmbeddingOptions options;
 

@@ -1,10 +1,12 @@
-// Where one GPU's time goes in a GPT-2 step through the Trainer: PyTorch's profiler (Kineto)
-// records steps 16-20 of `fit` and this prints the GPU kernels by total time per step, their sum
-// against the steps' wall time (a sum well below it means the device waits for the host), and
-// writes a Chrome trace.
-//   build-gpu/bench/gpt2_profile_bench [size=124M] [B=16] [trace=gpt2_trace.json] [top=40]
-//       [fuse-gradient-accumulation=false]
-// Data: uniform random tokens (throughput only), as bench/gpt2_fit.sh.
+// Where one GPU's time goes in a language model's step through the Trainer: PyTorch's profiler
+// (Kineto) records steps 16-20 of `fit` and this prints the GPU kernels by total time per step,
+// their sum against the steps' wall time (a sum well below it means the device waits for the
+// host), and writes a Chrome trace.
+//   build-gpu/bench/lm_profile_bench [model=gpt2] [size] [B=16] [T=1024] [chunks=1]
+//       [trace=lm_trace.json] [top=40] [fuse-gradient-accumulation=false]
+// model is gpt2 (size 124M by default), llama (llama-150m) or qwen3 (qwen3-0.6b); chunks > 1
+// trains under `pipe` on the one device with that many micro-batches (checkpoint never). Data:
+// uniform random tokens below the model's vocabulary (throughput only), as bench/lm_fit.sh.
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
@@ -93,34 +95,56 @@ class Profile : public pipetrain::Callback {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string size = argc > 1 ? argv[1] : "124M";
-  const int64_t batch = argc > 2 ? std::stoll(argv[2]) : 16;
-  const std::string trace = argc > 3 ? argv[3] : "gpt2_trace.json";
-  const size_t top = argc > 4 ? std::stoul(argv[4]) : 40;
-  const bool fuse = argc > 5 && std::string(argv[5]) == "true";
+  const std::string name = argc > 1 ? argv[1] : "gpt2";
+  const std::map<std::string, std::string> default_size{
+      {"gpt2", "124M"}, {"llama", "llama-150m"}, {"qwen3", "qwen3-0.6b"}};
+  if (default_size.count(name) == 0) {
+    std::fprintf(stderr, "lm_profile_bench: model is gpt2, llama or qwen3, not '%s'\n",
+                 name.c_str());
+    return 2;
+  }
+  const std::string size = argc > 2 ? argv[2] : default_size.at(name);
+  const int64_t batch = argc > 3 ? std::stoll(argv[3]) : 16;
+  const int64_t block = argc > 4 ? std::stoll(argv[4]) : 1024;
+  const int64_t chunks = argc > 5 ? std::stoll(argv[5]) : 1;
+  const std::string trace = argc > 6 ? argv[6] : "lm_trace.json";
+  const size_t top = argc > 7 ? std::stoul(argv[7]) : 40;
+  const bool fuse = argc > 8 && std::string(argv[8]) == "true";
   if (!torch::cuda::is_available()) {
-    std::fprintf(stderr, "gpt2_profile_bench needs a CUDA device\n");
+    std::fprintf(stderr, "lm_profile_bench needs a CUDA device\n");
     return 1;
   }
-  const auto dir = std::filesystem::temp_directory_path() / "gpt2_profile_bench";
+  const auto dir = std::filesystem::temp_directory_path() / "lm_profile_bench";
   std::filesystem::create_directories(dir);
   pipetrain::cli::ModelOptions model_options;
-  model_options.name = "gpt2";
+  model_options.name = name;
   model_options.model_size = size;
+  model_options.block_size = block;
   model_options.train_data = (dir / "train.bin").string();
   model_options.lr = 6e-4;
-  const int64_t block = pipetrain::cli::gpt2_config(model_options).block_size;
+  const bool gpt2 = name == "gpt2";
+  const int64_t vocab = gpt2 ? 50257 : pipetrain::cli::decoder_config(model_options).vocab_size;
   std::mt19937 random(0);
-  std::vector<uint16_t> tokens(batch * (block + 1) * (kFirst + kSteps + 4));
-  for (auto& token : tokens) token = static_cast<uint16_t>(random() % 50257);
-  pipetrain::write_token_file(model_options.train_data, tokens);
+  std::vector<uint32_t> tokens(batch * (block + 1) * (kFirst + kSteps + 4));
+  for (auto& token : tokens) token = static_cast<uint32_t>(random() % vocab);
+  if (gpt2) {
+    pipetrain::write_token_file(model_options.train_data,
+                                std::vector<uint16_t>(tokens.begin(), tokens.end()));
+  } else {
+    pipetrain::write_token_file(model_options.train_data, tokens,
+                                pipetrain::TokenFileFormat::kLlmc);
+  }
   auto model = pipetrain::cli::make_model(model_options);
   pipetrain::Trainer trainer(pipetrain::TrainerOptions()
                                  .accelerator("cuda")
                                  .precision("bf16-mixed")
                                  .gradient_clip_val(1.0)
                                  .max_steps(kFirst + kSteps + 1)
-                                 .pipe(pipetrain::PipeOptions().fuse_gradient_accumulation(fuse))
+                                 .strategy(chunks > 1 ? "pipe" : "single")
+                                 .pipe(pipetrain::PipeOptions()
+                                           .chunks(chunks)
+                                           .checkpoint("never")
+                                           .fuse_gradient_accumulation(fuse))
                                  .loggers({})
                                  .enable_progress_bar(false)
                                  .enable_checkpointing(false)
