@@ -306,21 +306,26 @@ void DeferredWeightGradients::accumulate(std::vector<WeightGradient> work) {
     at::Tensor weight = pieces[0]->weight;
     at::Tensor bias = pieces[0]->bias;
     const bool bias_needs_grad = bias.defined() && bias.requires_grad();
-    if (weight.requires_grad() || bias_needs_grad) {
-      auto rows = [&](at::Tensor WeightGradient::*member) {
-        if (pieces.size() == 1) return pieces[0]->*member;
-        std::vector<at::Tensor> parts;
-        for (const auto* piece : pieces) parts.push_back(piece->*member);
-        return at::cat(parts);
-      };
-      const at::Tensor grad_output = rows(&WeightGradient::grad_output);
-      if (weight.requires_grad()) {
-        add_product(weight, grad_output.t(), rows(&WeightGradient::input));
-      }
+    const auto add = [&](const at::Tensor& grad_output, const at::Tensor& input) {
+      if (weight.requires_grad()) add_product(weight, grad_output.t(), input);
       if (bias_needs_grad) {
         // A column sum as a GEMM of one row: over a micro-batch's few rows ATen's sum is slow.
         add_product(bias, at::ones({1, grad_output.size(0)}, grad_output.options()), grad_output);
       }
+    };
+    int64_t rows = 0;
+    for (const auto* piece : pieces) rows += piece->grad_output.size(0);
+    if (!weight.requires_grad() && !bias_needs_grad) {
+      // nothing to accumulate (a frozen layer)
+    } else if (pieces.size() == 1 || rows >= kJoinedRows * static_cast<int64_t>(pieces.size())) {
+      for (const auto* piece : pieces) add(piece->grad_output, piece->input);
+    } else {
+      std::vector<at::Tensor> grad_outputs, inputs;
+      for (const auto* piece : pieces) {
+        grad_outputs.push_back(piece->grad_output);
+        inputs.push_back(piece->input);
+      }
+      add(at::cat(grad_outputs), at::cat(inputs));
     }
     for (auto* piece : pieces) *piece = {};  // this layer's activations may go now
   }

@@ -54,10 +54,14 @@ class DeferredWeightGradients {
   // Drops what is queued without running it (left by a step that failed half-way).
   void clear() { pending_.clear(); }
 
-  // Adds `work`'s gradients into the parameters' .grad (created as zeros if undefined): one GEMM
-  // per layer, its micro-batches' rows joined, layers in the order they first appear. Each
-  // layer's tensors are let go once its GEMM is issued.
+  // Adds `work`'s gradients into the parameters' .grad (created as zeros if undefined), layers in
+  // the order they first appear: one GEMM per layer, its micro-batches' rows joined, where they
+  // average fewer than kJoinedRows rows; else one GEMM per micro-batch, each adding in place
+  // (joining copies every row, which costs more than long GEMMs gain: Llama 150M on an H200, 2
+  // micro-batches of 8192 rows, 2.7 ms of copies in a 32 ms step). Each layer's tensors are let
+  // go once its GEMMs are issued.
   static void accumulate(std::vector<WeightGradient> work);
+  static constexpr int64_t kJoinedRows = 2048;
 
  private:
   bool deferring_ = false;
