@@ -39,6 +39,7 @@
 
 #include "environment_variables.h"
 #include "pipetrain/error.h"
+#include "util/usable_cpus.h"
 
 namespace pipetrain {
 namespace {
@@ -193,17 +194,6 @@ class ChildrenGuard {
 
 std::string count_ranks(size_t count) {
   return std::to_string(count) + (count == 1 ? " rank" : " ranks");
-}
-
-// CPUs this process may run on (respects taskset and cpusets, unlike the number of CPUs in the
-// machine), so that OMP_NUM_THREADS divides what the children will actually share.
-int64_t usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) {
-    return CPU_COUNT(&set);
-  }
-  return std::max<int64_t>(1, std::thread::hardware_concurrency());
 }
 
 bool is_executable_file(const std::string& path) {

@@ -12,6 +12,7 @@
 #include "pipetrain/world.h"
 #include "train/layer_profile.h"
 #include "train/training_plan.h"
+#include "util/usable_cpus.h"
 
 namespace pipetrain {
 namespace {
@@ -75,6 +76,11 @@ void Trainer::choose_pipeline_plan(Module& module, const DataLoader& loader) {
         planner.link_bytes_per_second = plan_options.link_bandwidth();
         planner.network_bytes_per_second = plan_options.network_bandwidth();
         planner.ranks_per_node = options_.devices();
+        if (!world_->device().is_cuda()) {
+          // CPU ranks share this machine's cores, each with the threads it was given.
+          planner.cores_per_node = usable_cpus();
+          planner.threads_per_rank = at::get_num_threads();
+        }
         text = plan_to_json(choose_plan(weigh_plans(profiles, planner), planner));
       }
     } catch (const std::exception& e) {

@@ -138,6 +138,29 @@ std::vector<int64_t> replicas_of(int64_t s, const PlannerOptions& options) {
   return ranks;
 }
 
+// Where a node's CPU ranks run more threads than it has cores (PlannerOptions::cores_per_node),
+// the simulation's time is stretched to what the cores can compute: every rank's (and every
+// replica's) busy time x threads / cores, each rank finishing that much later.
+void take_turns_on_shared_cores(Simulation& pipeline, const PlannerOptions& options) {
+  if (options.cores_per_node <= 0 || pipeline.step_time <= 0) return;
+  const int64_t pipeline_ranks = static_cast<int64_t>(pipeline.busy_time.size());
+  const int64_t ranks = pipeline_ranks * options.replicas;
+  const int64_t per_node = options.ranks_per_node > 0 ? options.ranks_per_node : ranks;
+  double slowest = 0;
+  for (int64_t first = 0; first < ranks; first += per_node) {
+    double busy = 0;
+    for (int64_t rank = first; rank < std::min(ranks, first + per_node); ++rank) {
+      busy += pipeline.busy_time[static_cast<size_t>(rank % pipeline_ranks)];
+    }
+    slowest = std::max(slowest, busy * static_cast<double>(options.threads_per_rank) /
+                                    static_cast<double>(options.cores_per_node));
+  }
+  if (slowest <= pipeline.step_time) return;
+  const double stretch = slowest / pipeline.step_time;
+  for (auto& finish : pipeline.finish_time) finish *= stretch;
+  pipeline.step_time = slowest;
+}
+
 TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& balance,
                      const Schedule& schedule, const std::string& schedule_name, int64_t chunks,
                      CheckpointMode mode, int64_t zero_stage, const PlannerOptions& options) {
@@ -202,8 +225,8 @@ TrainingPlan predict(const LayerProfile& profile, const std::vector<int64_t>& ba
                                   seconds_for((replicas - 1) / replicas * parameters, bandwidth)
                             : plan.optimizer_seconds[r]);
   }
-  const Simulation pipeline =
-      simulate_plan(executed_plan(schedule, /*fused=*/false, recomputed), costs);
+  Simulation pipeline = simulate_plan(executed_plan(schedule, /*fused=*/false, recomputed), costs);
+  take_turns_on_shared_cores(pipeline, options);
   // Each rank all-reduces its stages' gradients with its replicas once its last backward is done;
   // the optimizers step side by side once every rank is there (clipping needs the global norm).
   double synced = 0;

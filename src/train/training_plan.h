@@ -48,6 +48,12 @@ struct PlannerOptions {
   double link_bytes_per_second = 0;
   double network_bytes_per_second = 0;
   int64_t ranks_per_node = 0;
+  // CPU ranks: the cores a node's ranks share, and the threads each computes with (0 cores: each
+  // rank computes on a device of its own). Where a node's ranks run more threads than it has
+  // cores they take turns: a step's forwards and backwards last at least the node's compute
+  // (every rank's, replicas' too) x threads / cores, however the schedule overlaps them.
+  int64_t cores_per_node = 0;
+  int64_t threads_per_rank = 1;
 };
 
 struct TrainingPlan {

@@ -188,6 +188,41 @@ TEST(TrainingPlan, ReplicasAllReduceTheirGradientsAndZeroSharesTheOptimizerState
   EXPECT_NEAR(spread_plain->step_seconds - alone.front().step_seconds, 4.0, 1e-9);
 }
 
+// CPU ranks sharing too few cores take turns: the forwards and backwards last at least the ranks'
+// compute x threads / cores. One micro-batch of 4 layers (1 ms forward, 2 ms backward each) on
+// 2 stages: the schedule alone takes 12 ms (nothing overlaps); 4 ranks (2 replicas) of 1 thread
+// on 2 cores compute 24 ms between them, so 12 ms at best; on 1 core, 24 ms.
+TEST(TrainingPlan, RanksSharingTooFewCoresTakeTurns) {
+  const std::map<int64_t, LayerProfile> profiles{{1, profile_of({1, 1, 1, 1}, 10, 4)}};
+  PlannerOptions options = two_ranks();
+  options.schedules = {"gpipe"};
+  options.replicas = 2;
+  const auto never = [](const std::vector<TrainingPlan>& plans) {
+    return *std::find_if(plans.begin(), plans.end(), [](const TrainingPlan& p) {
+      return p.zero_stage == 0 && p.checkpoint == CheckpointMode::kNever;
+    });
+  };
+  const TrainingPlan own_devices = never(weigh_plans(profiles, options));
+  EXPECT_NEAR(own_devices.pipeline_seconds, 12e-3, 1e-12);
+  options.cores_per_node = 2;
+  const TrainingPlan two_cores = never(weigh_plans(profiles, options));
+  EXPECT_NEAR(two_cores.pipeline_seconds, 12e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(two_cores.step_seconds, own_devices.step_seconds);
+  options.cores_per_node = 1;
+  const TrainingPlan one_core = never(weigh_plans(profiles, options));
+  EXPECT_NEAR(one_core.pipeline_seconds, 24e-3, 1e-12);
+  EXPECT_NEAR(one_core.step_seconds - own_devices.step_seconds, 12e-3, 1e-12);
+  // Two threads per rank on 2 cores: as one thread on one.
+  options.cores_per_node = 2;
+  options.threads_per_rank = 2;
+  EXPECT_NEAR(never(weigh_plans(profiles, options)).pipeline_seconds, 24e-3, 1e-12);
+  // Two nodes of 2 ranks, a core each: each node computes half of it.
+  options.threads_per_rank = 1;
+  options.cores_per_node = 1;
+  options.ranks_per_node = 2;
+  EXPECT_NEAR(never(weigh_plans(profiles, options)).pipeline_seconds, 12e-3, 1e-12);
+}
+
 TEST(TrainingPlan, InterleavedAndVSchedulesRunTwoStagesPerRank) {
   // 4 layers of 1 ms forward, 2 ms backward over 2 ranks, 2 micro-batches: one-stage schedules
   // take (chunks + ranks - 1) x 6 ms = 18 ms; two stages per rank take chunks x 2 x 3 + 3 = 15.

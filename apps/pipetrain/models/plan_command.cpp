@@ -10,6 +10,7 @@
 
 #include "train/layer_profile.h"
 #include "train/training_plan.h"
+#include "util/usable_cpus.h"
 
 namespace pipetrain::cli {
 
@@ -38,6 +39,12 @@ std::string plan_report(const Module& module, const Batch& batch, const PlanRequ
   options.link_bytes_per_second = request.link_bandwidth;
   options.network_bytes_per_second = request.network_bandwidth;
   options.max_memory = request.max_memory;
+  if (!cuda) {
+    // CPU ranks share this machine's cores (the planned ones: this machine's), each with the
+    // threads its layers were timed with.
+    options.cores_per_node = usable_cpus();
+    options.threads_per_rank = at::get_num_threads();
+  }
   std::vector<TrainingPlan> plans;
   for (int64_t stages = 1; stages <= std::min(devices, layers); ++stages) {
     if (devices % stages != 0 || (request.stages > 0 && stages != request.stages)) continue;
