@@ -62,6 +62,15 @@ void add_product(at::Tensor& parameter, const at::Tensor& a, const at::Tensor& b
   }
 }
 
+// A fused Linear's weight-gradient work: queued while `queue` defers, else accumulated now.
+void hand_over(WeightGradient work, const std::shared_ptr<DeferredWeightGradients>& queue) {
+  if (queue && queue->deferring()) {
+    queue->add(std::move(work));
+  } else {
+    DeferredWeightGradients::accumulate({std::move(work)});
+  }
+}
+
 // Where a fused Linear's backward leaves its weight gradients: autograd's context keeps opaque
 // state as a capsule.
 struct DeferralHandle : torch::CustomClassHolder {
@@ -99,13 +108,8 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
     const at::Tensor& grad = grads[0];
     WeightGradient work{ctx->saved_data["weight"].toTensor(), ctx->saved_data["bias"].toTensor(),
                         grad.reshape({-1, grad.size(-1)}), input.reshape({-1, input.size(-1)})};
-    const auto& queue =
-        static_cast<DeferralHandle*>(ctx->saved_data["deferral"].toCapsule().get())->queue;
-    if (queue && queue->deferring()) {
-      queue->add(std::move(work));
-    } else {
-      DeferredWeightGradients::accumulate({std::move(work)});
-    }
+    hand_over(std::move(work),
+              static_cast<DeferralHandle*>(ctx->saved_data["deferral"].toCapsule().get())->queue);
     if (ctx->saved_data["input_is_data"].toBool()) return {at::Tensor(), at::Tensor()};
     return {grad.matmul(ctx->saved_data["compute_weight"].toTensor()), at::Tensor()};
   }
@@ -188,12 +192,7 @@ struct LinearsAccumulatingGrad : torch::autograd::Function<LinearsAccumulatingGr
       if (!grads[i].defined()) continue;  // an output the loss does not depend on
       const auto& state = states[i];
       const at::Tensor grad = grads[i].reshape({-1, grads[i].size(-1)});
-      WeightGradient work{state.weight, state.bias, grad, rows};
-      if (state.deferred && state.deferred->deferring()) {
-        state.deferred->add(std::move(work));
-      } else {
-        DeferredWeightGradients::accumulate({std::move(work)});
-      }
+      hand_over({state.weight, state.bias, grad, rows}, state.deferred);
       if (state.input_is_data) continue;
       if (input_grad.defined()) {
         input_grad.addmm_(grad, state.compute_weight);
