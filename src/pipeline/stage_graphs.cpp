@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "fused_linear.h"
@@ -34,6 +35,10 @@ void stream_wait(const at::cuda::CUDAStream& waiter, const at::cuda::CUDAStream&
 struct StageGraphs::Graphs {
   at::Tensor input, output, grad_output, grad_input;  // the graphs' fixed buffers
   at::cuda::CUDAGraph forward, backward;
+  // In the graphs captured first (without deferred weight gradients): the backward that writes
+  // the gradients instead of adding to them, and the input gradient it writes.
+  std::unique_ptr<at::cuda::CUDAGraph> first_backward;
+  at::Tensor first_grad_input;
   // What backward leaves for weight_backward(): held so that its tensors keep their addresses.
   std::vector<WeightGradient> weight_gradients;
 };
@@ -56,34 +61,64 @@ StageGraphs::~StageGraphs() = default;
 
 void StageGraphs::adopt_gradients() {
   if (gradients_.empty()) return;  // nothing captured yet
-  torch::NoGradGuard no_grad;
+  // Reset to none, every gradient the first backward writes is left so until that backward.
+  starts_fresh_ = std::find(written_.begin(), written_.end(), true) != written_.end();
   for (size_t i = 0; i < parameters_.size(); ++i) {
-    at::Tensor& p = parameters_[i];
-    const at::Tensor grad = p.grad();
-    if (!grad.defined()) {
-      gradients_[i].zero_();
-    } else if (!grad.is_same(gradients_[i])) {
-      gradients_[i].copy_(grad);
-    } else {
-      continue;
-    }
-    p.mutable_grad() = gradients_[i];
+    if (written_[i] && parameters_[i].grad().defined()) starts_fresh_ = false;
   }
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    if (!(starts_fresh_ && written_[i])) adopt_gradient(i);
+  }
+}
+
+void StageGraphs::adopt_gradient(size_t i) {
+  torch::NoGradGuard no_grad;
+  at::Tensor& p = parameters_[i];
+  const at::Tensor grad = p.grad();
+  if (!grad.defined()) {
+    gradients_[i].zero_();
+  } else if (!grad.is_same(gradients_[i])) {
+    gradients_[i].copy_(grad);
+  } else {
+    return;
+  }
+  p.mutable_grad() = gradients_[i];
+}
+
+at::Tensor StageGraphs::replay_backward(Graphs& g) {
+  if (starts_fresh_) {
+    starts_fresh_ = false;
+    // Eager code since the step began (a loss reading the stage's parameters) may have given
+    // some a gradient, which the backward must add to.
+    bool untouched = true;
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      if (written_[i] && parameters_[i].grad().defined()) untouched = false;
+    }
+    if (untouched && g.first_backward) {
+      g.first_backward->replay();
+      for (size_t i = 0; i < parameters_.size(); ++i) {
+        if (written_[i]) parameters_[i].mutable_grad() = gradients_[i];
+      }
+      return g.first_grad_input;
+    }
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      if (written_[i]) adopt_gradient(i);
+    }
+  }
+  g.backward.replay();
+  return g.grad_input;
 }
 
 std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& example) {
   auto g = std::make_unique<Graphs>();
   g->input = example.detach().clone().requires_grad_(input_requires_grad_);
-  // The graphs add into the gradients in place: they must exist first. Warm-up adds to them too.
-  if (gradients_.empty()) {
-    for (auto& p : parameters_) {
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      gradients_.push_back(p.grad());
-    }
+  // A capture may come mid-step: what the gradients hold now is put back afterwards (the
+  // warm-ups add to them, the captures run nothing).
+  std::vector<at::Tensor> held;
+  for (const auto& p : parameters_) {
+    held.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
   }
-  adopt_gradients();
-  std::vector<at::Tensor> saved;
-  for (const auto& grad : gradients_) saved.push_back(grad.clone());
+  const bool first_capture = gradients_.empty();
 
   const auto caller = at::cuda::getCurrentCUDAStream();
   const auto side = at::cuda::getStreamFromPool();
@@ -105,6 +140,30 @@ std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& exam
     g->forward.capture_begin();
     g->output = stage_->forward(g->input);
     g->forward.capture_end();
+    if (first_capture) {
+      // Captured with no gradients, autograd hands each parameter the tensor its backward
+      // computed (eager mode's first backward does the same): those become the buffers every
+      // graph adds into. A deferred weight gradient is computed by a graph of its own, which
+      // adds: those stay buffers of zeros.
+      if (!deferred_) {
+        for (auto& p : parameters_) p.mutable_grad() = at::Tensor();
+        g->first_backward = std::make_unique<at::cuda::CUDAGraph>();
+        g->first_backward->capture_begin(g->forward.pool());
+        torch::autograd::backward({g->output}, {g->grad_output}, /*retain_graph=*/true);
+        g->first_backward->capture_end();
+        if (input_requires_grad_) {
+          g->first_grad_input = g->input.grad();
+          g->input.mutable_grad() = at::Tensor();
+        }
+      }
+      for (auto& p : parameters_) {
+        written_.push_back(!deferred_ && p.grad().defined());
+        gradients_.push_back(written_.back() ? p.grad() : torch::zeros_like(p));
+      }
+    }
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      parameters_[i].mutable_grad() = gradients_[i];
+    }
     g->backward.capture_begin(g->forward.pool());
     {
       DeferredWeightGradients::Deferral deferral(deferred_);
@@ -115,8 +174,25 @@ std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& exam
     if (input_requires_grad_) g->grad_input = g->input.grad();
   }
   stream_wait(caller, side);
+  if (first_capture) {
+    starts_fresh_ = true;
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      if (written_[i] && held[i].defined()) starts_fresh_ = false;
+    }
+  }
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < gradients_.size(); ++i) gradients_[i].copy_(saved[i]);
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    at::Tensor& p = parameters_[i];
+    if (held[i].defined()) {
+      gradients_[i].copy_(held[i]);
+    } else if (starts_fresh_ && written_[i]) {
+      p.mutable_grad() = at::Tensor();  // left to the step's first backward
+      continue;
+    } else {
+      gradients_[i].zero_();
+    }
+    p.mutable_grad() = gradients_[i];
+  }
   return g;
 }
 
@@ -141,9 +217,9 @@ at::Tensor StageGraphs::backward(int64_t slot, const at::Tensor& grad_output) {
     torch::NoGradGuard no_grad;
     g.grad_output.copy_(grad_output);
   }
-  g.backward.replay();
+  const at::Tensor grad_input = replay_backward(g);
   if (!deferred_) in_flight_.erase(slot);
-  return g.grad_input;
+  return grad_input;
 }
 
 void StageGraphs::weight_backward(const std::vector<int64_t>& slots) {

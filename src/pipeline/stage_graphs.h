@@ -12,8 +12,14 @@
 // while they are captured), and a micro-batch run with autocast and one without get graphs of
 // their own. Deferred weight gradients get graphs of their own, one per sequence of slots
 // they are asked for together, captured on first use. Gradients accumulate in place into buffers
-// that must outlive the graphs, so the stage adopts them: an optimizer that resets gradients to
-// undefined gets them back, zeroed.
+// that must outlive the graphs, so the stage adopts them. An optimizer that resets gradients to
+// none gets them back at the step's first backward, written by a backward captured with no
+// gradients (the first graphs captured have one): as in eager mode, where autograd hands each
+// parameter the tensor its backward computed, no pass zeroes them and none adds to zeros (on the
+// reference model in one micro-batch on an H200 that took a step from 8.2 ms to eager's 7.0). A
+// step whose first backward runs in other graphs, or after eager code gave a parameter a gradient
+// (a loss reading the stage's weights), zeroes them first, and so do stages with deferred weight
+// gradients, whose graphs add them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -57,8 +63,9 @@ class StageGraphs {
   StageGraphs(const StageGraphs&) = delete;
   StageGraphs& operator=(const StageGraphs&) = delete;
 
-  // Call before a step's first forward: gradients an optimizer reset or replaced become the
-  // buffers the graphs accumulate into again (zeroed if they had been reset).
+  // Call before a step's first forward: gradients an optimizer replaced become the buffers the
+  // graphs accumulate into again; reset to none, they are left so until the step's first
+  // backward writes them (or zeroed, those no first backward writes).
   void adopt_gradients();
   // The forward of one micro-batch in `slot`. The output is a buffer of the slot's graph, valid
   // until the slot's next forward; it carries no autograd graph (backward() is the way back).
@@ -76,12 +83,21 @@ class StageGraphs {
   struct Graphs;
   struct WeightGraph;
   std::unique_ptr<Graphs> capture(const at::Tensor& example);
+  // Makes parameter i's gradient the buffer the graphs add into, holding what it held (zeros if
+  // none).
+  void adopt_gradient(size_t i);
+  // Replays g's backward, or where the step's gradients start from none, the backward that
+  // writes them (g's own, if it has one and nothing gave them a gradient since the step began;
+  // else they are adopted and g's adds); returns the input's gradient.
+  at::Tensor replay_backward(Graphs& g);
 
   torch::nn::Sequential stage_;
   bool input_requires_grad_;
   DeferredWeightGradients* deferred_;
   std::vector<at::Tensor> parameters_;
   std::vector<at::Tensor> gradients_;  // what the graphs accumulate into, per parameter
+  std::vector<bool> written_;  // per parameter: whether a first backward writes its gradient
+  bool starts_fresh_ = false;  // this step's gradients start from none (see adopt_gradients)
   using GraphKey = std::tuple<int64_t, bool, std::vector<int64_t>>;  // slot, autocast, shape
   std::map<GraphKey, std::unique_ptr<Graphs>> graphs_;
   std::map<int64_t, Graphs*> in_flight_;  // slot -> the graphs of its micro-batch

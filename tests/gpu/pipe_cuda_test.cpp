@@ -43,24 +43,43 @@ std::string result_path(const std::string& dir, const std::string& run, int64_t 
   return dir + "/" + run + "_rank" + std::to_string(rank) + ".pt";
 }
 
+// What the optimizer does to the gradients before each step: resets them to none, zeroes them,
+// or resets them before even steps only (an odd step adds to the gradients of the step before).
+enum class Reset { kToNone, kToZeros, kEveryOtherStep };
+
 // kSteps of SGD through `pipe` on the reference batches in `dtype`, MSE loss against the targets
 // on `device`. With `bf16_autocast`, each step's forward and backward run under autocast to bf16
 // (its cache cleared after, as the Trainer does) and the loss is taken in fp32. [losses,
-// parameters...] of this rank; its losses where it runs the last stage, else zeros.
+// parameters...] of this rank; its losses where it runs the last stage, else zeros. With
+// `weight_penalty` (one process) the loss also reads a parameter of the stage: 1e-3 times its first
+// parameter's squared sum, a gradient given to it outside the stage's backward.
 std::vector<at::Tensor> train_reference_steps(Pipe& pipe, c10::Device device,
                                               c10::ScalarType dtype = torch::kFloat,
-                                              bool bf16_autocast = false) {
+                                              bool bf16_autocast = false,
+                                              Reset reset = Reset::kToNone,
+                                              bool weight_penalty = false) {
   torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(kLearningRate));
   std::vector<at::Tensor> saved{torch::zeros({kSteps}, torch::kFloat64)};
   for (int64_t step = 0; step < kSteps; ++step) {
     const auto [inputs, targets] = reference_batch(step);
     const auto on_gpu = targets.to(device, dtype);
-    optimizer.zero_grad();
+    if (reset != Reset::kEveryOtherStep || step % 2 == 0) {
+      torch::NoGradGuard no_grad;
+      for (auto& p : pipe.parameters()) {
+        if (reset != Reset::kToZeros) {
+          p.mutable_grad() = at::Tensor();
+        } else if (p.grad().defined()) {
+          p.mutable_grad().zero_();
+        }
+      }
+    }
     if (bf16_autocast) set_autocast_to_bf16(c10::DeviceType::CUDA, true);
     auto loss = pipe.forward_backward(
         inputs.to(dtype), kBatchSize, [&](const at::Tensor& out, const MicroBatch& mb) {
-          return torch::mse_loss(bf16_autocast ? out.to(torch::kFloat) : out,
-                                 on_gpu.slice(0, mb.begin, mb.end));
+          auto loss = torch::mse_loss(bf16_autocast ? out.to(torch::kFloat) : out,
+                                      on_gpu.slice(0, mb.begin, mb.end));
+          if (weight_penalty) loss = loss + 1e-3 * pipe.parameters()[0].pow(2).sum();
+          return loss;
         });
     if (bf16_autocast) {
       set_autocast_to_bf16(c10::DeviceType::CUDA, false);
@@ -234,6 +253,66 @@ TEST(CudaPipe, CudaGraphsUnderBf16MixedTrainAsEager) {
     EXPECT_TRUE(torch::allclose(graphs[i], eager[i], 1e-5, 1e-6))
         << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1)) << ": off by "
         << (graphs[i] - eager[i]).abs().max().item<double>();
+  }
+}
+
+// The runs of cuda_graphs_reset_worker: schedule x reset x weight penalty.
+std::vector<std::string> reset_runs() {
+  std::vector<std::string> runs;
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    for (const int reset : {0, 1, 2}) {
+      for (const std::string penalty : {"", "_penalty"}) {
+        runs.push_back(schedule + "_reset" + std::to_string(reset) + penalty);
+      }
+    }
+  }
+  return runs;
+}
+
+// One GPU, graphs and eager, GPipe and 1F1B over micro-batches of 4, 3, 3 and 3 rows, under each
+// way of resetting gradients, with and without a loss that reads a parameter: a step's first
+// backward writes the gradients where they were reset to none (from the graphs that have a
+// backward for it, or from zeros) and nothing else gave them one, and adds to them otherwise.
+// [losses, parameters...] per run.
+PIPETRAIN_WORKER(cuda_graphs_reset_worker) {
+  auto world =
+      World::connect(*select_cluster_environment(), World::kDefaultTimeout, c10::DeviceType::CUDA);
+  for (const auto& run : reset_runs()) {
+    const std::string schedule = run.substr(0, run.find('_'));
+    const auto reset = static_cast<Reset>(run[run.find("reset") + 5] - '0');
+    const bool penalty = run.find("penalty") != std::string::npos;
+    for (const bool graphs : {false, true}) {
+      Pipe pipe(make_reference_model(kSeed),
+                PipeOptions().chunks(4).checkpoint("never").schedule(schedule).cuda_graphs(graphs),
+                world);
+      const auto saved =
+          train_reference_steps(pipe, world->device(), torch::kFloat, false, reset, penalty);
+      if (graphs && pipe.execution() != "CUDA graphs") {
+        throw std::runtime_error("expected CUDA graphs, ran " + pipe.execution());
+      }
+      torch::save(saved,
+                  result_path(env_or("RESULT_DIR", "."), run + (graphs ? "_graphs" : "_eager"), 0));
+    }
+  }
+}
+
+// Graphs replay the eager step's kernels: relative 1e-6, absolute 1e-7 (fp32).
+TEST(CudaPipe, CudaGraphsWriteOrAddGradientsAsEagerDoes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = make_temp_dir("cuda-graphs-reset");
+  ASSERT_EQ(run_ranks(1, "cuda_graphs_reset_worker", {{"RESULT_DIR", dir}}), 0);
+  for (const auto& run : reset_runs()) {
+    SCOPED_TRACE(run);
+    std::vector<at::Tensor> eager, graphs;
+    torch::load(eager, result_path(dir, run + "_eager", 0));
+    torch::load(graphs, result_path(dir, run + "_graphs", 0));
+    ASSERT_EQ(eager.size(), graphs.size());
+    EXPECT_GT(eager[0][0].item<double>(), 0.0);
+    for (size_t i = 0; i < eager.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(graphs[i], eager[i], 1e-6, 1e-7))
+          << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1)) << ": off by "
+          << (graphs[i] - eager[i]).abs().max().item<double>();
+    }
   }
 }
 
