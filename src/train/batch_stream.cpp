@@ -34,6 +34,11 @@ BatchStream::BatchStream(const DataLoader& loader, int64_t epoch, int64_t first,
       next_to_prepare_(first),
       next_to_hand_(first) {
   if (!reads_) return;
+#ifdef PIPETRAIN_HAS_CUDA
+  if (device_.is_cuda()) {
+    copy_stream_ = at::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
+  }
+#endif
   const int64_t workers = std::min<int64_t>(loader.options().num_workers(), end - first);
   for (int64_t i = 0; i < workers; ++i) workers_.emplace_back([this] { work(); });
 }
@@ -105,7 +110,7 @@ std::unique_ptr<BatchStream::Staged> BatchStream::stage(Prepared prepared) const
     return staged;
   }
 #ifdef PIPETRAIN_HAS_CUDA
-  const auto side = at::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
+  const at::cuda::CUDAStream side(at::cuda::CUDAStream::UNCHECKED, *copy_stream_);
   const at::cuda::CUDAStreamGuard guard(side);
   staged->batch =
       prepared.batch.map([&](const at::Tensor& t) { return t.to(device_, /*non_blocking=*/true); });

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -57,6 +58,9 @@ class BatchStream {
   const c10::Device device_;
   const bool reads_ = false;  // whether this process reads any field
   const int64_t lookahead_;
+  // One side stream for all copies: the caching allocator keeps freed blocks per stream, so
+  // a new stream from the pool each step would cost a cudaMalloc (and the GPU's queue) per step.
+  std::optional<c10::Stream> copy_stream_;
 
   std::mutex mutex_;
   std::condition_variable prepared_, room_;
