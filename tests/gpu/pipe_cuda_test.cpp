@@ -239,21 +239,28 @@ PIPETRAIN_WORKER(cuda_autocast_graphs_worker) {
   }
 }
 
+// The [losses, parameters...] a worker saved in `dir` as PREFIX"graphs" equal PREFIX"eager", the
+// losses positive, within relative `rtol` and absolute `atol`.
+void expect_graphs_match_eager(const std::string& dir, const std::string& prefix, double rtol,
+                               double atol) {
+  std::vector<at::Tensor> eager, graphs;
+  torch::load(eager, result_path(dir, prefix + "eager", 0));
+  torch::load(graphs, result_path(dir, prefix + "graphs", 0));
+  ASSERT_EQ(eager.size(), graphs.size());
+  EXPECT_GT(eager[0][0].item<double>(), 0.0);
+  for (size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(graphs[i], eager[i], rtol, atol))
+        << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1)) << ": off by "
+        << (graphs[i] - eager[i]).abs().max().item<double>();
+  }
+}
+
 // Graphs replay the eager step's kernels: relative 1e-5, absolute 1e-6 (fp32 master weights).
 TEST(CudaPipe, CudaGraphsUnderBf16MixedTrainAsEager) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const auto dir = make_temp_dir("cuda-autocast-graphs");
   ASSERT_EQ(run_ranks(1, "cuda_autocast_graphs_worker", {{"RESULT_DIR", dir}}), 0);
-  std::vector<at::Tensor> eager, graphs;
-  torch::load(eager, result_path(dir, "eager", 0));
-  torch::load(graphs, result_path(dir, "graphs", 0));
-  ASSERT_EQ(eager.size(), graphs.size());
-  EXPECT_GT(eager[0][0].item<double>(), 0.0);
-  for (size_t i = 0; i < eager.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(graphs[i], eager[i], 1e-5, 1e-6))
-        << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1)) << ": off by "
-        << (graphs[i] - eager[i]).abs().max().item<double>();
-  }
+  expect_graphs_match_eager(dir, "", 1e-5, 1e-6);
 }
 
 // The runs of cuda_graphs_reset_worker: schedule x reset x weight penalty.
@@ -303,16 +310,7 @@ TEST(CudaPipe, CudaGraphsWriteOrAddGradientsAsEagerDoes) {
   ASSERT_EQ(run_ranks(1, "cuda_graphs_reset_worker", {{"RESULT_DIR", dir}}), 0);
   for (const auto& run : reset_runs()) {
     SCOPED_TRACE(run);
-    std::vector<at::Tensor> eager, graphs;
-    torch::load(eager, result_path(dir, run + "_eager", 0));
-    torch::load(graphs, result_path(dir, run + "_graphs", 0));
-    ASSERT_EQ(eager.size(), graphs.size());
-    EXPECT_GT(eager[0][0].item<double>(), 0.0);
-    for (size_t i = 0; i < eager.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(graphs[i], eager[i], 1e-6, 1e-7))
-          << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1)) << ": off by "
-          << (graphs[i] - eager[i]).abs().max().item<double>();
-    }
+    expect_graphs_match_eager(dir, run + "_", 1e-6, 1e-7);
   }
 }
 
