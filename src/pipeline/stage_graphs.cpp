@@ -62,13 +62,18 @@ StageGraphs::~StageGraphs() = default;
 void StageGraphs::adopt_gradients() {
   if (gradients_.empty()) return;  // nothing captured yet
   // Reset to none, every gradient the first backward writes is left so until that backward.
-  starts_fresh_ = std::find(written_.begin(), written_.end(), true) != written_.end();
-  for (size_t i = 0; i < parameters_.size(); ++i) {
-    if (written_[i] && parameters_[i].grad().defined()) starts_fresh_ = false;
-  }
+  starts_fresh_ = std::find(written_.begin(), written_.end(), true) != written_.end() &&
+                  !written_gradient_defined();
   for (size_t i = 0; i < parameters_.size(); ++i) {
     if (!(starts_fresh_ && written_[i])) adopt_gradient(i);
   }
+}
+
+bool StageGraphs::written_gradient_defined() const {
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    if (written_[i] && parameters_[i].grad().defined()) return true;
+  }
+  return false;
 }
 
 void StageGraphs::adopt_gradient(size_t i) {
@@ -90,11 +95,7 @@ at::Tensor StageGraphs::replay_backward(Graphs& g) {
     starts_fresh_ = false;
     // Eager code since the step began (a loss reading the stage's parameters) may have given
     // some a gradient, which the backward must add to.
-    bool untouched = true;
-    for (size_t i = 0; i < parameters_.size(); ++i) {
-      if (written_[i] && parameters_[i].grad().defined()) untouched = false;
-    }
-    if (untouched && g.first_backward) {
+    if (g.first_backward && !written_gradient_defined()) {
       g.first_backward->replay();
       for (size_t i = 0; i < parameters_.size(); ++i) {
         if (written_[i]) parameters_[i].mutable_grad() = gradients_[i];
@@ -174,25 +175,15 @@ std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& exam
     if (input_requires_grad_) g->grad_input = g->input.grad();
   }
   stream_wait(caller, side);
-  if (first_capture) {
-    starts_fresh_ = true;
+  // Back to what the step held, in the buffers; then as at a step's start.
+  {
+    torch::NoGradGuard no_grad;
     for (size_t i = 0; i < parameters_.size(); ++i) {
-      if (written_[i] && held[i].defined()) starts_fresh_ = false;
+      if (held[i].defined()) gradients_[i].copy_(held[i]);
+      parameters_[i].mutable_grad() = held[i].defined() ? gradients_[i] : at::Tensor();
     }
   }
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < parameters_.size(); ++i) {
-    at::Tensor& p = parameters_[i];
-    if (held[i].defined()) {
-      gradients_[i].copy_(held[i]);
-    } else if (starts_fresh_ && written_[i]) {
-      p.mutable_grad() = at::Tensor();  // left to the step's first backward
-      continue;
-    } else {
-      gradients_[i].zero_();
-    }
-    p.mutable_grad() = gradients_[i];
-  }
+  adopt_gradients();
   return g;
 }
 

@@ -86,6 +86,8 @@ class StageGraphs {
   // Makes parameter i's gradient the buffer the graphs add into, holding what it held (zeros if
   // none).
   void adopt_gradient(size_t i);
+  // Whether a gradient some first backward writes is defined now (eager code gave it one).
+  bool written_gradient_defined() const;
   // Replays g's backward, or where the step's gradients start from none, the backward that
   // writes them (g's own, if it has one and nothing gave them a gradient since the step began;
   // else they are adopted and g's adds); returns the input's gradient.
