@@ -79,43 +79,35 @@ at::Tensor forward_rows(Norm norm, const at::Tensor& input, const at::Tensor& br
   return output;
 }
 
-// The norm's input gradient (fp32) at `x` for the output's gradient `grad`, plus `grad_sum` where
-// defined (x's gradient from its other readers); written again to `grad_branch` where defined, in
-// its dtype.
-at::Tensor input_gradient(Norm norm, const at::Tensor& grad, const at::Tensor& x,
-                          const at::Tensor& mean, const at::Tensor& rstd, const at::Tensor& weight,
-                          const at::Tensor& grad_sum, const at::Tensor& grad_branch) {
-  at::Tensor grad_input = at::empty_like(x);
-  kernels::norm_input_gradient(
-      norm, *kernels::kernel_dtype(grad), grad.data_ptr(), x.data_ptr<float>(),
-      floats_or_null(mean), rstd.data_ptr<float>(), weight.data_ptr<float>(), rows_of(x),
-      columns_of(x), floats_or_null(grad_sum), grad_input.data_ptr<float>(),
-      grad_branch.defined() ? *kernels::kernel_dtype(grad_branch) : kernels::Dtype::kFloat,
-      grad_branch.defined() ? grad_branch.data_ptr() : nullptr, kernels::current_stream());
-  return grad_input;
-}
-
-// The weight's and (a LayerNorm's) bias's gradients of the norm of `x`, or undefined tensors
-// where the context needs neither. The weight is autograd input `weight_index`, a LayerNorm's
-// bias the next one (an RMSNorm's functions are given none).
-std::pair<at::Tensor, at::Tensor> weight_gradients(AutogradContext* ctx, Norm norm,
-                                                   size_t weight_index, const at::Tensor& grad,
-                                                   const at::Tensor& x, const at::Tensor& mean,
-                                                   const at::Tensor& rstd,
-                                                   const at::Tensor& weight) {
+// The norm's gradients at `x` for the output's gradient `grad`, each where the context needs it
+// (the weight is autograd input `weight_index`, a LayerNorm's bias the next one; an RMSNorm's
+// functions are given none; `input_needed`: the input's): {input (fp32), weight, bias}. The
+// input's gets `grad_sum` added where defined (x's gradient from its other readers) and is written
+// again to `grad_branch` where defined, in its dtype.
+variable_list gradients(AutogradContext* ctx, Norm norm, size_t weight_index, bool input_needed,
+                        const at::Tensor& grad, const at::Tensor& x, const at::Tensor& mean,
+                        const at::Tensor& rstd, const at::Tensor& weight,
+                        const at::Tensor& grad_sum, const at::Tensor& grad_branch) {
   const bool weight_needed = ctx->needs_input_grad(weight_index),
              bias_needed = norm == Norm::kLayerNorm && ctx->needs_input_grad(weight_index + 1);
-  if (!weight_needed && !bias_needed) return {};
-  const at::Tensor grad_weight = at::empty_like(weight);
-  const at::Tensor grad_bias = norm == Norm::kLayerNorm ? at::empty_like(weight) : at::Tensor();
-  const at::Tensor scratch =
-      at::empty({kernels::norm_scratch_floats(norm, rows_of(x), columns_of(x))}, weight.options());
-  kernels::norm_weight_gradients(norm, *kernels::kernel_dtype(grad), grad.data_ptr(),
-                                 x.data_ptr<float>(), floats_or_null(mean), rstd.data_ptr<float>(),
-                                 rows_of(x), columns_of(x), scratch.data_ptr<float>(),
-                                 grad_weight.data_ptr<float>(), floats_or_null(grad_bias),
-                                 kernels::current_stream());
-  return {weight_needed ? grad_weight : at::Tensor(), bias_needed ? grad_bias : at::Tensor()};
+  const at::Tensor grad_input = input_needed ? at::empty_like(x) : at::Tensor();
+  at::Tensor grad_weight, grad_bias, scratch;
+  if (weight_needed || bias_needed) {
+    grad_weight = at::empty_like(weight);
+    if (norm == Norm::kLayerNorm) grad_bias = at::empty_like(weight);
+    scratch = at::empty({kernels::norm_scratch_floats(norm, rows_of(x), columns_of(x))},
+                        weight.options());
+  }
+  if (!grad_input.defined() && !grad_weight.defined()) return {at::Tensor(), {}, {}};
+  kernels::norm_gradients(
+      norm, *kernels::kernel_dtype(grad), grad.data_ptr(), x.data_ptr<float>(),
+      floats_or_null(mean), rstd.data_ptr<float>(), weight.data_ptr<float>(), rows_of(x),
+      columns_of(x), floats_or_null(grad_sum), floats_or_null(grad_input),
+      grad_branch.defined() ? *kernels::kernel_dtype(grad_branch) : kernels::Dtype::kFloat,
+      grad_branch.defined() ? grad_branch.data_ptr() : nullptr, floats_or_null(scratch),
+      floats_or_null(grad_weight), floats_or_null(grad_bias), kernels::current_stream());
+  return {grad_input, weight_needed ? grad_weight : at::Tensor(),
+          bias_needed ? grad_bias : at::Tensor()};
 }
 
 // The functions below take the bias as an optional (a LayerNorm's, none for an RMSNorm), which
@@ -139,14 +131,10 @@ struct NormFunction : torch::autograd::Function<NormFunction<kNorm>> {
     const at::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     // Autograd hands the gradient over in the output's dtype.
     const at::Tensor grad = for_kernels(grads[0]);
-    at::Tensor grad_input;
-    if (ctx->needs_input_grad(0)) {
-      grad_input =
-          input_gradient(kNorm, grad, input, mean, rstd, weight, at::Tensor(), at::Tensor());
-    }
-    auto [grad_weight, grad_bias] =
-        weight_gradients(ctx, kNorm, 1, grad, input, mean, rstd, weight);
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
+    auto result = gradients(ctx, kNorm, 1, ctx->needs_input_grad(0), grad, input, mean, rstd,
+                            weight, at::Tensor(), at::Tensor());
+    result.resize(5);  // eps and the output's dtype get none
+    return result;
   }
 };
 
@@ -170,14 +158,10 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction<kNo
     const at::Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     // Both arrive defined (autograd gives zeros for an output nobody read).
     const at::Tensor grad_residual = for_kernels(grads[0]), grad = for_kernels(grads[1]);
-    at::Tensor grad_input;
-    if (ctx->needs_input_grad(0)) {
-      grad_input =
-          input_gradient(kNorm, grad, input, mean, rstd, weight, grad_residual, at::Tensor());
-    }
-    auto [grad_weight, grad_bias] =
-        weight_gradients(ctx, kNorm, 1, grad, input, mean, rstd, weight);
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
+    auto result = gradients(ctx, kNorm, 1, ctx->needs_input_grad(0), grad, input, mean, rstd,
+                            weight, grad_residual, at::Tensor());
+    result.resize(5);  // eps and the output's dtype get none
+    return result;
   }
 };
 
@@ -201,19 +185,19 @@ struct AddNormFunction : torch::autograd::Function<AddNormFunction<kNorm>> {
     const at::Tensor &sum = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     // Both arrive defined (autograd gives zeros for an output nobody read).
     const at::Tensor grad_sum = for_kernels(grads[0]), grad = for_kernels(grads[1]);
-    at::Tensor grad_input, grad_branch;
-    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
+    at::Tensor grad_branch;
+    if (ctx->needs_input_grad(1)) {
       const auto branch_type = static_cast<at::ScalarType>(ctx->saved_data["branch_dtype"].toInt());
-      if (ctx->needs_input_grad(1)) {
-        grad_branch = at::empty(sum.sizes(), sum.options().dtype(branch_type));
-      }
-      grad_input = input_gradient(kNorm, grad, sum, mean, rstd, weight, grad_sum, grad_branch);
+      grad_branch = at::empty(sum.sizes(), sum.options().dtype(branch_type));
     }
-    auto [grad_weight, grad_bias] = weight_gradients(ctx, kNorm, 2, grad, sum, mean, rstd, weight);
-    return {ctx->needs_input_grad(0) ? grad_input : at::Tensor(),
+    // The sum's gradient is both terms': computed where either needs it.
+    const auto result =
+        gradients(ctx, kNorm, 2, ctx->needs_input_grad(0) || ctx->needs_input_grad(1), grad, sum,
+                  mean, rstd, weight, grad_sum, grad_branch);
+    return {ctx->needs_input_grad(0) ? result[0] : at::Tensor(),
             grad_branch,
-            grad_weight,
-            grad_bias,
+            result[1],
+            result[2],
             at::Tensor(),
             at::Tensor()};
   }

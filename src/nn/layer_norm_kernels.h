@@ -29,24 +29,25 @@ void norm_forward(Norm norm, const float* input, Dtype branch_dtype, const void*
                   float* sum, Dtype output_dtype, void* output, float* mean, float* rstd,
                   void* stream);
 
-// grad_input (fp32) = grad_sum + rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), with
-// g = grad_output * weight and xhat = (input - mean) * rstd (for kRmsNorm, mean and mean_j(g)
-// are 0); grad_output in `grad_dtype`, grad_sum (fp32) the gradient `input` gets from its other
-// readers, or null for none. Where grad_branch is not null, grad_input is written there too, in
-// `branch_dtype`: the gradient of norm_forward's branch (`input` is then its sum).
-void norm_input_gradient(Norm norm, Dtype grad_dtype, const void* grad_output, const float* input,
-                         const float* mean, const float* rstd, const float* weight, int64_t rows,
-                         int64_t columns, const float* grad_sum, float* grad_input,
-                         Dtype branch_dtype, void* grad_branch, void* stream);
+// The norm's gradients, each where its output is not null:
+//   grad_input (fp32) = grad_sum + rstd * (g - mean_j(g) - xhat * mean_j(g * xhat)), with
+//     g = grad_output * weight and xhat = (input - mean) * rstd (for kRmsNorm, mean and mean_j(g)
+//     are 0); grad_sum (fp32) the gradient `input` gets from its other readers, or null for none.
+//     Where grad_branch is not null, grad_input is written there too, in `branch_dtype`: the
+//     gradient of norm_forward's branch (`input` is then its sum).
+//   grad_weight[j] = sum_i grad_output[i, j] * xhat[i, j]
+//   grad_bias[j]   = sum_i grad_output[i, j]                  (kLayerNorm only)
+// grad_output in `grad_dtype`; the weight's and bias's sums in fp32 in a fixed order (the same
+// result every run), in the input gradient's pass over the rows where both are asked for and a
+// lane can hold its columns' sums (up to 2048 columns for kRmsNorm, 1024 for kLayerNorm), else
+// in a pass of their own. `scratch` holds norm_scratch_floats floats.
+void norm_gradients(Norm norm, Dtype grad_dtype, const void* grad_output, const float* input,
+                    const float* mean, const float* rstd, const float* weight, int64_t rows,
+                    int64_t columns, const float* grad_sum, float* grad_input, Dtype branch_dtype,
+                    void* grad_branch, float* scratch, float* grad_weight, float* grad_bias,
+                    void* stream);
 
-// Floats of scratch norm_weight_gradients needs for `rows` x `columns`.
+// Floats of scratch norm_gradients needs for `rows` x `columns`.
 int64_t norm_scratch_floats(Norm norm, int64_t rows, int64_t columns);
-
-//   grad_weight[j] = sum_i grad_output[i, j] * (input[i, j] - mean[i]) * rstd[i]
-//   grad_bias[j]   = sum_i grad_output[i, j]                              (kLayerNorm only)
-// in fp32, grad_output in `grad_dtype`, summed in a fixed order (the same result every run).
-void norm_weight_gradients(Norm norm, Dtype grad_dtype, const void* grad_output, const float* input,
-                           const float* mean, const float* rstd, int64_t rows, int64_t columns,
-                           float* scratch, float* grad_weight, float* grad_bias, void* stream);
 
 }  // namespace pipetrain::kernels
