@@ -10,8 +10,10 @@
 # the optimizer steps. Tokens/s is the median of ThroughputMonitor's windows of 10 steps
 # (train/items_per_sec in metrics.csv; the device synchronised at each window's ends, the first
 # 10 steps left out); MFU is its model FLOPs per second over PEAK_FLOPS (989e12, an H100/H200's
-# dense bf16); peak memory is nvidia-smi's largest memory.used during the run (the CUDA context
-# included, unlike a max_memory_allocated). Under --plan the plan's lines follow the JSON.
+# dense bf16); peak_gib is nvidia-smi's largest memory.used during the run (the CUDA context and
+# the caching allocator's reserve included), peak_allocated_gib the caching allocator's peak of
+# allocated bytes as fit logs it (peak_memory_mib/rank_0): what the peers' max_memory_allocated
+# reports. Under --plan the plan's lines follow the JSON.
 set -euo pipefail
 model=$1
 shift
@@ -50,12 +52,14 @@ kill "$monitor"
 peak=$(sort -n "$dir/memory.txt" | tail -1)
 python3 - "$dir/runs/lightning_logs/version_0/metrics.csv" <<PY
 import csv, statistics, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r.get("train/items_per_sec")]
+metrics = list(csv.DictReader(open(sys.argv[1])))
+rows = [r for r in metrics if r.get("train/items_per_sec")]
 tokens = statistics.median(float(r["train/items_per_sec"]) for r in rows)
 flops = statistics.median(float(r["train/flops_per_sec"]) for r in rows)
+allocated = max(float(r["peak_memory_mib/rank_0"]) for r in metrics if r.get("peak_memory_mib/rank_0"))
 print('{"model": "$model", "model_size": "$size", "B": $B, "T": $T, "precision": "$precision", "windows": %d, '
-      '"step_ms": %.1f, "tokens_per_s": %.0f, "mfu": %.3f, "peak_gib": %.2f}'
-      % (len(rows), 1e3 * $B * $T / tokens, tokens, flops / $PEAK_FLOPS, $peak / 1024))
+      '"step_ms": %.1f, "tokens_per_s": %.0f, "mfu": %.3f, "peak_gib": %.2f, "peak_allocated_gib": %.2f}'
+      % (len(rows), 1e3 * $B * $T / tokens, tokens, flops / $PEAK_FLOPS, $peak / 1024, allocated / 1024))
 PY
 # Under --plan: the plan chosen and its predictions beside what the run measured.
 grep -E "^plan:|^predicted step|the plan predicted" "$dir/out.txt" || true
