@@ -108,6 +108,30 @@ __global__ void forward_kernel(const float* __restrict__ input, const Branch* __
   }
 }
 
+// Vector i of a row's input gradient, given the row's mean_j(g) and mean_j(g * xhat), plus
+// `residual`'s where not null; written to dx and, where not null, to db in the branch's dtype.
+template <typename Grad, typename Branch>
+__device__ inline void write_input_gradient(int64_t i, const Vec<Grad>* dy, const Vec<float>* x,
+                                            const Vec<float>* w, const Vec<float>* residual,
+                                            float mean, float rstd, float mean_g, float mean_gx,
+                                            Vec<float>* dx, Vec<Branch>* db) {
+  const Vec<Grad> d = dy[i];
+  const Vec<float> v = x[i], scale = w[i];
+  Vec<float> out = residual ? residual[i] : Vec<float>{};
+#pragma unroll
+  for (int k = 0; k < kVector; ++k) {
+    const float g = to_float(d.v[k]) * scale.v[k];
+    out.v[k] += rstd * (g - mean_g - (v.v[k] - mean) * rstd * mean_gx);
+  }
+  dx[i] = out;
+  if (db) {
+    Vec<Branch> narrow;
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) narrow.v[k] = from_float<Branch>(out.v[k]);
+    db[i] = narrow;
+  }
+}
+
 // The norm's input gradient, plus `grad_sum` where not null (the gradient its input got from
 // elsewhere: the residual stream), written in fp32 and, where `grad_branch` is not null, again in
 // the branch's dtype (the gradient of both terms of a sum is the sum's).
@@ -148,21 +172,7 @@ __global__ void input_gradient_kernel(const Grad* __restrict__ grad_output,
   auto* dx = reinterpret_cast<Vec<float>*>(grad_input + row * columns);
   auto* db = grad_branch ? reinterpret_cast<Vec<Branch>*>(grad_branch + row * columns) : nullptr;
   for (int64_t i = threadIdx.x; i < vectors; i += kWarp) {
-    const Vec<Grad> d = dy[i];
-    const Vec<float> v = x[i], scale = w[i];
-    Vec<float> out = residual ? residual[i] : Vec<float>{};
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) {
-      const float g = to_float(d.v[k]) * scale.v[k];
-      out.v[k] += rstd * (g - mean_g - (v.v[k] - mean) * rstd * mean_gx);
-    }
-    dx[i] = out;
-    if (db) {
-      Vec<Branch> narrow;
-#pragma unroll
-      for (int k = 0; k < kVector; ++k) narrow.v[k] = from_float<Branch>(out.v[k]);
-      db[i] = narrow;
-    }
+    write_input_gradient(i, dy, x, w, residual, mean, rstd, mean_g, mean_gx, dx, db);
   }
 }
 
@@ -229,21 +239,7 @@ __global__ void gradients_kernel(const Grad* __restrict__ grad_output,
     for (int slot = 0; slot < kSlots; ++slot) {
       const int64_t i = lane + slot * kWarp;
       if (i >= vectors) break;
-      const Vec<Grad> d = dy[i];
-      const Vec<float> v = x[i], scale = w[i];
-      Vec<float> out = residual ? residual[i] : Vec<float>{};
-#pragma unroll
-      for (int k = 0; k < kVector; ++k) {
-        const float g = to_float(d.v[k]) * scale.v[k];
-        out.v[k] += rstd * (g - mean_g - (v.v[k] - mean) * rstd * mean_gx);
-      }
-      dx[i] = out;
-      if (db) {
-        Vec<Branch> narrow;
-#pragma unroll
-        for (int k = 0; k < kVector; ++k) narrow.v[k] = from_float<Branch>(out.v[k]);
-        db[i] = narrow;
-      }
+      write_input_gradient(i, dy, x, w, residual, mean, rstd, mean_g, mean_gx, dx, db);
     }
   }
   // The block's warps add their sums in shared memory, warp 0's first.
