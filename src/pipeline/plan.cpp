@@ -94,7 +94,10 @@ bool defers_weight_gradients(const Plan& plan, int64_t rank, int64_t recomputed)
   const bool first_stage_alone =
       !actions.empty() && std::all_of(actions.begin(), actions.end(),
                                       [](const PlannedAction& p) { return p.action.stage == 0; });
-  return !first_stage_alone || can_join_weight_gradients(actions, recomputed);
+  const auto backwards = std::count_if(actions.begin(), actions.end(), [](const PlannedAction& p) {
+    return p.kind == Kind::kCompute && p.action.phase != Phase::kForward;
+  });
+  return !first_stage_alone || (backwards > 1 && can_join_weight_gradients(actions, recomputed));
 }
 
 Plan executed_plan(const Schedule& schedule, bool fused, int64_t recomputed) {

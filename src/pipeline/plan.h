@@ -55,7 +55,9 @@ void defer_weight_gradients(std::vector<PlannedAction>& rank_actions);
 
 // Whether `rank`'s fused Linear layers put their weight gradients off under `plan` (lowered, no
 // weight-gradient actions placed yet): every rank but one holding the first stage alone, which
-// sends no gradient to hurry and puts them off only where it can join them.
+// sends no gradient to hurry and puts them off only where it can join two backwards' or more. (Of
+// one backward there is nothing to join: put off, each layer's gradient and input would stay
+// alive until the backward ends, where autograd lets them go layer by layer.)
 bool defers_weight_gradients(const Plan& plan, int64_t rank, int64_t recomputed);
 
 // The plan the ranks run for `schedule`: lowered and, with fused Linear layers (`fused`), their

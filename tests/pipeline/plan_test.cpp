@@ -183,6 +183,17 @@ TEST(PlanSimulation, CountsWeightGradientsWhereThePlanPutsThem) {
   EXPECT_NO_THROW(simulate_plan(deferred, costs));
 }
 
+// The first stage alone puts its weight gradients off only to join several backwards': of one,
+// they would only keep each layer's gradient and input alive until the backward ends.
+TEST(Plan, TheFirstStageAloneDefersOnlyToJoin) {
+  EXPECT_TRUE(defers_weight_gradients(lower(gpipe_schedule(1, 2)), 0, 0));
+  EXPECT_FALSE(defers_weight_gradients(lower(gpipe_schedule(1, 1)), 0, 0));
+  EXPECT_FALSE(defers_weight_gradients(lower(gpipe_schedule(1, 2)), 0, 2));  // recomputed
+  EXPECT_EQ(format_plan(executed_plan(gpipe_schedule(1, 1), true, 0)[0]), "0F0\n0B0\n");
+  // A later stage's one backward still puts them after its send.
+  EXPECT_TRUE(defers_weight_gradients(lower(gpipe_schedule(2, 1)), 1, 0));
+}
+
 // Each send and receive takes its rank `message` (the host's own part of a transfer), on top of
 // the transfer's travel. Two GPipe stages, one micro-batch, F 1, B 2, transfer 0.1, message 0.5:
 // rank 1 takes the activation at 1.1 and is busy until 1.6, runs F and B until 4.6 and sends;
