@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -204,6 +205,57 @@ struct LinearsAccumulatingGrad : torch::autograd::Function<LinearsAccumulatingGr
   }
 };
 
+// linear_after_elementwise's autograd step. Under fusion the parameters are state, as above;
+// otherwise the GEMMs' weight and bias are inputs whose gradients autograd takes on (through
+// autocast's cast, where they are its bf16 copies).
+struct ElementwiseLinearHandle : torch::CustomClassHolder {
+  RecomputedElementwise f;
+  std::optional<LinearState> fused;
+  at::Tensor compute_weight;
+  bool inputs_are_data = false;  // a stands in for data that needs no gradient
+  bool has_bias = false;
+};
+
+struct LinearAfterElementwise : torch::autograd::Function<LinearAfterElementwise> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                            const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                            c10::intrusive_ptr<ElementwiseLinearHandle> handle) {
+    ctx->save_for_backward({a, b});
+    handle->compute_weight = weight;
+    handle->has_bias = bias.has_value();
+    const at::Tensor output = at::linear(handle->f.forward(a, b), weight, bias);
+    ctx->saved_data["handle"] = c10::IValue::make_capsule(std::move(handle));
+    return output;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &a = saved[0], &b = saved[1];
+    const auto& handle =
+        *static_cast<ElementwiseLinearHandle*>(ctx->saved_data["handle"].toCapsule().get());
+    const at::Tensor& grad = grads[0];
+    const bool a_needs = ctx->needs_input_grad(0) && !handle.inputs_are_data;
+    const bool b_needs = ctx->needs_input_grad(1) && !handle.inputs_are_data;
+    std::array<at::Tensor, 3> elementwise;  // a's gradient, b's, f(a, b)
+    if (a_needs || b_needs) {
+      elementwise = handle.f.backward(grad.matmul(handle.compute_weight), a, b, a_needs, b_needs);
+    } else {
+      elementwise[2] = handle.f.forward(a, b);
+    }
+    const at::Tensor rows = grad.reshape({-1, grad.size(-1)});
+    const at::Tensor input = elementwise[2].reshape({-1, elementwise[2].size(-1)});
+    at::Tensor grad_weight, grad_bias;
+    if (handle.fused) {
+      hand_over({handle.fused->weight, handle.fused->bias, rows, input}, handle.fused->deferred);
+    } else {
+      if (ctx->needs_input_grad(2)) grad_weight = rows.t().mm(input);
+      // An absent bias is no input: autograd numbers only the tensors given.
+      if (handle.has_bias && ctx->needs_input_grad(3)) grad_bias = rows.sum(0);
+    }
+    return {elementwise[0], elementwise[1], grad_weight, grad_bias, at::Tensor()};
+  }
+};
+
 class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImpl> {
  public:
   AccumulatingLinearImpl(const torch::nn::Linear& linear,
@@ -265,6 +317,30 @@ std::vector<at::Tensor> linears(const at::Tensor& input, const std::vector<at::T
     states.back().input_is_data = !x.requires_grad();
   }
   return LinearsAccumulatingGrad::apply(standing_in(x), states);
+}
+
+at::Tensor linear_after_elementwise(const RecomputedElementwise& f, const at::Tensor& a,
+                                    const at::Tensor& b, const at::Tensor& weight,
+                                    const at::Tensor& bias) {
+  if (!needs_gradients(a, weight, bias) && !(at::GradMode::is_enabled() && b.requires_grad())) {
+    return pipetrain::linear(f.forward(a, b), weight, bias);
+  }
+  auto handle = c10::make_intrusive<ElementwiseLinearHandle>();
+  handle->f = f;
+  LinearState state = state_for(a, weight, bias, fusing.deferred);
+  at::Tensor compute_weight = state.compute_weight, compute_bias = state.compute_bias;
+  if (fusing.active) {
+    handle->fused = std::move(state);
+    // The parameters are no inputs then: an input must carry a gradient for the backward to run.
+    handle->inputs_are_data = !a.requires_grad() && !b.requires_grad();
+    return LinearAfterElementwise::apply(
+        standing_in(a), b, compute_weight.detach(),
+        optional_tensor(compute_bias.defined() ? compute_bias.detach() : compute_bias),
+        std::move(handle));
+  }
+  // An undefined tensor is no autograd input in every Torch: an absent bias goes as nullopt.
+  return LinearAfterElementwise::apply(a, b, compute_weight, optional_tensor(compute_bias),
+                                       std::move(handle));
 }
 
 FusedLinearScope::FusedLinearScope(std::shared_ptr<DeferredWeightGradients> deferred)

@@ -18,6 +18,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <array>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -82,6 +84,24 @@ class FusedLinearScope {
   bool was_fusing_;
   std::shared_ptr<DeferredWeightGradients> previous_;
 };
+
+// An elementwise step f(a, b) whose backward reads a and b, such as SwiGLU's silu(gate) * up.
+struct RecomputedElementwise {
+  std::function<at::Tensor(const at::Tensor& a, const at::Tensor& b)> forward;
+  // From the gradient of f(a, b): {a's gradient, b's gradient, f(a, b) again}, each gradient
+  // undefined where not asked for.
+  std::function<std::array<at::Tensor, 3>(const at::Tensor& grad, const at::Tensor& a,
+                                          const at::Tensor& b, bool a_needs, bool b_needs)>
+      backward;
+};
+
+// pipetrain::linear(f.forward(a, b), weight, bias), f(a, b) let go once the GEMM has read it:
+// autograd would keep it for the weight's gradient (for SwiGLU, a third of the MLP's activations
+// and as large as a or b), where here f's backward makes it again in the pass that reads a and b
+// anyway. Fuses gradient accumulation where pipetrain::linear does.
+at::Tensor linear_after_elementwise(const RecomputedElementwise& f, const at::Tensor& a,
+                                    const at::Tensor& b, const at::Tensor& weight,
+                                    const at::Tensor& bias = at::Tensor());
 
 // `layer` itself, or, for a torch::nn::Linear, a module sharing its parameters whose backward
 // accumulates their gradients in place, outside autograd (whose graph has no edges to them),

@@ -314,6 +314,72 @@ TEST(FusedGradientAccumulation, DeferredWeightGradientsWaitForRun) {
   }
 }
 
+// linear_after_elementwise (SwiGLU's down projection on a GPU) gives autograd's gradients of
+// linear(silu(a) * b), plain, fused and deferred, twice over (the second adds into the first's),
+// its backward making the product again rather than keeping it.
+TEST(FusedGradientAccumulation, LinearAfterElementwiseGivesAutogradsGradients) {
+  int recomputed = 0;
+  RecomputedElementwise swiglu;
+  swiglu.forward = [](const at::Tensor& a, const at::Tensor& b) { return torch::silu(a) * b; };
+  swiglu.backward = [&](const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b,
+                        bool a_needs, bool b_needs) {
+    ++recomputed;
+    const auto sigmoid = torch::sigmoid(a);
+    return std::array<at::Tensor, 3>{
+        a_needs ? grad * b * sigmoid * (1 + a * (1 - sigmoid)) : at::Tensor(),
+        b_needs ? grad * torch::silu(a) : at::Tensor(), torch::silu(a) * b};
+  };
+  torch::manual_seed(3);
+  const auto a0 = torch::randn({2, 5, 8}), b0 = torch::randn({2, 5, 8});
+  const auto g = torch::randn({2, 5, 3});
+  const auto gradients = [&](const std::string& mode, bool with_bias) {
+    torch::manual_seed(4);
+    torch::nn::Linear down(torch::nn::LinearOptions(8, 3).bias(with_bias));
+    const auto a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    auto deferred = std::make_shared<DeferredWeightGradients>();
+    for (int pass = 0; pass < 2; ++pass) {
+      at::Tensor y;
+      if (mode == "autograd") {
+        y = torch::nn::functional::linear(torch::silu(a) * b, down->weight, down->bias);
+      } else {
+        std::optional<FusedLinearScope> fusing;
+        if (mode != "plain") fusing.emplace(mode == "deferred" ? deferred : nullptr);
+        y = linear_after_elementwise(swiglu, a, b, down->weight, down->bias);
+      }
+      DeferredWeightGradients::Deferral deferral(mode == "deferred" ? deferred.get() : nullptr);
+      y.backward(g);
+    }
+    if (mode == "deferred") {
+      EXPECT_FALSE(down->weight.grad().defined()) << "the weight gradient must wait for run()";
+      deferred->run();
+    }
+    std::vector<at::Tensor> grads{a.grad(), b.grad(), down->weight.grad()};
+    if (with_bias) grads.push_back(down->bias.grad());
+    return grads;
+  };
+  const char* names[] = {"a", "b", "weight", "bias"};
+  for (const bool with_bias : {true, false}) {  // a projection without bias, as Llama's
+    const auto expected = gradients("autograd", with_bias);
+    for (const std::string mode : {"plain", "fused", "deferred"}) {
+      recomputed = 0;
+      const auto actual = gradients(mode, with_bias);
+      const std::string where = mode + (with_bias ? "" : ", no bias");
+      EXPECT_EQ(recomputed, 2) << where << ": the backward makes the product again";
+      ASSERT_EQ(actual.size(), expected.size()) << where;
+      for (size_t i = 0; i < expected.size(); ++i) {
+        ASSERT_TRUE(actual[i].defined()) << where << ", " << names[i];
+        EXPECT_TRUE(torch::allclose(actual[i], expected[i], 1e-6, 1e-7))
+            << where << ", " << names[i];
+      }
+    }
+  }
+  // Without gradients it is the plain expression.
+  torch::NoGradGuard no_grad;
+  torch::nn::Linear down(8, 3);
+  EXPECT_TRUE(torch::allclose(linear_after_elementwise(swiglu, a0, b0, down->weight),
+                              torch::nn::functional::linear(torch::silu(a0) * b0, down->weight)));
+}
+
 // Two layers sharing a weight (tied, as embeddings and output heads are) but not a bias: the
 // weight gets both layers' gradients, each bias its own.
 TEST(FusedGradientAccumulation, LayersSharingAWeightKeepTheirOwnBiases) {
