@@ -4,6 +4,8 @@
 
 #include <pipetrain/linear.h>
 
+#include "pipeline/fused_linear.h"
+
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
 #include "kernel_call.h"
 #include "swiglu_kernels.h"
@@ -21,45 +23,47 @@ torch::nn::Linear projection(int64_t in, int64_t out, bool bias) {
 }
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// silu(gate) * up for contiguous gate and up of one dtype, saving only them for the backward.
-struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+// silu(gate) * up through swiglu_kernels.cu: one kernel each way where ATen runs two forward and
+// three backward, the backward's writing the product again beside the gradients.
+RecomputedElementwise swiglu_on_kernels() {
+  RecomputedElementwise swiglu;
+  swiglu.forward = [](const at::Tensor& gate, const at::Tensor& up) {
     at::Tensor output = at::empty_like(gate);
     kernels::swiglu_forward(*kernels::kernel_dtype(gate), gate.data_ptr(), up.data_ptr(),
                             gate.numel(), output.data_ptr(), kernels::current_stream());
-    ctx->save_for_backward({gate, up});
     return output;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &gate = saved[0], &up = saved[1];
-    // Autograd hands it over in the output's dtype, at any strides.
-    const at::Tensor grad = grads[0].contiguous();
-    const at::Tensor grad_gate = ctx->needs_input_grad(0) ? at::empty_like(gate) : at::Tensor();
-    const at::Tensor grad_up = ctx->needs_input_grad(1) ? at::empty_like(up) : at::Tensor();
-    kernels::swiglu_backward(
-        *kernels::kernel_dtype(grad), grad.data_ptr(), gate.data_ptr(), up.data_ptr(), gate.numel(),
-        grad_gate.defined() ? grad_gate.data_ptr() : nullptr,
-        grad_up.defined() ? grad_up.data_ptr() : nullptr, kernels::current_stream());
-    return {grad_gate, grad_up};
-  }
-};
+  };
+  swiglu.backward = [](const at::Tensor& grad_product, const at::Tensor& gate, const at::Tensor& up,
+                       bool gate_needs, bool up_needs) {
+    // The down projection's input gradient, in the product's dtype, may come at any strides.
+    const at::Tensor grad = grad_product.contiguous();
+    std::array<at::Tensor, 3> out{gate_needs ? at::empty_like(gate) : at::Tensor(),
+                                  up_needs ? at::empty_like(up) : at::Tensor(),
+                                  at::empty_like(gate)};
+    const auto pointer = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
+    kernels::swiglu_backward(*kernels::kernel_dtype(grad), grad.data_ptr(), gate.data_ptr(),
+                             up.data_ptr(), gate.numel(), pointer(out[0]), pointer(out[1]),
+                             out[2].data_ptr(), kernels::current_stream());
+    return out;
+  };
+  return swiglu;
+}
 #endif
 
-// silu(gate) * up: on a GPU one kernel each way (swiglu_kernels.cu) where ATen runs two forward
-// and three backward, else ATen's expression.
-at::Tensor silu_times(const at::Tensor& gate, const at::Tensor& up) {
+// down_proj(silu(gate) * up). On a GPU the product is not kept for the down projection's weight
+// gradient (a third of the MLP's activations): the backward's kernel, reading gate and up anyway,
+// writes it again. Elsewhere ATen's expression and pipetrain::linear.
+at::Tensor down_of_swiglu(const torch::nn::Linear& down, const at::Tensor& gate,
+                          const at::Tensor& up) {
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
   if (kernels::kernel_dtype(gate).has_value() && up.scalar_type() == gate.scalar_type() &&
       up.device() == gate.device() && up.sizes() == gate.sizes()) {
-    return SwiGLUFunction::apply(gate.contiguous(), up.contiguous());
+    static const RecomputedElementwise swiglu = swiglu_on_kernels();
+    return linear_after_elementwise(swiglu, gate.contiguous(), up.contiguous(), down->weight,
+                                    down->bias);
   }
 #endif
-  return torch::silu(gate) * up;
+  return linear(down, torch::silu(gate) * up);
 }
 
 }  // namespace
@@ -76,7 +80,7 @@ SwiGLUImpl::SwiGLUImpl(const SwiGLUOptions& options_)
 at::Tensor SwiGLUImpl::forward(const at::Tensor& x) {
   const auto gate_up =
       pipetrain::linears(x, {gate_proj->weight, up_proj->weight}, {gate_proj->bias, up_proj->bias});
-  return linear(down_proj, silu_times(gate_up[0], gate_up[1]));
+  return down_of_swiglu(down_proj, gate_up[0], gate_up[1]);
 }
 
 GeluMlpImpl::GeluMlpImpl(const GeluMlpOptions& options_)

@@ -17,8 +17,9 @@ void swiglu_forward(Dtype dtype, const void* gate, const void* up, int64_t n, vo
 
 // grad_gate = grad * up * silu'(gate) and grad_up = grad * silu(gate), silu'(g) = s * (1 + g *
 // (1 - s)) with s = 1 / (1 + exp(-g)) (ATen's silu_backward), computed in fp32 and rounded once
-// to `dtype`; either output may be null (not written).
+// to `dtype`; and `output` = silu(gate) * up again, bit for bit swiglu_forward's. Any of the three
+// outputs may be null (not written).
 void swiglu_backward(Dtype dtype, const void* grad, const void* gate, const void* up, int64_t n,
-                     void* grad_gate, void* grad_up, void* stream);
+                     void* grad_gate, void* grad_up, void* output, void* stream);
 
 }  // namespace pipetrain::kernels

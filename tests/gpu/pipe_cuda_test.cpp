@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <tuple>
 
+#include "pipeline/fused_linear.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/linear.h"
 #include "pipetrain/module.h"
@@ -555,10 +557,12 @@ TEST(CudaKernels, RotaryIntoAutocastsDtypeIsTheFp32RotationCast) {
   }
 }
 
-// SwiGLU (`ours`: the module, whose silu(gate) * up is fused) or its projections around ATen's
-// silu(gate) * up, then a random gradient. {output, the gradients of x and of the gate, up and
-// down projections' weights}.
-std::vector<at::Tensor> swiglu(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden) {
+// SwiGLU (`ours`: the module, whose silu(gate) * up is fused and made again in the backward;
+// `fused`: accumulating its weights' gradients in place, as a pipe step with
+// fuse_gradient_accumulation does) or its projections around ATen's silu(gate) * up, then a random
+// gradient. {output, the gradients of x and of the gate, up and down projections' weights}.
+std::vector<at::Tensor> swiglu(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden,
+                               bool fused = false) {
   torch::manual_seed(12);
   const int64_t n_embd = 64;
   nn::SwiGLU mlp(nn::SwiGLUOptions(n_embd, hidden));
@@ -569,6 +573,8 @@ std::vector<at::Tensor> swiglu(bool ours, at::ScalarType dtype, bool autocast, i
   if (autocast) set_autocast_to_bf16(c10::DeviceType::CUDA, true);
   at::Tensor y;
   if (ours) {
+    std::optional<FusedLinearScope> fusing;
+    if (fused) fusing.emplace(nullptr);
     y = mlp->forward(x);
   } else {
     const auto gate = pipetrain::linear(x, mlp->gate_proj->weight);
@@ -596,12 +602,15 @@ TEST(CudaKernels, SwiGLUGivesWhatAtensExpressionGives) {
       SCOPED_TRACE(std::string(c10::toString(dtype)) + (autocast ? " under autocast" : "") +
                    ", hidden " + std::to_string(hidden));
       const auto expected = swiglu(false, dtype, autocast, hidden);
-      const auto actual = swiglu(true, dtype, autocast, hidden);
       // Under autocast gate and up are bf16: the weights' fp32 gradients are GEMMs of bf16 ones.
       const double tolerance =
           dtype == torch::kFloat && !autocast ? kFp32Tolerance : kBf16Tolerance;
-      for (size_t i = 0; i < expected.size(); ++i) {
-        expect_as_aten(actual[i], expected[i], tolerance, names[i]);
+      for (const bool fused : {false, true}) {
+        const auto actual = swiglu(true, dtype, autocast, hidden, fused);
+        for (size_t i = 0; i < expected.size(); ++i) {
+          expect_as_aten(actual[i], expected[i], tolerance,
+                         std::string(names[i]) + (fused ? ", fused" : ""));
+        }
       }
     }
   }
