@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
 #include "cross_entropy_kernels.h"
@@ -23,25 +24,27 @@ constexpr int64_t kBlockElements = int64_t{1} << 25;
 
 class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
  public:
-  // logits [N, C], target [N]. Saves the gradient of the loss when `keep_grad`; rows of
-  // `ignore_index` (when `ignore`) get none. The rows' sum when `sum`, else their mean.
+  // logits [N, C], target [N]. Saves the gradient of the loss when `keep_grad`, written over
+  // the logits when `in_place`; rows of `ignore_index` (when `ignore`) get none. The rows' sum
+  // when `sum`, else their mean.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& target, int64_t ignore_index, bool ignore,
-                            int64_t block, bool keep_grad, bool sum) {
+                            int64_t block, bool keep_grad, bool in_place, bool sum) {
     // Autocast would copy each block to fp32 before log_softmax, as log_softmax's dtype argument
     // does anyway for bf16 (Torch 2.11's CUDA kernel converts in one pass for fp16 alone).
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
     if (const auto dtype = kernels::kernel_dtype(logits)) {
       return on_device(ctx, *dtype, logits.contiguous(), target.contiguous(), ignore_index, ignore,
-                       keep_grad, sum);
+                       keep_grad, in_place, sum);
     }
 #endif
     const int64_t rows = logits.size(0);
     const auto ignored = ignore ? target.eq(ignore_index) : at::Tensor();
     const auto safe_target = (ignore ? target.masked_fill(ignored, 0) : target).unsqueeze(1);
     auto row_loss = at::empty({rows}, logits.options().dtype(at::kFloat));
-    at::Tensor grad = keep_grad ? at::empty_like(logits) : at::Tensor();
+    // Each block's log-probabilities are a copy, so its gradient may go over its logits.
+    at::Tensor grad = gradient_buffer(logits, keep_grad, in_place);
     for (int64_t begin = 0; begin < rows; begin += block) {
       const int64_t size = std::min(block, rows - begin);
       const auto log_probs = at::log_softmax(logits.narrow(0, begin, size), 1, at::kFloat);
@@ -62,7 +65,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     const auto count = sum      ? at::ones({}, row_loss.options())
                        : ignore ? ignored.logical_not().sum().to(at::kFloat)
                                 : at::full({}, static_cast<double>(rows), row_loss.options());
-    if (keep_grad) ctx->save_for_backward({grad, count});
+    if (keep_grad) keep(ctx, logits, grad, in_place, {grad, count});
     ctx->saved_data["on_device"] = false;
     return row_loss.sum() / count;
   }
@@ -72,7 +75,8 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
   // by the count, so the backward only multiplies by its incoming gradient, on the device.
   static at::Tensor on_device(torch::autograd::AutogradContext* ctx, kernels::Dtype dtype,
                               const at::Tensor& logits, const at::Tensor& target,
-                              int64_t ignore_index, bool ignore, bool keep_grad, bool sum) {
+                              int64_t ignore_index, bool ignore, bool keep_grad, bool in_place,
+                              bool sum) {
     const int64_t rows = logits.size(0);
     const auto float_options = logits.options().dtype(at::kFloat);
     const at::Tensor inv_count = sum ? at::ones({}, float_options)
@@ -80,12 +84,12 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
                                      ? target.ne(ignore_index).sum().to(at::kFloat).reciprocal()
                                      : at::full({}, 1.0 / static_cast<double>(rows), float_options);
     const at::Tensor row_loss = at::empty({rows}, float_options);
-    const at::Tensor grad = keep_grad ? at::empty_like(logits) : at::Tensor();
+    const at::Tensor grad = gradient_buffer(logits, keep_grad, in_place);
     kernels::cross_entropy_rows(dtype, logits.data_ptr(), rows, logits.size(1),
                                 target.data_ptr<int64_t>(), ignore_index, ignore,
                                 inv_count.data_ptr<float>(), row_loss.data_ptr<float>(),
                                 keep_grad ? grad.data_ptr() : nullptr, kernels::current_stream());
-    if (keep_grad) ctx->save_for_backward({grad});
+    if (keep_grad) keep(ctx, logits, grad, in_place, {grad});
     ctx->saved_data["on_device"] = true;
     return row_loss.sum() * inv_count;
   }
@@ -103,7 +107,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
       kernels::scale_by(*kernels::kernel_dtype(grad), grad.data_ptr(), grad.numel(),
                         factor.data_ptr<float>(), kernels::current_stream());
       torch::autograd::impl::bump_version(grad);  // as an in-place op: a second backward fails
-      return {grad, {}, {}, {}, {}, {}, {}};
+      return {grad, {}, {}, {}, {}, {}, {}, {}};
     }
 #endif
     // Scaled in place, in fp32, and rounded once to the logits' dtype: by a number on the host,
@@ -112,15 +116,34 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     // Reading it waits for the forward just queued, so the device idles only while the next
     // kernel is launched.
     grad.mul_((grad_output[0].to(at::kDouble) / saved[1]).item<double>());
-    return {grad, {}, {}, {}, {}, {}, {}};
+    return {grad, {}, {}, {}, {}, {}, {}, {}};
+  }
+
+ private:
+  // Where the kept gradient goes: over the logits when in place, else a tensor of its own.
+  static at::Tensor gradient_buffer(const at::Tensor& logits, bool keep_grad, bool in_place) {
+    if (!keep_grad) return {};
+    return in_place ? logits : at::empty_like(logits);
+  }
+
+  // Saves what the backward reads. Logits overwritten in place count as modified, as an in-place
+  // op's output does (before saving, so the saved gradient's version is the current one): a
+  // backward that saved the logits then fails autograd's version check instead of reading the
+  // gradient as logits.
+  static void keep(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                   const at::Tensor& grad, bool in_place, torch::autograd::variable_list saved) {
+    if (in_place && grad.is_same(logits)) torch::autograd::impl::bump_version(logits);
+    ctx->save_for_backward(std::move(saved));
   }
 };
 
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
-                         std::optional<int64_t> ignore_index, int64_t block_rows, bool sum) {
+                         std::optional<int64_t> ignore_index, int64_t block_rows, bool sum,
+                         bool in_place) {
   const auto refuse = [&](const std::string& what) {
     std::ostringstream message;
-    message << "chunked_cross_entropy: " << what << " (logits " << logits.scalar_type() << " "
+    message << (sum ? "chunked_cross_entropy_sum" : "chunked_cross_entropy")
+            << (in_place ? "_: " : ": ") << what << " (logits " << logits.scalar_type() << " "
             << logits.sizes() << ", target " << target.scalar_type() << " " << target.sizes()
             << ")";
     throw std::invalid_argument(message.str());
@@ -140,19 +163,33 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target,
   const auto flat_target = target.reshape({-1});
   const bool keep_grad = at::GradMode::is_enabled() && logits.requires_grad();
   return ChunkedCrossEntropy::apply(flat_logits, flat_target, ignore_index.value_or(0),
-                                    ignore_index.has_value(), block, keep_grad, sum);
+                                    ignore_index.has_value(), block, keep_grad, in_place, sum);
 }
 
 }  // namespace
 
 at::Tensor chunked_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
                                  std::optional<int64_t> ignore_index, int64_t block_rows) {
-  return cross_entropy(logits, target, ignore_index, block_rows, /*sum=*/false);
+  return cross_entropy(logits, target, ignore_index, block_rows, /*sum=*/false,
+                       /*in_place=*/false);
 }
 
 at::Tensor chunked_cross_entropy_sum(const at::Tensor& logits, const at::Tensor& target,
                                      std::optional<int64_t> ignore_index, int64_t block_rows) {
-  return cross_entropy(logits, target, ignore_index, block_rows, /*sum=*/true);
+  return cross_entropy(logits, target, ignore_index, block_rows, /*sum=*/true,
+                       /*in_place=*/false);
+}
+
+at::Tensor chunked_cross_entropy_(const at::Tensor& logits, const at::Tensor& target,
+                                  std::optional<int64_t> ignore_index, int64_t block_rows) {
+  return cross_entropy(logits, target, ignore_index, block_rows, /*sum=*/false,
+                       /*in_place=*/true);
+}
+
+at::Tensor chunked_cross_entropy_sum_(const at::Tensor& logits, const at::Tensor& target,
+                                      std::optional<int64_t> ignore_index, int64_t block_rows) {
+  return cross_entropy(logits, target, ignore_index, block_rows, /*sum=*/true,
+                       /*in_place=*/true);
 }
 
 }  // namespace pipetrain

@@ -51,13 +51,20 @@ __device__ Normaliser block_combine(Normaliser value, Normaliser* shared) {
   return shared[0];
 }
 
+// `grad` may be `logits` itself (chunked_cross_entropy_): every element is read before it is
+// written, the target's logit before the block's first barrier, so neither pointer is restrict.
 template <typename T, int V>
-__global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, int64_t classes,
+__global__ void cross_entropy_rows_kernel(const T* logits, int64_t classes,
                                           const int64_t* __restrict__ target, int64_t ignore_index,
                                           bool ignore, const float* __restrict__ inv_count,
-                                          float* __restrict__ row_loss, T* __restrict__ grad) {
+                                          float* __restrict__ row_loss, T* grad) {
   __shared__ Normaliser shared[kMaxThreads / kWarp];
   const int64_t row = blockIdx.x;
+  const int64_t t = target[row];
+  const bool ignored = ignore && t == ignore_index;
+  const bool in_range = t >= 0 && t < classes;
+  const float target_logit =
+      threadIdx.x == 0 && !ignored && in_range ? to_float(logits[row * classes + t]) : 0.f;
   const auto* packs = reinterpret_cast<const Pack<T, V>*>(logits + row * classes);
   const int64_t pack_count = classes / V;
 
@@ -79,13 +86,7 @@ __global__ void cross_entropy_rows_kernel(const T* __restrict__ logits, int64_t 
   }
   normaliser = block_combine(normaliser, shared);
   const float log_sum = normaliser.max + logf(normaliser.sum);
-
-  const int64_t t = target[row];
-  const bool ignored = ignore && t == ignore_index;
-  const bool in_range = t >= 0 && t < classes;
-  if (threadIdx.x == 0) {
-    row_loss[row] = ignored ? 0.f : in_range ? log_sum - to_float(logits[row * classes + t]) : NAN;
-  }
+  if (threadIdx.x == 0) row_loss[row] = ignored ? 0.f : in_range ? log_sum - target_logit : NAN;
   if (grad == nullptr) return;
   const float scale = ignored ? 0.f : in_range ? inv_count[0] : NAN;
   auto* grad_packs = reinterpret_cast<Pack<T, V>*>(grad + row * classes);

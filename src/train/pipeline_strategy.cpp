@@ -215,6 +215,14 @@ class PipelineStrategy : public Strategy {
                 "nothing else. Put preprocessing into a layer at the front of the Sequential, or "
                 "into the data");
           }
+          if (current_output_._version() != current_output_version_) {
+            throw std::logic_error(
+                "forward() was called again in a step after its output was overwritten in place "
+                "(chunked_cross_entropy_ writes the logits' gradient over them): under pipe "
+                "forward() hands back the same tensor, which no longer holds the logits. Take "
+                "what else the step needs from the logits before the in-place loss, or use "
+                "chunked_cross_entropy");
+          }
           return current_output_;
         },
         pipe_->stage_module());
@@ -485,6 +493,7 @@ class PipelineStrategy : public Strategy {
                            const at::Tensor& output, LoggedMetrics& metrics, const Step& step) {
     const Batch micro = batch.slice(mb.begin, mb.end);
     current_output_ = output;
+    current_output_version_ = output.defined() ? output._version() : 0;
     current_input_ = micro.data;
     module.set_log_target(&metrics, mb.size());
     struct Reset {
@@ -697,12 +706,13 @@ class PipelineStrategy : public Strategy {
   std::unique_ptr<GradientSync> gradient_sync_;
   std::unique_ptr<ZeroPartition> zero_;  // ZeRO stage 1: this replica's share of the optimizer
   bool sync_this_step_ = false;
-  std::optional<bool> window_sums_;  // whether this optimizer step's losses are sum_over() sums
-  std::optional<bool> sums_losses_;  // the same, learnt at the first optimizer step
-  at::Tensor summed_count_;          // the sum_over() counts of this optimizer step so far
-  BatchLoss batch_loss_;             // the user's losses of the batch running (last stage)
-  at::Tensor current_output_;        // forward()'s answer while a step runs
-  at::Tensor current_input_;         // the step's batch.data, the one input forward() takes
+  std::optional<bool> window_sums_;      // whether this optimizer step's losses are sum_over() sums
+  std::optional<bool> sums_losses_;      // the same, learnt at the first optimizer step
+  at::Tensor summed_count_;              // the sum_over() counts of this optimizer step so far
+  BatchLoss batch_loss_;                 // the user's losses of the batch running (last stage)
+  at::Tensor current_output_;            // forward()'s answer while a step runs
+  uint32_t current_output_version_ = 0;  // its version then: an in-place loss changes it
+  at::Tensor current_input_;             // the step's batch.data, the one input forward() takes
 };
 
 }  // namespace

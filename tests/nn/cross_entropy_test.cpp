@@ -2,15 +2,21 @@
 // with respect to the logits, over several blocks of rows, with ignored rows, a scaled backward and
 // [B, T, C] shapes. fp32: relative 1e-5 (absolute 1e-7 for gradients); bf16 logits: against the
 // unfused path on the same bf16 logits upcast to fp32 (as autocast runs it), the loss to fp32
-// rounding and the gradient to one bf16 rounding (relative 2^-7).
+// rounding and the gradient to one bf16 rounding (relative 2^-7). The in-place form against the
+// out-of-place one: equal to the bit.
 #include "pipetrain/cross_entropy.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <optional>
+#include <string>
+
+#include "pipetrain/pipetrain.h"
+#include "support/multiprocess.h"
 
 namespace pipetrain::cross_entropy_test {
 namespace {
@@ -230,6 +236,108 @@ TEST(ChunkedCrossEntropy, ASecondBackwardThroughARetainedGraphFails) {
   const auto loss = chunked_cross_entropy(logits, torch::zeros({4}, torch::kLong));
   loss.backward({}, /*retain_graph=*/true);
   EXPECT_THROW(loss.backward(), c10::Error);
+}
+
+// chunked_cross_entropy_ (in place) against chunked_cross_entropy on the same logits: the same
+// loss and gradient to the bit (the same arithmetic, written elsewhere), and the logits' memory
+// holding that gradient afterwards. The logits are `x * 1`, not a leaf, as a head's output is,
+// and then `x` itself, a leaf, as a pipe's last stage hands its output to the loss.
+void expect_in_place_is_out_of_place(torch::Device device, torch::Dtype dtype, int64_t rows,
+                                     int64_t classes, bool sum) {
+  torch::manual_seed(7);
+  const auto logits = (torch::randn({rows, classes}) * 4).to(device, dtype);
+  const auto target = make_target(rows, classes, /*with_ignored=*/true).to(device);
+  const auto out_of_place = run(logits, [&](const at::Tensor& x) {
+    return sum ? chunked_cross_entropy_sum(x, target, -100, 8)
+               : chunked_cross_entropy(x, target, -100, 8);
+  });
+  for (const bool leaf : {false, true}) {
+    SCOPED_TRACE(leaf ? "a leaf" : "not a leaf");
+    at::Tensor overwritten;
+    const auto in_place = run(logits, [&](const at::Tensor& x) {
+      overwritten = leaf ? x : x * 1;
+      return sum ? chunked_cross_entropy_sum_(overwritten, target, -100, 8)
+                 : chunked_cross_entropy_(overwritten, target, -100, 8);
+    });
+    EXPECT_TRUE(torch::equal(in_place.loss, out_of_place.loss));
+    EXPECT_TRUE(torch::equal(in_place.grad, out_of_place.grad));
+    EXPECT_TRUE(torch::equal(overwritten.detach(), in_place.grad));
+  }
+}
+
+TEST(ChunkedCrossEntropy, InPlaceWritesTheSameGradientOverTheLogits) {
+  for (const bool sum : {false, true}) {
+    expect_in_place_is_out_of_place(torch::kCPU, torch::kFloat, 37, 11, sum);
+    expect_in_place_is_out_of_place(torch::kCPU, torch::kBFloat16, 37, 11, sum);
+  }
+}
+
+TEST(ChunkedCrossEntropy, CudaInPlaceWritesTheSameGradientOverTheLogits) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const bool sum : {false, true}) {
+    expect_in_place_is_out_of_place(torch::kCUDA, torch::kFloat, 37, 11, sum);
+    // Rows of GPT-2's vocabulary: many threads a row, the target's logit among what they write.
+    expect_in_place_is_out_of_place(torch::kCUDA, torch::kBFloat16, 64, 50304, sum);
+  }
+}
+
+TEST(ChunkedCrossEntropy, InPlaceLeavesTheLogitsAloneWithoutGradients) {
+  torch::manual_seed(8);
+  const auto target = torch::randint(7, {9}, torch::kLong);
+  const auto logits = torch::randn({9, 7});
+  const auto expected = chunked_cross_entropy(logits, target);
+  auto untouched = logits.clone();
+  EXPECT_TRUE(torch::equal(chunked_cross_entropy_(untouched, target), expected));
+  EXPECT_TRUE(torch::equal(untouched, logits));
+  auto head_output = logits.clone().requires_grad_() * 1;
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(chunked_cross_entropy_(head_output, target), expected));
+  EXPECT_TRUE(torch::equal(head_output, logits));
+}
+
+TEST(ChunkedCrossEntropy, InPlaceFailsABackwardThatSavedTheLogits) {
+  const auto x = torch::randn({4, 5}).requires_grad_();
+  const auto logits = x * 1;
+  const auto squares = (logits * logits).sum();  // saves the logits it multiplies
+  const auto loss = chunked_cross_entropy_(logits, torch::zeros({4}, torch::kLong)) + squares;
+  EXPECT_THROW(loss.backward(), c10::Error);
+}
+
+// Under `pipe`, forward() hands back the tensor the pipeline computed: once the in-place loss
+// has written over it, a second forward() in the step would give the gradient as logits.
+class ForwardsTwice : public Module {
+ public:
+  ForwardsTwice() : Module(torch::nn::Sequential(torch::nn::Linear(4, 6))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = chunked_cross_entropy_(forward(batch.data), batch.target);
+    [[maybe_unused]] const auto predicted = forward(batch.data).argmax(1);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+
+TEST(ChunkedCrossEntropy, InPlaceThenASecondForwardUnderPipeThrows) {
+  const auto root = testing::make_temp_dir("in_place_loss");
+  Trainer trainer(TrainerOptions()
+                      .strategy("pipe")
+                      .pipe(PipeOptions().chunks(2))
+                      .max_steps(1)
+                      .loggers({})
+                      .default_root_dir(root)
+                      .enable_progress_bar(false));
+  ForwardsTwice model;
+  DataLoader loader(TensorDataset(torch::randn({8, 4}), torch::randint(6, {8}, torch::kLong)),
+                    DataLoaderOptions().batch_size(8));
+  try {
+    trainer.fit(model, loader);
+    ADD_FAILURE() << "the second forward() gave the overwritten logits";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("forward() was called again"), std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(root);
 }
 
 TEST(ChunkedCrossEntropy, RefusesTargetsThatDoNotFitTheLogits) {

@@ -50,14 +50,16 @@ nn::DecoderConfig small_qwen3() {
   return config;
 }
 
-// What a user writes around decoder(): mean next-token cross-entropy, AdamW.
+// What a user writes around decoder(): mean next-token cross-entropy (its in-place form, as the
+// built-in models use it: the logits' gradient written over them, under every schedule and
+// checkpoint mode below), AdamW.
 class LanguageModel : public Module {
  public:
   explicit LanguageModel(const nn::DecoderConfig& config) : Module(nn::decoder(config)) {}
   // Built per rank: each process builds only its stages' layers.
   explicit LanguageModel(std::vector<LayerSpec> layers) : Module(std::move(layers)) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
-    auto loss = chunked_cross_entropy(forward(batch.data), batch.target);
+    auto loss = chunked_cross_entropy_(forward(batch.data), batch.target);
     log("train_loss", loss);
     return loss;
   }

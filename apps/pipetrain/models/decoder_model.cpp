@@ -40,8 +40,9 @@ DecoderModel::DecoderModel(const nn::DecoderConfig& config, const OptimizerRecip
     : LanguageModel(layers_read_from(config, init_from), config, recipe) {}
 
 at::Tensor DecoderModel::loss(const Batch& batch) {
-  // Every position is a target, so no ignore_index (and no masking pass).
-  return chunked_cross_entropy(forward(batch.data), batch.target, std::nullopt);
+  // The logits' gradient goes over them (nothing reads them after the loss); every position is a
+  // target, so no ignore_index (and no masking pass).
+  return chunked_cross_entropy_(forward(batch.data), batch.target, std::nullopt);
 }
 
 OptimizerConfig DecoderModel::configure_optimizers() {
