@@ -65,7 +65,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     const auto count = sum      ? at::ones({}, row_loss.options())
                        : ignore ? ignored.logical_not().sum().to(at::kFloat)
                                 : at::full({}, static_cast<double>(rows), row_loss.options());
-    if (keep_grad) keep(ctx, logits, grad, in_place, {grad, count});
+    if (keep_grad) keep(ctx, logits, in_place, {grad, count});
     ctx->saved_data["on_device"] = false;
     return row_loss.sum() / count;
   }
@@ -89,7 +89,7 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
                                 target.data_ptr<int64_t>(), ignore_index, ignore,
                                 inv_count.data_ptr<float>(), row_loss.data_ptr<float>(),
                                 keep_grad ? grad.data_ptr() : nullptr, kernels::current_stream());
-    if (keep_grad) keep(ctx, logits, grad, in_place, {grad});
+    if (keep_grad) keep(ctx, logits, in_place, {grad});
     ctx->saved_data["on_device"] = true;
     return row_loss.sum() * inv_count;
   }
@@ -130,9 +130,9 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
   // op's output does (before saving, so the saved gradient's version is the current one): a
   // backward that saved the logits then fails autograd's version check instead of reading the
   // gradient as logits.
-  static void keep(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
-                   const at::Tensor& grad, bool in_place, torch::autograd::variable_list saved) {
-    if (in_place && grad.is_same(logits)) torch::autograd::impl::bump_version(logits);
+  static void keep(torch::autograd::AutogradContext* ctx, const at::Tensor& logits, bool in_place,
+                   torch::autograd::variable_list saved) {
+    if (in_place) torch::autograd::impl::bump_version(logits);
     ctx->save_for_backward(std::move(saved));
   }
 };
