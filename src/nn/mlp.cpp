@@ -2,13 +2,21 @@
 
 #include <torch/torch.h>
 
+#include <array>
+#include <initializer_list>
+#include <optional>
+
 #include <pipetrain/linear.h>
 
 #include "pipeline/fused_linear.h"
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
+#include <ATen/cuda/CUDAContextLight.h>
+
+#include "gelu_gemm.h"
 #include "kernel_call.h"
 #include "swiglu_kernels.h"
+#include "util/compat.h"
 #endif
 
 namespace pipetrain::nn {
@@ -47,6 +55,66 @@ RecomputedElementwise swiglu_on_kernels() {
     return out;
   };
   return swiglu;
+}
+
+// GPT-2's tanh GELU inside the MLP's GEMMs (gelu_gemm.h), for 16-bit operands that cuBLASLt
+// takes: contiguous rows of a width it can stride (a multiple of 8). Anything else, and anything
+// cuBLASLt finds no algorithm for, goes through ATen's GEMM and GELU.
+ActivationInGemms gelu_in_gemms() {
+  // Each call's own workspace, from the caching allocator: safe beside any other GEMM in flight,
+  // and while a CUDA graph is captured.
+  constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  const auto workspace = [](const at::Tensor& like) {
+    return at::empty({static_cast<int64_t>(kWorkspaceBytes)}, like.options().dtype(at::kByte));
+  };
+  const auto context = [](const at::Tensor& space) {
+    return kernels::GemmContext{at::cuda::getCurrentCUDABlasLtHandle(), space.data_ptr(),
+                                kWorkspaceBytes, kernels::current_stream()};
+  };
+  // The kernels' dtype where every tensor is a 16-bit one of x's and the widths are multiples of 8.
+  const auto dtype = [](const at::Tensor& x, std::initializer_list<at::Tensor> others,
+                        std::initializer_list<int64_t> widths) -> std::optional<kernels::Dtype> {
+    const auto type = kernels::kernel_dtype(x);
+    if (!type || *type == kernels::Dtype::kFloat) return std::nullopt;
+    for (const auto& t : others) {
+      if (t.defined() && (t.scalar_type() != x.scalar_type() || t.device() != x.device()))
+        return std::nullopt;
+    }
+    for (const int64_t width : widths) {
+      if (width % 8 != 0) return std::nullopt;
+    }
+    return type;
+  };
+  ActivationInGemms gelu;
+  gelu.forward = [=](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    const int64_t rows = x.size(0), in = x.size(1), out = weight.size(0);
+    if (const auto type = dtype(x, {weight, bias}, {in, out})) {
+      const at::Tensor a = x.contiguous(), w = weight.contiguous(), space = workspace(x);
+      const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
+      at::Tensor output = at::empty({rows, out}, x.options()), pre = at::empty_like(output);
+      if (kernels::linear_gelu(*type, context(space), a.data_ptr(), w.data_ptr(),
+                               b.defined() ? b.data_ptr() : nullptr, rows, in, out,
+                               output.data_ptr(), pre.data_ptr())) {
+        return std::array<at::Tensor, 2>{output, pre};
+      }
+    }
+    const at::Tensor pre = at::linear(x, weight, optional_tensor(bias));
+    return std::array<at::Tensor, 2>{at::gelu(pre, "tanh"), pre};
+  };
+  gelu.backward = [=](const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& pre) {
+    const int64_t rows = grad.size(0), out = weight.size(0), hidden = weight.size(1);
+    if (const auto type = dtype(grad, {weight, pre}, {out, hidden})) {
+      const at::Tensor g = grad.contiguous(), w = weight.contiguous(), p = pre.contiguous();
+      const at::Tensor space = workspace(grad);
+      at::Tensor grad_pre = at::empty({rows, hidden}, grad.options());
+      if (kernels::gelu_input_gradient(*type, context(space), g.data_ptr(), w.data_ptr(),
+                                       p.data_ptr(), rows, out, hidden, grad_pre.data_ptr())) {
+        return grad_pre;
+      }
+    }
+    return at::gelu_backward(grad.mm(weight), pre, "tanh");
+  };
+  return gelu;
 }
 #endif
 
@@ -92,6 +160,13 @@ GeluMlpImpl::GeluMlpImpl(const GeluMlpOptions& options_)
       dropout_(register_module("drop", torch::nn::Dropout(options_.dropout()))) {}
 
 at::Tensor GeluMlpImpl::forward(const at::Tensor& x) {
+#ifdef PIPETRAIN_HAS_CUDA_KERNELS
+  if (x.is_cuda()) {
+    static const ActivationInGemms gelu = gelu_in_gemms();
+    return dropout_(
+        linear_activation_linear(gelu, x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
+  }
+#endif
   return dropout_(linear(c_proj, torch::gelu(linear(c_fc, x), "tanh")));
 }
 

@@ -256,6 +256,71 @@ struct LinearAfterElementwise : torch::autograd::Function<LinearAfterElementwise
   }
 };
 
+// linear_activation_linear's autograd step. Under fusion the parameters are state, as above;
+// otherwise the GEMMs' weights and biases are inputs whose gradients autograd takes on.
+struct ActivationLinearsHandle : torch::CustomClassHolder {
+  ActivationInGemms act;
+  std::optional<LinearState> first, second;  // under fusion
+  at::Tensor first_weight, second_weight;    // what the GEMMs multiply
+  bool input_is_data = false;                // x stands in for data that needs no gradient
+  bool first_has_bias = false, second_has_bias = false;
+};
+
+struct LinearActivationLinear : torch::autograd::Function<LinearActivationLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& first_weight,
+                            const c10::optional<at::Tensor>& first_bias,
+                            const at::Tensor& second_weight,
+                            const c10::optional<at::Tensor>& second_bias,
+                            c10::intrusive_ptr<ActivationLinearsHandle> handle) {
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    const auto [activated, pre] =
+        handle->act.forward(rows, first_weight, first_bias.value_or(at::Tensor()));
+    const at::Tensor output = at::linear(activated, second_weight, second_bias);
+    ctx->save_for_backward({rows, pre, activated});
+    handle->first_weight = first_weight;
+    handle->second_weight = second_weight;
+    handle->first_has_bias = first_bias.has_value();
+    handle->second_has_bias = second_bias.has_value();
+    ctx->saved_data["handle"] = c10::IValue::make_capsule(std::move(handle));
+    auto sizes = x.sizes().vec();
+    sizes.back() = output.size(-1);
+    return output.view(sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &rows = saved[0], &pre = saved[1], &activated = saved[2];
+    const auto& handle =
+        *static_cast<ActivationLinearsHandle*>(ctx->saved_data["handle"].toCapsule().get());
+    const at::Tensor grad = grads[0].reshape({-1, grads[0].size(-1)});
+    const at::Tensor grad_pre = handle.act.backward(grad, handle.second_weight, pre);
+    // Autograd numbers the tensors given: an absent bias has no number.
+    size_t edge = 0;
+    const auto needs = [&](bool given) { return given && ctx->needs_input_grad(edge++); };
+    const bool x_needs = needs(true) && !handle.input_is_data;
+    const bool first_weight_needs = needs(true), first_bias_needs = needs(handle.first_has_bias);
+    const bool second_weight_needs = needs(true), second_bias_needs = needs(handle.second_has_bias);
+    variable_list out(6);
+    if (handle.first) {
+      hand_over({handle.second->weight, handle.second->bias, grad, activated},
+                handle.second->deferred);
+      hand_over({handle.first->weight, handle.first->bias, grad_pre, rows}, handle.first->deferred);
+    } else {
+      if (first_weight_needs) out[1] = grad_pre.t().mm(rows);
+      if (first_bias_needs) out[2] = grad_pre.sum(0);
+      if (second_weight_needs) out[3] = grad.t().mm(activated);
+      if (second_bias_needs) out[4] = grad.sum(0);
+    }
+    if (x_needs) {
+      auto sizes = grads[0].sizes().vec();
+      sizes.back() = rows.size(-1);
+      out[0] = grad_pre.mm(handle.first_weight).view(sizes);
+    }
+    return out;
+  }
+};
+
 class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImpl> {
  public:
   AccumulatingLinearImpl(const torch::nn::Linear& linear,
@@ -340,6 +405,41 @@ at::Tensor linear_after_elementwise(const RecomputedElementwise& f, const at::Te
   }
   // An undefined tensor is no autograd input in every Torch: an absent bias goes as nullopt.
   return LinearAfterElementwise::apply(a, b, compute_weight, optional_tensor(compute_bias),
+                                       std::move(handle));
+}
+
+at::Tensor linear_activation_linear(const ActivationInGemms& act, const at::Tensor& x,
+                                    const at::Tensor& first_weight, const at::Tensor& first_bias,
+                                    const at::Tensor& second_weight,
+                                    const at::Tensor& second_bias) {
+  const LinearState first = state_for(x, first_weight, first_bias, fusing.deferred);
+  const LinearState second = state_for(x, second_weight, second_bias, fusing.deferred);
+  const at::Tensor input = compute_input(x);
+  if (!needs_gradients(x, first_weight, first_bias) &&
+      !needs_gradients(x, second_weight, second_bias)) {
+    const at::Tensor rows = input.reshape({-1, input.size(-1)});
+    const at::Tensor activated = act.forward(rows, first.compute_weight, first.compute_bias)[0];
+    auto sizes = x.sizes().vec();
+    sizes.back() = second_weight.size(0);
+    return at::linear(activated, second.compute_weight, optional_tensor(second.compute_bias))
+        .view(sizes);
+  }
+  auto handle = c10::make_intrusive<ActivationLinearsHandle>();
+  handle->act = act;
+  // An undefined tensor is no autograd input in every Torch: an absent bias goes as nullopt.
+  const auto bias = [&](const at::Tensor& b) { return optional_tensor(b); };
+  if (fusing.active) {
+    // The parameters are no inputs then: x must carry a gradient for the backward to run.
+    handle->input_is_data = !input.requires_grad();
+    handle->first = first;
+    handle->second = second;
+    const auto detached = [](const at::Tensor& t) { return t.defined() ? t.detach() : t; };
+    return LinearActivationLinear::apply(
+        standing_in(input), first.compute_weight.detach(), bias(detached(first.compute_bias)),
+        second.compute_weight.detach(), bias(detached(second.compute_bias)), std::move(handle));
+  }
+  return LinearActivationLinear::apply(input, first.compute_weight, bias(first.compute_bias),
+                                       second.compute_weight, bias(second.compute_bias),
                                        std::move(handle));
 }
 

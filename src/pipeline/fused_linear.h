@@ -103,6 +103,27 @@ at::Tensor linear_after_elementwise(const RecomputedElementwise& f, const at::Te
                                     const at::Tensor& b, const at::Tensor& weight,
                                     const at::Tensor& bias = at::Tensor());
 
+// An activation the GEMMs around it apply themselves (GPT-2's GELU, in cuBLASLt's epilogues).
+struct ActivationInGemms {
+  // {act(pre), pre} with pre = x weight^T + bias: x [rows, in], weight [out, in], bias [out] or
+  // undefined.
+  std::function<std::array<at::Tensor, 2>(const at::Tensor& x, const at::Tensor& weight,
+                                          const at::Tensor& bias)>
+      forward;
+  // (grad weight) * act'(pre): grad [rows, out], the next Linear's weight [out, hidden], pre
+  // [rows, hidden].
+  std::function<at::Tensor(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& pre)>
+      backward;
+};
+
+// pipetrain::linear(act(pipetrain::linear(x, first_weight, first_bias)), second_weight,
+// second_bias), `act` applied by the GEMMs around it: no pass of its own over the hidden
+// activations, forward or backward. Keeps x, pre and act(pre), as autograd would. Fuses gradient
+// accumulation where pipetrain::linear does.
+at::Tensor linear_activation_linear(const ActivationInGemms& act, const at::Tensor& x,
+                                    const at::Tensor& first_weight, const at::Tensor& first_bias,
+                                    const at::Tensor& second_weight, const at::Tensor& second_bias);
+
 // `layer` itself, or, for a torch::nn::Linear, a module sharing its parameters whose backward
 // accumulates their gradients in place, outside autograd (whose graph has no edges to them),
 // deferring that work into `deferred` (if given) while it defers.

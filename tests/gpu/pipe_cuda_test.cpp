@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <optional>
 #include <tuple>
 
@@ -562,7 +563,7 @@ TEST(CudaKernels, RotaryIntoAutocastsDtypeIsTheFp32RotationCast) {
 // fuse_gradient_accumulation does) or its projections around ATen's silu(gate) * up, then a random
 // gradient. {output, the gradients of x and of the gate, up and down projections' weights}.
 std::vector<at::Tensor> swiglu(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden,
-                               bool fused = false) {
+                               bool fused) {
   torch::manual_seed(12);
   const int64_t n_embd = 64;
   nn::SwiGLU mlp(nn::SwiGLUOptions(n_embd, hidden));
@@ -590,30 +591,86 @@ std::vector<at::Tensor> swiglu(bool ours, at::ScalarType dtype, bool autocast, i
           mlp->down_proj->weight.grad()};
 }
 
-// fp32, bf16, and fp32 weights under autocast (bf16 gate and up), for a width whose elements the
-// kernels read 16 bytes at a time throughout (256) and one that leaves a tail (37).
-TEST(CudaKernels, SwiGLUGivesWhatAtensExpressionGives) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const char* names[] = {"output", "x's gradient", "gate_proj's gradient", "up_proj's gradient",
-                         "down_proj's gradient"};
+// An MLP (`run(ours, dtype, autocast, hidden, fused)`: the module or ATen's expression, its results
+// as `names` says) gives what ATen's expression gives in fp32, bf16, and fp32 weights under
+// autocast (bf16 hidden activations, so the weights' fp32 gradients are GEMMs of bf16 ones), for
+// each hidden width, with and without fused accumulation.
+using MlpRun = std::function<std::vector<at::Tensor>(bool, at::ScalarType, bool, int64_t, bool)>;
+void expect_mlp_as_aten(const MlpRun& run, const std::vector<std::string>& names,
+                        const std::vector<int64_t>& hiddens) {
   for (const auto& [dtype, autocast] : std::vector<std::pair<at::ScalarType, bool>>{
            {torch::kFloat, false}, {torch::kBFloat16, false}, {torch::kFloat, true}}) {
-    for (const int64_t hidden : {256, 37}) {
+    for (const int64_t hidden : hiddens) {
       SCOPED_TRACE(std::string(c10::toString(dtype)) + (autocast ? " under autocast" : "") +
                    ", hidden " + std::to_string(hidden));
-      const auto expected = swiglu(false, dtype, autocast, hidden);
-      // Under autocast gate and up are bf16: the weights' fp32 gradients are GEMMs of bf16 ones.
+      const auto expected = run(false, dtype, autocast, hidden, false);
       const double tolerance =
           dtype == torch::kFloat && !autocast ? kFp32Tolerance : kBf16Tolerance;
       for (const bool fused : {false, true}) {
-        const auto actual = swiglu(true, dtype, autocast, hidden, fused);
+        const auto actual = run(true, dtype, autocast, hidden, fused);
         for (size_t i = 0; i < expected.size(); ++i) {
-          expect_as_aten(actual[i], expected[i], tolerance,
-                         std::string(names[i]) + (fused ? ", fused" : ""));
+          expect_as_aten(actual[i], expected[i], tolerance, names[i] + (fused ? ", fused" : ""));
         }
       }
     }
   }
+}
+
+// For a width whose elements the kernels read 16 bytes at a time throughout (256) and one that
+// leaves a tail (37).
+TEST(CudaKernels, SwiGLUGivesWhatAtensExpressionGives) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  expect_mlp_as_aten(swiglu,
+                     {"output", "x's gradient", "gate_proj's gradient", "up_proj's gradient",
+                      "down_proj's gradient"},
+                     {256, 37});
+}
+
+// GPT-2's MLP (`ours`: the module, whose tanh GELU runs inside cuBLASLt's GEMMs where the operands
+// are 16-bit; `fused`: accumulating its weights' gradients in place) or its projections around
+// ATen's GELU, then a random gradient. {output, the gradients of x, c_fc's weight and bias, and
+// c_proj's weight and bias}.
+std::vector<at::Tensor> gelu_mlp(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden,
+                                 bool fused) {
+  torch::manual_seed(14);
+  const int64_t n_embd = 64;
+  nn::GeluMlp mlp(nn::GeluMlpOptions(n_embd, hidden));
+  mlp->to(torch::kCUDA, dtype);
+  const auto x =
+      torch::randn({3, 7, n_embd}, torch::TensorOptions().device(torch::kCUDA).dtype(dtype))
+          .requires_grad_(true);
+  if (autocast) set_autocast_to_bf16(c10::DeviceType::CUDA, true);
+  at::Tensor y;
+  if (ours) {
+    std::optional<FusedLinearScope> fusing;
+    if (fused) fusing.emplace(nullptr);
+    y = mlp->forward(x);
+  } else {
+    const auto pre = pipetrain::linear(x, mlp->c_fc->weight, mlp->c_fc->bias);
+    y = pipetrain::linear(torch::gelu(pre, "tanh"), mlp->c_proj->weight, mlp->c_proj->bias);
+  }
+  if (autocast) {
+    set_autocast_to_bf16(c10::DeviceType::CUDA, false);
+    at::autocast::clear_cache();
+  }
+  y.backward(torch::randn(y.sizes(), y.options()));
+  return {y.detach(),
+          x.grad(),
+          mlp->c_fc->weight.grad(),
+          mlp->c_fc->bias.grad(),
+          mlp->c_proj->weight.grad(),
+          mlp->c_proj->bias.grad()};
+}
+
+// For a hidden width cuBLASLt takes (256) and one it cannot stride (36: ATen's GELU); in fp32
+// ATen's GELU too (cuBLASLt's path takes 16-bit operands). The epilogue applies the GELU to the
+// fp32 sum before rounding it, where ATen's reads the rounded bf16 sum: within bf16's tolerance.
+TEST(CudaKernels, GeluMlpGivesWhatAtensExpressionGives) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  expect_mlp_as_aten(gelu_mlp,
+                     {"output", "x's gradient", "c_fc's weight gradient", "c_fc's bias gradient",
+                      "c_proj's weight gradient", "c_proj's bias gradient"},
+                     {256, 36});
 }
 
 // How the RMSNorm is called: alone, beside its input going on along the residual stream, or after

@@ -380,6 +380,91 @@ TEST(FusedGradientAccumulation, LinearAfterElementwiseGivesAutogradsGradients) {
                               torch::nn::functional::linear(torch::silu(a0) * b0, down->weight)));
 }
 
+// linear_activation_linear (GPT-2's MLP on a GPU, the GELU inside its GEMMs) gives autograd's
+// gradients of linear(gelu(linear(x))), plain, fused and deferred, twice over (the second adds
+// into the first's), for each of the two biases present or absent, and with x as data that needs
+// no gradient. Here the "GEMMs" are ATen's, through the activation's two hooks.
+TEST(FusedGradientAccumulation, LinearActivationLinearGivesAutogradsGradients) {
+  int forwards = 0, backwards = 0;
+  ActivationInGemms gelu;
+  gelu.forward = [&](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    ++forwards;
+    EXPECT_EQ(x.dim(), 2) << "the hooks see rows";
+    const auto pre = torch::nn::functional::linear(x, weight, bias);
+    return std::array<at::Tensor, 2>{torch::gelu(pre, "tanh"), pre};
+  };
+  gelu.backward = [&](const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& pre) {
+    ++backwards;
+    return torch::gelu_backward(grad.mm(weight), pre, "tanh");
+  };
+  torch::manual_seed(5);
+  const auto x0 = torch::randn({2, 5, 4});
+  const auto g = torch::randn({2, 5, 3});
+  const auto gradients = [&](const std::string& mode, bool first_bias, bool second_bias,
+                             bool x_is_data) {
+    torch::manual_seed(6);
+    torch::nn::Linear fc(torch::nn::LinearOptions(4, 8).bias(first_bias));
+    torch::nn::Linear proj(torch::nn::LinearOptions(8, 3).bias(second_bias));
+    const auto x = x_is_data ? x0.clone() : x0.clone().requires_grad_(true);
+    auto deferred = std::make_shared<DeferredWeightGradients>();
+    at::Tensor y;
+    for (int pass = 0; pass < 2; ++pass) {
+      if (mode == "autograd") {
+        namespace F = torch::nn::functional;
+        y = F::linear(torch::gelu(F::linear(x, fc->weight, fc->bias), "tanh"), proj->weight,
+                      proj->bias);
+      } else {
+        std::optional<FusedLinearScope> fusing;
+        if (mode != "plain") fusing.emplace(mode == "deferred" ? deferred : nullptr);
+        y = linear_activation_linear(gelu, x, fc->weight, fc->bias, proj->weight, proj->bias);
+      }
+      DeferredWeightGradients::Deferral deferral(mode == "deferred" ? deferred.get() : nullptr);
+      y.backward(g);
+    }
+    if (mode == "deferred") {
+      EXPECT_FALSE(fc->weight.grad().defined()) << "the weight gradients must wait for run()";
+      EXPECT_FALSE(proj->weight.grad().defined()) << "the weight gradients must wait for run()";
+      deferred->run();
+    }
+    std::vector<at::Tensor> grads{y.detach(), x.grad(), fc->weight.grad(), proj->weight.grad()};
+    if (first_bias) grads.push_back(fc->bias.grad());
+    if (second_bias) grads.push_back(proj->bias.grad());
+    return grads;
+  };
+  for (const auto& [first_bias, second_bias] :
+       std::vector<std::pair<bool, bool>>{{true, true}, {false, false}, {false, true}}) {
+    for (const bool x_is_data : {false, true}) {
+      const auto expected = gradients("autograd", first_bias, second_bias, x_is_data);
+      for (const std::string mode : {"plain", "fused", "deferred"}) {
+        forwards = backwards = 0;
+        const auto actual = gradients(mode, first_bias, second_bias, x_is_data);
+        SCOPED_TRACE(mode + ", biases " + std::to_string(first_bias) + std::to_string(second_bias) +
+                     (x_is_data ? ", x is data" : ""));
+        EXPECT_EQ(forwards, 2);
+        EXPECT_EQ(backwards, 2) << "the activation's gradient comes from the second GEMM's hook";
+        ASSERT_EQ(actual.size(), expected.size());
+        EXPECT_TRUE(torch::allclose(actual[0], expected[0], 1e-6, 1e-7)) << "output";
+        EXPECT_EQ(actual[1].defined(), !x_is_data) << "x's gradient";
+        if (!x_is_data) EXPECT_TRUE(torch::allclose(actual[1], expected[1], 1e-6, 1e-7)) << "x";
+        for (size_t i = 2; i < expected.size(); ++i) {
+          ASSERT_TRUE(actual[i].defined()) << "parameter " << i - 2;
+          EXPECT_TRUE(torch::allclose(actual[i], expected[i], 1e-5, 1e-6)) << "parameter " << i - 2;
+        }
+      }
+    }
+  }
+  // Without gradients: the forward hook alone, and the plain expression's value.
+  torch::NoGradGuard no_grad;
+  torch::nn::Linear fc(4, 8), proj(8, 3);
+  forwards = 0;
+  namespace F = torch::nn::functional;
+  EXPECT_TRUE(torch::allclose(
+      linear_activation_linear(gelu, x0, fc->weight, fc->bias, proj->weight, proj->bias),
+      F::linear(torch::gelu(F::linear(x0, fc->weight, fc->bias), "tanh"), proj->weight,
+                proj->bias)));
+  EXPECT_EQ(forwards, 1);
+}
+
 // Two layers sharing a weight (tied, as embeddings and output heads are) but not a bias: the
 // weight gets both layers' gradients, each bias its own.
 TEST(FusedGradientAccumulation, LayersSharingAWeightKeepTheirOwnBiases) {
