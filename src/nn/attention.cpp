@@ -9,6 +9,7 @@
 
 #include <pipetrain/linear.h>
 
+#include "pipeline/fused_linear.h"
 #include "util/compat.h"
 
 namespace pipetrain::nn {
@@ -126,9 +127,9 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   };
   at::Tensor q, k, v;
   if (options.fused_qkv()) {
-    // Split, not indexed: the backward of a split is one concatenation, where each index's would
-    // zero-fill and add a whole [B, T, 3C] gradient.
-    const auto qkv = linear(c_attn, x).split(options.n_embd(), 2);
+    // Parts of one GEMM whose backward takes q's, k's and v's gradients as attention gives them,
+    // apart: autograd's split would first copy them into one [B, T, 3C] gradient.
+    const auto qkv = linear_parts(x, c_attn->weight, c_attn->bias, 3);
     q = split_heads(qkv[0], options.n_head());
     k = split_heads(qkv[1], options.n_head());
     v = split_heads(qkv[2], options.n_head());

@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "pipetrain/linear.h"
@@ -27,15 +28,22 @@ at::Tensor& gradient_of(at::Tensor& parameter) {
 // adds in place or, the first time, writes the gradient. Operands of a lower precision than the
 // gradient (autocast's bf16) go through a GEMM with a result of the gradient's dtype where Torch
 // has one, or else are widened to the gradient's dtype first: either way the product is not
-// rounded to bf16, as autocast's own backward rounds it.
-void add_product(at::Tensor& parameter, const at::Tensor& a, const at::Tensor& b) {
+// rounded to bf16, as autocast's own backward rounds it. A product of fewer rows (columns for a
+// bias) than the parameter has goes into those from `first_feature` on.
+void add_product(at::Tensor& parameter, const at::Tensor& a, const at::Tensor& b,
+                 int64_t first_feature = 0) {
   const auto dtype = parameter.scalar_type();
+  const bool bias = parameter.dim() == 1;
+  const int64_t features = bias ? b.size(1) : a.size(0);
+  const bool part = features != parameter.size(0);
   // The first product is written into a fresh gradient, not added to zeros; a tensor of its own
-  // (optimizers detach_() gradients in place, which a view cannot be).
-  const bool first = !parameter.grad().defined() && parameter.is_contiguous();
+  // (optimizers detach_() gradients in place, which a view cannot be). A part's is added to zeros:
+  // the other parts may never come.
+  const bool first = !parameter.grad().defined() && parameter.is_contiguous() && !part;
   if (first) parameter.mutable_grad() = at::empty_like(parameter);
   at::Tensor grad = gradient_of(parameter);
-  if (parameter.dim() == 1) grad = grad.unsqueeze(0);
+  if (bias) grad = grad.unsqueeze(0);
+  if (part) grad = grad.narrow(bias ? 1 : 0, first_feature, features);
   if (a.scalar_type() == dtype) {
     if (first) {
       at::mm_out(grad, a, b);
@@ -202,6 +210,73 @@ struct LinearsAccumulatingGrad : torch::autograd::Function<LinearsAccumulatingGr
       }
     }
     return {input_grad.defined() ? input_grad.view(input.sizes()) : at::Tensor(), at::Tensor()};
+  }
+};
+
+// linear_parts' autograd step. Under fusion the parameters are state, as above; otherwise the
+// weight and bias are inputs whose gradients autograd takes on (through autocast's cast).
+struct LinearPartsHandle : torch::CustomClassHolder {
+  std::optional<LinearState> fused;
+  at::Tensor compute_weight;
+  int64_t parts = 1;
+  bool input_is_data = false;
+  bool has_bias = false;
+};
+
+struct LinearParts : torch::autograd::Function<LinearParts> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input,
+                               const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                               c10::intrusive_ptr<LinearPartsHandle> handle) {
+    ctx->save_for_backward({input});
+    handle->compute_weight = weight;
+    handle->has_bias = bias.has_value();
+    const int64_t parts = handle->parts;
+    ctx->saved_data["handle"] = c10::IValue::make_capsule(std::move(handle));
+    return at::linear(input, weight, bias).chunk(parts, -1);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor input = ctx->get_saved_variables()[0];
+    const auto& handle =
+        *static_cast<LinearPartsHandle*>(ctx->saved_data["handle"].toCapsule().get());
+    // Autograd numbers the tensors given: an absent bias has no number.
+    size_t edge = 0;
+    const auto needs = [&](bool given) { return given && ctx->needs_input_grad(edge++); };
+    const bool input_needs = needs(true) && !handle.input_is_data;
+    const bool weight_needs = needs(true), bias_needs = needs(handle.has_bias);
+    const at::Tensor rows = input.reshape({-1, input.size(-1)});
+    const at::Tensor& weight = handle.compute_weight;
+    const int64_t features = weight.size(0) / handle.parts;
+    at::Tensor input_grad, weight_grad, bias_grad;
+    // A part without a gradient (an output the loss does not read) leaves its rows at zero.
+    if (weight_needs) weight_grad = at::zeros_like(weight);
+    if (bias_needs) bias_grad = at::zeros({weight.size(0)}, weight.options());
+    for (int64_t i = 0; i < handle.parts; ++i) {
+      if (!grads[i].defined()) continue;
+      const at::Tensor grad = grads[i].reshape({-1, features});
+      const int64_t first = i * features;
+      if (handle.fused) {
+        hand_over({handle.fused->weight, handle.fused->bias, grad, rows, first},
+                  handle.fused->deferred);
+      }
+      if (weight_needs) {
+        at::Tensor rows_of_grad = weight_grad.narrow(0, first, features);
+        at::mm_out(rows_of_grad, grad.t(), rows);
+      }
+      if (bias_needs) {
+        at::Tensor columns_of_grad = bias_grad.narrow(0, first, features);
+        at::sum_out(columns_of_grad, grad, 0);
+      }
+      if (!input_needs) continue;
+      const at::Tensor rows_of_weight = weight.narrow(0, first, features);
+      if (input_grad.defined()) {
+        input_grad.addmm_(grad, rows_of_weight);
+      } else {
+        input_grad = grad.mm(rows_of_weight);
+      }
+    }
+    if (input_grad.defined()) input_grad = input_grad.view(input.sizes());
+    return {input_grad, weight_grad, bias_grad, at::Tensor()};
   }
 };
 
@@ -408,6 +483,32 @@ at::Tensor linear_after_elementwise(const RecomputedElementwise& f, const at::Te
                                        std::move(handle));
 }
 
+std::vector<at::Tensor> linear_parts(const at::Tensor& input, const at::Tensor& weight,
+                                     const at::Tensor& bias, int64_t parts) {
+  if (parts < 1 || weight.size(0) % parts != 0) {
+    throw std::invalid_argument("pipetrain::linear_parts: " + std::to_string(weight.size(0)) +
+                                " output features do not split into " + std::to_string(parts) +
+                                " equal parts");
+  }
+  if (!needs_gradients(input, weight, bias)) {
+    return pipetrain::linear(input, weight, bias).chunk(parts, -1);
+  }
+  LinearState state = state_for(input, weight, bias, fusing.deferred);
+  const at::Tensor x = compute_input(input);
+  auto handle = c10::make_intrusive<LinearPartsHandle>();
+  handle->parts = parts;
+  const at::Tensor compute_weight = state.compute_weight, compute_bias = state.compute_bias;
+  if (fusing.active) {
+    handle->input_is_data = !x.requires_grad();
+    handle->fused = std::move(state);
+    return LinearParts::apply(
+        standing_in(x), compute_weight.detach(),
+        optional_tensor(compute_bias.defined() ? compute_bias.detach() : compute_bias),
+        std::move(handle));
+  }
+  return LinearParts::apply(x, compute_weight, optional_tensor(compute_bias), std::move(handle));
+}
+
 at::Tensor linear_activation_linear(const ActivationInGemms& act, const at::Tensor& x,
                                     const at::Tensor& first_weight, const at::Tensor& first_bias,
                                     const at::Tensor& second_weight,
@@ -468,11 +569,11 @@ void DeferredWeightGradients::accumulate(std::vector<WeightGradient> work) {
   // Pieces by layer, layers in the order they first appear. A layer is its (weight, bias) pair:
   // two layers may share a weight and not a bias.
   std::vector<std::vector<WeightGradient*>> layers;
-  std::map<std::pair<c10::TensorImpl*, c10::TensorImpl*>, size_t> layer_of;
+  std::map<std::tuple<c10::TensorImpl*, c10::TensorImpl*, int64_t>, size_t> layer_of;
   for (auto& piece : work) {
-    const auto key =
-        std::make_pair(piece.weight.unsafeGetTensorImpl(),
-                       piece.bias.defined() ? piece.bias.unsafeGetTensorImpl() : nullptr);
+    const auto key = std::make_tuple(
+        piece.weight.unsafeGetTensorImpl(),
+        piece.bias.defined() ? piece.bias.unsafeGetTensorImpl() : nullptr, piece.first_feature);
     const auto [it, added] = layer_of.emplace(key, layers.size());
     if (added) layers.emplace_back();
     layers[it->second].push_back(&piece);
@@ -481,11 +582,13 @@ void DeferredWeightGradients::accumulate(std::vector<WeightGradient> work) {
     at::Tensor weight = pieces[0]->weight;
     at::Tensor bias = pieces[0]->bias;
     const bool bias_needs_grad = bias.defined() && bias.requires_grad();
+    const int64_t first_feature = pieces[0]->first_feature;
     const auto add = [&](const at::Tensor& grad_output, const at::Tensor& input) {
-      if (weight.requires_grad()) add_product(weight, grad_output.t(), input);
+      if (weight.requires_grad()) add_product(weight, grad_output.t(), input, first_feature);
       if (bias_needs_grad) {
         // A column sum as a GEMM of one row: over a micro-batch's few rows ATen's sum is slow.
-        add_product(bias, at::ones({1, grad_output.size(0)}, grad_output.options()), grad_output);
+        add_product(bias, at::ones({1, grad_output.size(0)}, grad_output.options()), grad_output,
+                    first_feature);
       }
     };
     int64_t rows = 0;

@@ -29,6 +29,9 @@ namespace pipetrain {
 struct WeightGradient {
   at::Tensor weight, bias;        // the parameters (bias undefined if the layer has none)
   at::Tensor grad_output, input;  // rows x out_features, rows x in_features, in the GEMM's dtype
+  // The first of the weight's (and bias's) output features grad_output's columns are: a part of a
+  // layer (linear_parts) covers some of them.
+  int64_t first_feature = 0;
 };
 
 // Weight-gradient work the fused Linear layers of one stage left for later. While a Deferral is
@@ -123,6 +126,13 @@ struct ActivationInGemms {
 at::Tensor linear_activation_linear(const ActivationInGemms& act, const at::Tensor& x,
                                     const at::Tensor& first_weight, const at::Tensor& first_bias,
                                     const at::Tensor& second_weight, const at::Tensor& second_bias);
+
+// pipetrain::linear(input, weight, bias).chunk(parts, -1), each part's gradient multiplied by its
+// own rows of the weight in the backward, where autograd would first copy the parts' gradients
+// into one (GPT-2's c_attn: q, k and v from one weight, whose gradients attention gives apart).
+// Fuses gradient accumulation where pipetrain::linear does.
+std::vector<at::Tensor> linear_parts(const at::Tensor& input, const at::Tensor& weight,
+                                     const at::Tensor& bias, int64_t parts);
 
 // `layer` itself, or, for a torch::nn::Linear, a module sharing its parameters whose backward
 // accumulates their gradients in place, outside autograd (whose graph has no edges to them),

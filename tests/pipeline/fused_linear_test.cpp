@@ -465,6 +465,67 @@ TEST(FusedGradientAccumulation, LinearActivationLinearGivesAutogradsGradients) {
   EXPECT_EQ(forwards, 1);
 }
 
+// linear_parts (GPT-2's c_attn) gives autograd's gradients of linear(x).chunk(3), plain, fused and
+// deferred, twice over (the second adds into the first's), with and without a bias, with x as
+// data that needs no gradient, and with a part the loss does not read (its rows' gradients zero).
+TEST(FusedGradientAccumulation, LinearPartsGivesAutogradsGradients) {
+  torch::manual_seed(8);
+  const auto x0 = torch::randn({2, 5, 4});
+  const std::vector<at::Tensor> g{torch::randn({2, 5, 3}), torch::randn({2, 5, 3}),
+                                  torch::randn({2, 5, 3})};
+  const auto gradients = [&](const std::string& mode, bool with_bias, bool x_is_data,
+                             bool all_parts) {
+    torch::manual_seed(9);
+    torch::nn::Linear c_attn(torch::nn::LinearOptions(4, 9).bias(with_bias));
+    const auto x = x_is_data ? x0.clone() : x0.clone().requires_grad_(true);
+    auto deferred = std::make_shared<DeferredWeightGradients>();
+    std::vector<at::Tensor> parts;
+    for (int pass = 0; pass < 2; ++pass) {
+      if (mode == "autograd") {
+        parts = torch::nn::functional::linear(x, c_attn->weight, c_attn->bias).chunk(3, -1);
+      } else {
+        std::optional<FusedLinearScope> fusing;
+        if (mode != "plain") fusing.emplace(mode == "deferred" ? deferred : nullptr);
+        parts = linear_parts(x, c_attn->weight, c_attn->bias, 3);
+      }
+      DeferredWeightGradients::Deferral deferral(mode == "deferred" ? deferred.get() : nullptr);
+      std::vector<at::Tensor> outputs{parts[0], parts[2]}, grads{g[0], g[2]};
+      if (all_parts) {
+        outputs.push_back(parts[1]);
+        grads.push_back(g[1]);
+      }
+      torch::autograd::backward(outputs, grads);
+    }
+    if (mode == "deferred") {
+      EXPECT_FALSE(c_attn->weight.grad().defined()) << "the weight gradient must wait for run()";
+      deferred->run();
+    }
+    std::vector<at::Tensor> results{parts[0].detach(), parts[1].detach(), parts[2].detach(),
+                                    x.grad(), c_attn->weight.grad()};
+    if (with_bias) results.push_back(c_attn->bias.grad());
+    return results;
+  };
+  for (const bool with_bias : {true, false}) {
+    for (const bool x_is_data : {false, true}) {
+      for (const bool all_parts : {true, false}) {
+        const auto expected = gradients("autograd", with_bias, x_is_data, all_parts);
+        for (const std::string mode : {"plain", "fused", "deferred"}) {
+          SCOPED_TRACE(mode + (with_bias ? "" : ", no bias") + (x_is_data ? ", x is data" : "") +
+                       (all_parts ? "" : ", k unread"));
+          const auto actual = gradients(mode, with_bias, x_is_data, all_parts);
+          ASSERT_EQ(actual.size(), expected.size());
+          for (size_t i = 0; i < expected.size(); ++i) {
+            ASSERT_EQ(actual[i].defined(), expected[i].defined()) << "result " << i;
+            if (!expected[i].defined()) continue;
+            EXPECT_TRUE(torch::allclose(actual[i], expected[i], 1e-6, 1e-6)) << "result " << i;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_THROW(linear_parts(x0, torch::randn({8, 4}), at::Tensor(), 3), std::invalid_argument);
+}
+
 // Two layers sharing a weight (tied, as embeddings and output heads are) but not a bias: the
 // weight gets both layers' gradients, each bias its own.
 TEST(FusedGradientAccumulation, LayersSharingAWeightKeepTheirOwnBiases) {
