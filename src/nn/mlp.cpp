@@ -12,6 +12,7 @@
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
 #include <ATen/cuda/CUDAContextLight.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include "gelu_gemm.h"
 #include "kernel_call.h"
@@ -88,7 +89,10 @@ ActivationInGemms gelu_in_gemms() {
   ActivationInGemms gelu;
   gelu.forward = [=](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
     const int64_t rows = x.size(0), in = x.size(1), out = weight.size(0);
-    if (const auto type = dtype(x, {weight, bias}, {in, out})) {
+    // Shapes that do not fit go to ATen, which names them.
+    const bool fits = weight.size(1) == in && (!bias.defined() || bias.numel() == out);
+    const c10::cuda::CUDAGuard on_device(x.device());
+    if (const auto type = fits ? dtype(x, {weight, bias}, {in, out}) : std::nullopt) {
       const at::Tensor a = x.contiguous(), w = weight.contiguous(), space = workspace(x);
       const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
       at::Tensor output = at::empty({rows, out}, x.options()), pre = at::empty_like(output);
@@ -103,7 +107,9 @@ ActivationInGemms gelu_in_gemms() {
   };
   gelu.backward = [=](const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& pre) {
     const int64_t rows = grad.size(0), out = weight.size(0), hidden = weight.size(1);
-    if (const auto type = dtype(grad, {weight, pre}, {out, hidden})) {
+    const bool fits = grad.size(1) == out && pre.size(0) == rows && pre.size(1) == hidden;
+    const c10::cuda::CUDAGuard on_device(grad.device());
+    if (const auto type = fits ? dtype(grad, {weight, pre}, {out, hidden}) : std::nullopt) {
       const at::Tensor g = grad.contiguous(), w = weight.contiguous(), p = pre.contiguous();
       const at::Tensor space = workspace(grad);
       at::Tensor grad_pre = at::empty({rows, hidden}, grad.options());

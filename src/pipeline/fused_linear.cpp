@@ -228,6 +228,7 @@ struct LinearParts : torch::autograd::Function<LinearParts> {
                                const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                c10::intrusive_ptr<LinearPartsHandle> handle) {
     ctx->save_for_backward({input});
+    ctx->set_materialize_grads(false);  // a part the loss does not read: no gradient, no GEMMs
     handle->compute_weight = weight;
     handle->has_bias = bias.has_value();
     const int64_t parts = handle->parts;

@@ -431,8 +431,8 @@ TEST(FusedGradientAccumulation, LinearActivationLinearGivesAutogradsGradients) {
     if (second_bias) grads.push_back(proj->bias.grad());
     return grads;
   };
-  for (const auto& [first_bias, second_bias] :
-       std::vector<std::pair<bool, bool>>{{true, true}, {false, false}, {false, true}}) {
+  for (const auto& [first_bias, second_bias] : std::vector<std::pair<bool, bool>>{
+           {true, true}, {false, false}, {false, true}, {true, false}}) {
     for (const bool x_is_data : {false, true}) {
       const auto expected = gradients("autograd", first_bias, second_bias, x_is_data);
       for (const std::string mode : {"plain", "fused", "deferred"}) {
