@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <functional>
 #include <optional>
 #include <tuple>
@@ -558,37 +559,50 @@ TEST(CudaKernels, RotaryIntoAutocastsDtypeIsTheFp32RotationCast) {
   }
 }
 
-// SwiGLU (`ours`: the module, whose silu(gate) * up is fused and made again in the backward;
-// `fused`: accumulating its weights' gradients in place, as a pipe step with
-// fuse_gradient_accumulation does) or its projections around ATen's silu(gate) * up, then a random
-// gradient. {output, the gradients of x and of the gate, up and down projections' weights}.
-std::vector<at::Tensor> swiglu(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden,
-                               bool fused) {
-  torch::manual_seed(12);
-  const int64_t n_embd = 64;
-  nn::SwiGLU mlp(nn::SwiGLUOptions(n_embd, hidden));
-  mlp->to(torch::kCUDA, dtype);
-  const auto x =
-      torch::randn({2, 5, n_embd}, torch::TensorOptions().device(torch::kCUDA).dtype(dtype))
-          .requires_grad_(true);
+// forward(x) for x [batch, time, 64] of `dtype` on the GPU (under bf16 autocast if asked; inside a
+// FusedLinearScope, accumulating weight gradients in place as a pipe step with
+// fuse_gradient_accumulation does, if `fused`), then a random gradient: {the output, x's gradient}.
+std::vector<at::Tensor> mlp_forward_backward(
+    const std::function<at::Tensor(const at::Tensor&)>& forward, std::array<int64_t, 2> batch_time,
+    at::ScalarType dtype, bool autocast, bool fused) {
+  const auto x = torch::randn({batch_time[0], batch_time[1], 64},
+                              torch::TensorOptions().device(torch::kCUDA).dtype(dtype))
+                     .requires_grad_(true);
   if (autocast) set_autocast_to_bf16(c10::DeviceType::CUDA, true);
   at::Tensor y;
-  if (ours) {
+  {
     std::optional<FusedLinearScope> fusing;
     if (fused) fusing.emplace(nullptr);
-    y = mlp->forward(x);
-  } else {
-    const auto gate = pipetrain::linear(x, mlp->gate_proj->weight);
-    const auto up = pipetrain::linear(x, mlp->up_proj->weight);
-    y = pipetrain::linear(torch::silu(gate) * up, mlp->down_proj->weight);
+    y = forward(x);
   }
   if (autocast) {
     set_autocast_to_bf16(c10::DeviceType::CUDA, false);
     at::autocast::clear_cache();
   }
   y.backward(torch::randn(y.sizes(), y.options()));
-  return {y.detach(), x.grad(), mlp->gate_proj->weight.grad(), mlp->up_proj->weight.grad(),
-          mlp->down_proj->weight.grad()};
+  return {y.detach(), x.grad()};
+}
+
+// SwiGLU (`ours`: the module, whose silu(gate) * up is fused and made again in the backward) or
+// its projections around ATen's silu(gate) * up. {output, the gradients of x and of the gate, up
+// and down projections' weights}.
+std::vector<at::Tensor> swiglu(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden,
+                               bool fused) {
+  torch::manual_seed(12);
+  nn::SwiGLU mlp(nn::SwiGLUOptions(64, hidden));
+  mlp->to(torch::kCUDA, dtype);
+  const auto reference = [&](const at::Tensor& x) {
+    const auto gate = pipetrain::linear(x, mlp->gate_proj->weight);
+    const auto up = pipetrain::linear(x, mlp->up_proj->weight);
+    return pipetrain::linear(torch::silu(gate) * up, mlp->down_proj->weight);
+  };
+  const auto module = [&](const at::Tensor& x) { return mlp->forward(x); };
+  auto results = ours ? mlp_forward_backward(module, {2, 5}, dtype, autocast, fused)
+                      : mlp_forward_backward(reference, {2, 5}, dtype, autocast, fused);
+  for (const auto& p : {mlp->gate_proj->weight, mlp->up_proj->weight, mlp->down_proj->weight}) {
+    results.push_back(p.grad());
+  }
+  return results;
 }
 
 // An MLP (`run(ours, dtype, autocast, hidden, fused)`: the module or ATen's expression, its results
@@ -627,39 +641,25 @@ TEST(CudaKernels, SwiGLUGivesWhatAtensExpressionGives) {
 }
 
 // GPT-2's MLP (`ours`: the module, whose tanh GELU runs inside cuBLASLt's GEMMs where the operands
-// are 16-bit; `fused`: accumulating its weights' gradients in place) or its projections around
-// ATen's GELU, then a random gradient. {output, the gradients of x, c_fc's weight and bias, and
-// c_proj's weight and bias}.
+// are 16-bit) or its projections around ATen's GELU. {output, the gradients of x, c_fc's weight
+// and bias, and c_proj's weight and bias}.
 std::vector<at::Tensor> gelu_mlp(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden,
                                  bool fused) {
   torch::manual_seed(14);
-  const int64_t n_embd = 64;
-  nn::GeluMlp mlp(nn::GeluMlpOptions(n_embd, hidden));
+  nn::GeluMlp mlp(nn::GeluMlpOptions(64, hidden));
   mlp->to(torch::kCUDA, dtype);
-  const auto x =
-      torch::randn({3, 7, n_embd}, torch::TensorOptions().device(torch::kCUDA).dtype(dtype))
-          .requires_grad_(true);
-  if (autocast) set_autocast_to_bf16(c10::DeviceType::CUDA, true);
-  at::Tensor y;
-  if (ours) {
-    std::optional<FusedLinearScope> fusing;
-    if (fused) fusing.emplace(nullptr);
-    y = mlp->forward(x);
-  } else {
+  const auto reference = [&](const at::Tensor& x) {
     const auto pre = pipetrain::linear(x, mlp->c_fc->weight, mlp->c_fc->bias);
-    y = pipetrain::linear(torch::gelu(pre, "tanh"), mlp->c_proj->weight, mlp->c_proj->bias);
+    return pipetrain::linear(torch::gelu(pre, "tanh"), mlp->c_proj->weight, mlp->c_proj->bias);
+  };
+  const auto module = [&](const at::Tensor& x) { return mlp->forward(x); };
+  auto results = ours ? mlp_forward_backward(module, {3, 7}, dtype, autocast, fused)
+                      : mlp_forward_backward(reference, {3, 7}, dtype, autocast, fused);
+  for (const auto& p :
+       {mlp->c_fc->weight, mlp->c_fc->bias, mlp->c_proj->weight, mlp->c_proj->bias}) {
+    results.push_back(p.grad());
   }
-  if (autocast) {
-    set_autocast_to_bf16(c10::DeviceType::CUDA, false);
-    at::autocast::clear_cache();
-  }
-  y.backward(torch::randn(y.sizes(), y.options()));
-  return {y.detach(),
-          x.grad(),
-          mlp->c_fc->weight.grad(),
-          mlp->c_fc->bias.grad(),
-          mlp->c_proj->weight.grad(),
-          mlp->c_proj->bias.grad()};
+  return results;
 }
 
 // For a hidden width cuBLASLt takes (256) and one it cannot stride (36: ATen's GELU); in fp32
