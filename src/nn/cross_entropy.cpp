@@ -12,7 +12,7 @@
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
 #include "cross_entropy_kernels.h"
-#include "kernel_call.h"
+#include "util/kernel_call.h"
 #endif
 
 namespace pipetrain {

@@ -1,157 +1,8 @@
 #include "gelu_gemm.h"
 
-#include <cublasLt.h>
-#include <cublas_api.h>  // CUBLAS_VER_MAJOR
-#include <dlfcn.h>
-
-#include <cstdint>
-#include <stdexcept>
-#include <string>
-#include <type_traits>
+#include "util/cublaslt.cuh"
 
 namespace pipetrain::kernels {
-namespace {
-
-// cuBLASLt's entry points in the library Torch has loaded, whose handle is good with that library
-// alone: found by soname among those the process has loaded (RTLD_NOLOAD), never loaded here, so
-// that pipetrain neither links a second copy (a toolkit's beside a wheel's) nor needs one.
-struct CublasLt {
-  decltype(&cublasLtMatmulDescCreate) desc_create;
-  decltype(&cublasLtMatmulDescDestroy) desc_destroy;
-  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
-  decltype(&cublasLtMatrixLayoutCreate) layout_create;
-  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
-  decltype(&cublasLtMatmulPreferenceCreate) preference_create;
-  decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy;
-  decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set;
-  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
-  decltype(&cublasLtMatmul) matmul;
-  decltype(&cublasLtGetStatusString) status_string;
-};
-
-#define PIPETRAIN_STRING(x) #x
-#define PIPETRAIN_SONAME(major) "libcublasLt.so." PIPETRAIN_STRING(major)
-
-// Null where no cuBLASLt of the headers' major version is loaded (the callers then use ATen).
-const CublasLt* cublaslt() {
-  static const CublasLt* const api = []() -> const CublasLt* {
-    void* library = dlopen(PIPETRAIN_SONAME(CUBLAS_VER_MAJOR), RTLD_NOW | RTLD_NOLOAD);
-    if (!library) return nullptr;
-    static CublasLt table;
-    bool found = true;
-    const auto look_up = [&](auto& entry, const char* name) {
-      entry = reinterpret_cast<std::remove_reference_t<decltype(entry)>>(dlsym(library, name));
-      found = found && entry != nullptr;
-    };
-    look_up(table.desc_create, "cublasLtMatmulDescCreate");
-    look_up(table.desc_destroy, "cublasLtMatmulDescDestroy");
-    look_up(table.desc_set, "cublasLtMatmulDescSetAttribute");
-    look_up(table.layout_create, "cublasLtMatrixLayoutCreate");
-    look_up(table.layout_destroy, "cublasLtMatrixLayoutDestroy");
-    look_up(table.preference_create, "cublasLtMatmulPreferenceCreate");
-    look_up(table.preference_destroy, "cublasLtMatmulPreferenceDestroy");
-    look_up(table.preference_set, "cublasLtMatmulPreferenceSetAttribute");
-    look_up(table.heuristic, "cublasLtMatmulAlgoGetHeuristic");
-    look_up(table.matmul, "cublasLtMatmul");
-    look_up(table.status_string, "cublasLtGetStatusString");
-    return found ? &table : nullptr;
-  }();
-  return api;
-}
-
-void check(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    throw std::runtime_error(std::string("pipetrain: cuBLASLt ") + what +
-                             " failed: " + cublaslt()->status_string(status));
-  }
-}
-
-cudaDataType_t cuda_type(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kBFloat16:
-      return CUDA_R_16BF;
-    case Dtype::kHalf:
-      return CUDA_R_16F;
-    case Dtype::kFloat:
-      break;
-  }
-  return CUDA_R_32F;
-}
-
-// The largest power of two up to 256 that `pointer` is a multiple of: the heuristic must not pick
-// an algorithm that assumes more.
-uint32_t alignment(const void* pointer) {
-  uint32_t bytes = 256;
-  while (bytes > 1 && reinterpret_cast<uintptr_t>(pointer) % bytes != 0) bytes /= 2;
-  return bytes;
-}
-
-// One cublasLtMatmul's descriptors, destroyed with it.
-class Matmul {
- public:
-  Matmul(const CublasLt& api, Dtype dtype, cublasLtEpilogue_t epilogue)
-      : lt_(api), type_(cuda_type(dtype)) {
-    check(lt_.desc_create(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
-    set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
-    check(lt_.preference_create(&preference_), "preference");
-  }
-  ~Matmul() {
-    if (preference_) lt_.preference_destroy(preference_);
-    for (auto layout : {a_, b_, d_}) {
-      if (layout) lt_.layout_destroy(layout);
-    }
-    if (desc_) lt_.desc_destroy(desc_);
-  }
-  Matmul(const Matmul&) = delete;
-  Matmul& operator=(const Matmul&) = delete;
-
-  template <typename T>
-  void set(cublasLtMatmulDescAttributes_t attribute, const T& value) {
-    check(lt_.desc_set(desc_, attribute, &value, sizeof(value)), "attribute");
-  }
-
-  // D = epilogue(op(A) op(B)), column-major as cuBLASLt reads: op(A) m x k, op(B) k x n, D m x n
-  // with leading dimension m. False where no algorithm fits.
-  bool run(const GemmContext& context, bool transpose_a, const void* a, int64_t lda, const void* b,
-           int64_t ldb, int64_t m, int64_t n, int64_t k, void* d) {
-    const cublasOperation_t op_a = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    set(CUBLASLT_MATMUL_DESC_TRANSA, op_a);
-    set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
-    check(lt_.layout_create(&a_, type_, transpose_a ? k : m, transpose_a ? m : k, lda), "layout");
-    check(lt_.layout_create(&b_, type_, k, n, ldb), "layout");
-    check(lt_.layout_create(&d_, type_, m, n, m), "layout");
-    const auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, auto value) {
-      check(lt_.preference_set(preference_, attribute, &value, sizeof(value)), "preference");
-    };
-    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{context.workspace_bytes});
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(a));
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(b));
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(d));
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(d));
-    const auto handle = static_cast<cublasLtHandle_t>(context.handle);
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found = 0;
-    const cublasStatus_t status =
-        lt_.heuristic(handle, desc_, a_, b_, d_, d_, preference_, 1, &heuristic, &found);
-    if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) return false;
-    check(status, "heuristic");
-    const float one = 1.0f, zero = 0.0f;
-    check(lt_.matmul(handle, desc_, &one, a, a_, b, b_, &zero, d, d_, d, d_, &heuristic.algo,
-                     context.workspace, context.workspace_bytes,
-                     static_cast<cudaStream_t>(context.stream)),
-          "matmul");
-    return true;
-  }
-
- private:
-  const CublasLt& lt_;
-  cudaDataType_t type_;
-  cublasLtMatmulDesc_t desc_ = nullptr;
-  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
-  cublasLtMatmulPreference_t preference_ = nullptr;
-};
-
-}  // namespace
 
 // Row-major [rows, out] is column-major out x rows: output^T = (weight^T)^T-as-stored x^T, i.e.
 // A = weight (stored in x out, transposed), B = x (in x rows), m = out, n = rows, k = in.
@@ -159,11 +10,12 @@ bool linear_gelu(Dtype dtype, const GemmContext& context, const void* x, const v
                  const void* bias, int64_t rows, int64_t in, int64_t out, void* output, void* pre) {
   const CublasLt* api = cublaslt();
   if (!api) return false;
-  Matmul matmul(*api, dtype, bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX);
+  Matmul matmul(*api, dtype, dtype,
+                bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX);
   if (bias) matmul.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   matmul.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, pre);
   matmul.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{out});
-  return matmul.run(context, true, weight, in, x, in, out, rows, in, output);
+  return matmul.run(context, true, weight, in, false, x, in, out, rows, in, output);
 }
 
 // grad_pre^T (hidden x rows) = weight^T (weight [out, hidden] stored hidden x out) x grad^T
@@ -173,10 +25,11 @@ bool gelu_input_gradient(Dtype dtype, const GemmContext& context, const void* gr
                          int64_t hidden, void* grad_pre) {
   const CublasLt* api = cublaslt();
   if (!api) return false;
-  Matmul matmul(*api, dtype, CUBLASLT_EPILOGUE_DGELU);
+  Matmul matmul(*api, dtype, dtype, CUBLASLT_EPILOGUE_DGELU);
   matmul.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, pre);
   matmul.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{hidden});
-  return matmul.run(context, false, weight, hidden, grad, out, hidden, rows, out, grad_pre);
+  return matmul.run(context, false, weight, hidden, false, grad, out, hidden, rows, out,
+                    grad_pre);
 }
 
 }  // namespace pipetrain::kernels

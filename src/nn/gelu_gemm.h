@@ -7,22 +7,12 @@
 // that neither file needs Torch headers.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 
-#include "kernel_dtype.h"
+#include "util/gemm_context.h"
+#include "util/kernel_dtype.h"
 
 namespace pipetrain::kernels {
-
-// What each cublasLtMatmul runs with: Torch's cuBLASLt handle, a workspace of `workspace_bytes`,
-// and the stream. The calls go to the cuBLASLt Torch loaded, the handle's own library (looked up,
-// not linked: gelu_gemm.cu).
-struct GemmContext {
-  void* handle;
-  void* workspace;
-  size_t workspace_bytes;
-  void* stream;
-};
 
 // output = gelu_tanh(pre), pre = x weight^T + bias: x [rows, in], weight [out, in] (a Linear's),
 // bias [out] or null, output and pre [rows, out], all of `dtype`. False, writing nothing, where

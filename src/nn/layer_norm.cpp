@@ -13,8 +13,8 @@
 #include "util/compat.h"
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
-#include "kernel_call.h"
 #include "layer_norm_kernels.h"
+#include "util/kernel_call.h"
 #endif
 
 namespace pipetrain {

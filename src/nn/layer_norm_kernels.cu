@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernel_common.cuh"
+#include "util/kernel_common.cuh"
 #include "layer_norm_kernels.h"
 
 namespace pipetrain::kernels {

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernel_dtype.h"
+#include "util/kernel_dtype.h"
 
 namespace pipetrain::kernels {
 

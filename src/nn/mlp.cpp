@@ -11,13 +11,12 @@
 #include "pipeline/fused_linear.h"
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
-#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "gelu_gemm.h"
-#include "kernel_call.h"
 #include "swiglu_kernels.h"
 #include "util/compat.h"
+#include "util/kernel_call.h"
 #endif
 
 namespace pipetrain::nn {
@@ -62,16 +61,7 @@ RecomputedElementwise swiglu_on_kernels() {
 // takes: contiguous rows of a width it can stride (a multiple of 8). Anything else, and anything
 // cuBLASLt finds no algorithm for, goes through ATen's GEMM and GELU.
 ActivationInGemms gelu_in_gemms() {
-  // Each call's own workspace, from the caching allocator: safe beside any other GEMM in flight,
-  // and while a CUDA graph is captured.
-  constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-  const auto workspace = [](const at::Tensor& like) {
-    return at::empty({static_cast<int64_t>(kWorkspaceBytes)}, like.options().dtype(at::kByte));
-  };
-  const auto context = [](const at::Tensor& space) {
-    return kernels::GemmContext{at::cuda::getCurrentCUDABlasLtHandle(), space.data_ptr(),
-                                kWorkspaceBytes, kernels::current_stream()};
-  };
+  using kernels::gemm_context, kernels::gemm_workspace;
   // The kernels' dtype where every tensor is a 16-bit one of x's and the widths are multiples of 8.
   const auto dtype = [](const at::Tensor& x, std::initializer_list<at::Tensor> others,
                         std::initializer_list<int64_t> widths) -> std::optional<kernels::Dtype> {
@@ -93,10 +83,10 @@ ActivationInGemms gelu_in_gemms() {
     const bool fits = weight.size(1) == in && (!bias.defined() || bias.numel() == out);
     const c10::cuda::CUDAGuard on_device(x.device());
     if (const auto type = fits ? dtype(x, {weight, bias}, {in, out}) : std::nullopt) {
-      const at::Tensor a = x.contiguous(), w = weight.contiguous(), space = workspace(x);
+      const at::Tensor a = x.contiguous(), w = weight.contiguous(), space = gemm_workspace(x);
       const at::Tensor b = bias.defined() ? bias.contiguous() : bias;
       at::Tensor output = at::empty({rows, out}, x.options()), pre = at::empty_like(output);
-      if (kernels::linear_gelu(*type, context(space), a.data_ptr(), w.data_ptr(),
+      if (kernels::linear_gelu(*type, gemm_context(space), a.data_ptr(), w.data_ptr(),
                                b.defined() ? b.data_ptr() : nullptr, rows, in, out,
                                output.data_ptr(), pre.data_ptr())) {
         return std::array<at::Tensor, 2>{output, pre};
@@ -111,9 +101,9 @@ ActivationInGemms gelu_in_gemms() {
     const c10::cuda::CUDAGuard on_device(grad.device());
     if (const auto type = fits ? dtype(grad, {weight, pre}, {out, hidden}) : std::nullopt) {
       const at::Tensor g = grad.contiguous(), w = weight.contiguous(), p = pre.contiguous();
-      const at::Tensor space = workspace(grad);
+      const at::Tensor space = gemm_workspace(grad);
       at::Tensor grad_pre = at::empty({rows, hidden}, grad.options());
-      if (kernels::gelu_input_gradient(*type, context(space), g.data_ptr(), w.data_ptr(),
+      if (kernels::gelu_input_gradient(*type, gemm_context(space), g.data_ptr(), w.data_ptr(),
                                        p.data_ptr(), rows, out, hidden, grad_pre.data_ptr())) {
         return grad_pre;
       }

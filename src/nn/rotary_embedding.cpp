@@ -10,8 +10,8 @@
 #include "util/compat.h"
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
-#include "kernel_call.h"
 #include "rotary_kernels.h"
+#include "util/kernel_call.h"
 #endif
 
 namespace pipetrain::nn {

@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "kernel_common.cuh"
+#include "util/kernel_common.cuh"
 #include "rotary_kernels.h"
 
 namespace pipetrain::kernels {

@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernel_common.cuh"
+#include "util/kernel_common.cuh"
 #include "swiglu_kernels.h"
 
 namespace pipetrain::kernels {
