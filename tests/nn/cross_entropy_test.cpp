@@ -116,13 +116,14 @@ TEST(ChunkedCrossEntropy, CudaBf16GradientsWithinOneRoundingOfTheFp32Path) {
 }
 
 // fp32 logits on a GPU, rows of a multiple of 4 classes (16-byte accesses) and of an odd number,
-// with and without ignored rows, backpropagated from loss x 3 and from the loss itself (the
-// backward's factor of 1, which the kernel skips): relative 2e-5 (the kernel's fast exp is a few
-// fp32 roundings off), absolute 1e-7 for gradients.
+// short and longer than the kernel holds at once (40,000 and 70,001: rows in chunks, the last
+// partial), with and without ignored rows, backpropagated from loss x 3 and from the loss itself
+// (the backward's factor of 1, which the kernel skips): relative 2e-5 (the kernel's fast exp is a
+// few fp32 roundings off), absolute 1e-7 for gradients.
 TEST(ChunkedCrossEntropy, CudaFp32EqualsCrossEntropy) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(6);
-  for (const int64_t classes : {1024, 1031, 7}) {
+  for (const int64_t classes : {1024, 1031, 7, 40000, 70001}) {
     const auto logits = (torch::randn({257, classes}) * 4).to(torch::kCUDA);
     for (const bool with_ignored : {false, true}) {
       const auto target = make_target(257, classes, with_ignored).to(torch::kCUDA);
@@ -151,6 +152,16 @@ TEST(ChunkedCrossEntropy, CudaBf16OverGpt2sVocabulary) {
   const auto logits = (torch::randn({64, 50304}) * 3).to(torch::kCUDA, torch::kBFloat16);
   expect_bf16_within_one_rounding_of_fp32_path(
       logits, make_target(64, 50304, false).to(torch::kCUDA), /*ignore_index=*/std::nullopt,
+      /*block_rows=*/0, /*loss_tolerance=*/2e-5);
+}
+
+// Llama 3's vocabulary in bf16: rows longer than the kernel holds at once, read in chunks.
+TEST(ChunkedCrossEntropy, CudaBf16OverLlama3sVocabulary) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(8);
+  const auto logits = (torch::randn({32, 128256}) * 3).to(torch::kCUDA, torch::kBFloat16);
+  expect_bf16_within_one_rounding_of_fp32_path(
+      logits, make_target(32, 128256, true).to(torch::kCUDA), /*ignore_index=*/-100,
       /*block_rows=*/0, /*loss_tolerance=*/2e-5);
 }
 
@@ -278,6 +289,8 @@ TEST(ChunkedCrossEntropy, CudaInPlaceWritesTheSameGradientOverTheLogits) {
     expect_in_place_is_out_of_place(torch::kCUDA, torch::kFloat, 37, 11, sum);
     // Rows of GPT-2's vocabulary: many threads a row, the target's logit among what they write.
     expect_in_place_is_out_of_place(torch::kCUDA, torch::kBFloat16, 64, 50304, sum);
+    // Llama 3's: rows in chunks, all but the last read again before they are written over.
+    expect_in_place_is_out_of_place(torch::kCUDA, torch::kBFloat16, 8, 128256, sum);
   }
 }
 
