@@ -223,6 +223,41 @@ TEST(FusedGradientAccumulation, CudaUnderAutocastGivesWhatAutocastsLinearGives) 
   expect_fused_under_autocast_as_autocast(c10::Device(c10::DeviceType::CUDA));
 }
 
+// On a GPU a bf16 Linear's weight and bias gradients come from one GEMM whose epilogue sums the
+// bias's: both are the fp32 sums of the bf16 operands' products, the first backward's written and
+// the second's added, for a whole Linear and for linear_parts' parts (rows of the gradients from
+// each part's first feature on). The product is summed in fp32 either way: 1e-4 of relative room
+// for the order of the sums.
+TEST(FusedGradientAccumulation, CudaWeightAndBiasGradientsAreFp32SumsOfBf16Products) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  torch::manual_seed(13);
+  const auto options = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t rows = 2048, in = 64, out = 96;
+  const auto x = torch::randn({rows, in}, options);
+  const auto g = torch::randn({rows, out}, options).to(at::kBFloat16);
+  const auto x16 = x.to(at::kBFloat16).to(at::kFloat), g16 = g.to(at::kFloat);
+  for (const bool parts : {false, true}) {
+    SCOPED_TRACE(parts ? "linear_parts" : "linear");
+    const auto weight = torch::randn({out, in}, options.requires_grad(true));
+    const auto bias = torch::randn({out}, options.requires_grad(true));
+    set_autocast_to_bf16(c10::DeviceType::CUDA, true);
+    at::Tensor y;
+    {
+      FusedLinearScope fusing(nullptr);
+      y = parts ? torch::cat(linear_parts(x, weight, bias, 3), -1)
+                : pipetrain::linear(x, weight, bias);
+    }
+    set_autocast_to_bf16(c10::DeviceType::CUDA, false);
+    at::autocast::clear_cache();
+    y.backward(g, /*retain_graph=*/true);
+    y.backward(g);
+    EXPECT_TRUE(torch::allclose(weight.grad(), 2 * g16.t().mm(x16), 1e-4, 1e-4))
+        << "largest difference " << (weight.grad() - 2 * g16.t().mm(x16)).abs().max().item<float>();
+    EXPECT_TRUE(torch::allclose(bias.grad(), 2 * g16.sum(0), 1e-4, 1e-4))
+        << "largest difference " << (bias.grad() - 2 * g16.sum(0)).abs().max().item<float>();
+  }
+}
+
 // Two Linear(4, 3) layers with the same (seeded) weights: one to fuse, one for reference.
 std::pair<torch::nn::Linear, torch::nn::Linear> twin_linears(uint64_t seed) {
   torch::manual_seed(seed);
