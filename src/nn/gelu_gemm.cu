@@ -10,8 +10,7 @@ bool linear_gelu(Dtype dtype, const GemmContext& context, const void* x, const v
                  const void* bias, int64_t rows, int64_t in, int64_t out, void* output, void* pre) {
   const CublasLt* api = cublaslt();
   if (!api) return false;
-  Matmul matmul(*api, dtype, dtype,
-                bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX);
+  Matmul matmul(*api, dtype, bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX);
   if (bias) matmul.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   matmul.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, pre);
   matmul.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{out});
@@ -25,11 +24,10 @@ bool gelu_input_gradient(Dtype dtype, const GemmContext& context, const void* gr
                          int64_t hidden, void* grad_pre) {
   const CublasLt* api = cublaslt();
   if (!api) return false;
-  Matmul matmul(*api, dtype, dtype, CUBLASLT_EPILOGUE_DGELU);
+  Matmul matmul(*api, dtype, CUBLASLT_EPILOGUE_DGELU);
   matmul.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, pre);
   matmul.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t{hidden});
-  return matmul.run(context, false, weight, hidden, false, grad, out, hidden, rows, out,
-                    grad_pre);
+  return matmul.run(context, false, weight, hidden, false, grad, out, hidden, rows, out, grad_pre);
 }
 
 }  // namespace pipetrain::kernels

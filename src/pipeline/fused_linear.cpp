@@ -12,13 +12,6 @@
 #include "pipetrain/linear.h"
 #include "util/compat.h"
 
-#ifdef PIPETRAIN_HAS_CUDA_KERNELS
-#include <c10/cuda/CUDAGuard.h>
-
-#include "util/kernel_call.h"
-#include "weight_gradient_gemm.h"
-#endif
-
 namespace pipetrain {
 namespace {
 
@@ -77,52 +70,6 @@ void add_product(at::Tensor& parameter, const at::Tensor& a, const at::Tensor& b
     grad.addmm_(a.to(dtype), b.to(dtype));
   }
 }
-
-#ifdef PIPETRAIN_HAS_CUDA_KERNELS
-// add_product's two products for a Linear with a bias, in one GEMM whose epilogue also sums the
-// bias's gradient (weight_gradient_gemm.h), where the tensors are what that GEMM takes: rows of
-// one 16-bit dtype (autocast's) on one GPU, widths of multiples of 8, fp32 contiguous parameters
-// and gradients. False, with nothing added, otherwise; add_product then computes them.
-bool add_weight_and_bias_products(at::Tensor& weight, at::Tensor& bias,
-                                  const at::Tensor& grad_output, const at::Tensor& input,
-                                  int64_t first_feature) {
-  const auto dtype = kernels::kernel_dtype(grad_output);
-  const int64_t rows = grad_output.size(0), in = input.size(1), features = grad_output.size(1);
-  const auto takes = [&](const at::Tensor& tensor) {
-    return !tensor.defined() || (tensor.scalar_type() == at::kFloat && tensor.is_contiguous() &&
-                                 tensor.device() == grad_output.device());
-  };
-  if (!dtype || *dtype == kernels::Dtype::kFloat ||
-      input.scalar_type() != grad_output.scalar_type() || input.device() != grad_output.device() ||
-      in % 8 != 0 || features % 8 != 0 || weight.size(1) != in || !takes(weight) || !takes(bias) ||
-      !takes(weight.grad()) || !takes(bias.grad())) {
-    return false;
-  }
-  const c10::cuda::CUDAGuard on_device(grad_output.device());
-  const at::Tensor g = grad_output.contiguous(), x = input.contiguous();
-  const at::Tensor workspace = kernels::gemm_workspace(g);
-  // As add_product: a whole gradient's first product written into a fresh tensor, else added.
-  const bool part = features != weight.size(0);
-  const bool weight_first = !weight.grad().defined() && !part;
-  const bool bias_first = !bias.grad().defined() && !part;
-  at::Tensor weight_grad = weight_first ? at::empty_like(weight)
-                                        : gradient_of(weight).narrow(0, first_feature, features);
-  // The epilogue writes the bias's gradient: into a fresh one, or beside it to be added.
-  at::Tensor bias_sum = bias_first ? at::empty_like(bias) : at::empty({features}, bias.options());
-  if (!kernels::weight_and_bias_gradients(
-          *dtype, kernels::gemm_context(workspace), g.data_ptr(), x.data_ptr(), rows, in, features,
-          !weight_first, weight_grad.data_ptr<float>(), bias_sum.data_ptr<float>())) {
-    return false;
-  }
-  if (weight_first) weight.mutable_grad() = weight_grad;
-  if (bias_first) {
-    bias.mutable_grad() = bias_sum;
-  } else {
-    gradient_of(bias).narrow(0, first_feature, features).add_(bias_sum);
-  }
-  return true;
-}
-#endif
 
 // A fused Linear's weight-gradient work: queued while `queue` defers, else accumulated now.
 void hand_over(WeightGradient work, const std::shared_ptr<DeferredWeightGradients>& queue) {
@@ -638,12 +585,6 @@ void DeferredWeightGradients::accumulate(std::vector<WeightGradient> work) {
     const bool bias_needs_grad = bias.defined() && bias.requires_grad();
     const int64_t first_feature = pieces[0]->first_feature;
     const auto add = [&](const at::Tensor& grad_output, const at::Tensor& input) {
-#ifdef PIPETRAIN_HAS_CUDA_KERNELS
-      if (weight.requires_grad() && bias_needs_grad &&
-          add_weight_and_bias_products(weight, bias, grad_output, input, first_feature)) {
-        return;
-      }
-#endif
       if (weight.requires_grad()) add_product(weight, grad_output.t(), input, first_feature);
       if (bias_needs_grad) {
         // A column sum as a GEMM of one row: over a micro-batch's few rows ATen's sum is slow.

@@ -1,5 +1,5 @@
-// cuBLASLt for pipetrain's own GEMMs (those with an epilogue ATen does not ask for: gelu_gemm.cu,
-// weight_gradient_gemm.cu): the library's entry points as Torch has loaded them, and one
+// cuBLASLt for pipetrain's own GEMMs (those with an epilogue ATen does not ask for, as in
+// nn/gelu_gemm.cu): the library's entry points as Torch has loaded them, and one
 // cublasLtMatmul with its descriptors. Included by .cu files only.
 #pragma once
 
@@ -77,13 +77,13 @@ inline cudaDataType_t cuda_type(Dtype dtype) {
   return CUDA_R_32F;
 }
 
-// One cublasLtMatmul's descriptors, destroyed with it: D = epilogue(op(A) op(B)) (+ D where it
-// accumulates), column-major as cuBLASLt reads, op(A) m x k, op(B) k x n, D m x n with leading
-// dimension m; A and B of one dtype, D of that dtype or fp32. Computes in fp32.
+// One cublasLtMatmul's descriptors, destroyed with it: D = epilogue(op(A) op(B)), column-major as
+// cuBLASLt reads, op(A) m x k, op(B) k x n, D m x n with leading dimension m; A, B and D of one
+// dtype. Computes in fp32.
 class Matmul {
  public:
-  Matmul(const CublasLt& api, Dtype operands, Dtype output, cublasLtEpilogue_t epilogue)
-      : lt_(api), operand_type_(cuda_type(operands)), output_type_(cuda_type(output)) {
+  Matmul(const CublasLt& api, Dtype dtype, cublasLtEpilogue_t epilogue)
+      : lt_(api), type_(cuda_type(dtype)) {
     check(lt_.desc_create(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "descriptor");
     set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
     check(lt_.preference_create(&preference_), "preference");
@@ -103,18 +103,15 @@ class Matmul {
     check(lt_.desc_set(desc_, attribute, &value, sizeof(value)), "attribute");
   }
 
-  // A stored lda-strided as op(A) needs it (k x m where transposed), B likewise; D += the
-  // product where `accumulate`, else D = it. False, with nothing written, where no algorithm fits.
+  // A stored lda-strided as op(A) needs it (k x m where transposed), B likewise; D written. False,
+  // with nothing written, where no algorithm fits.
   bool run(const GemmContext& context, bool transpose_a, const void* a, int64_t lda,
-           bool transpose_b, const void* b, int64_t ldb, int64_t m, int64_t n, int64_t k, void* d,
-           bool accumulate = false) {
+           bool transpose_b, const void* b, int64_t ldb, int64_t m, int64_t n, int64_t k, void* d) {
     set(CUBLASLT_MATMUL_DESC_TRANSA, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N);
     set(CUBLASLT_MATMUL_DESC_TRANSB, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-    check(lt_.layout_create(&a_, operand_type_, transpose_a ? k : m, transpose_a ? m : k, lda),
-          "layout");
-    check(lt_.layout_create(&b_, operand_type_, transpose_b ? n : k, transpose_b ? k : n, ldb),
-          "layout");
-    check(lt_.layout_create(&d_, output_type_, m, n, m), "layout");
+    check(lt_.layout_create(&a_, type_, transpose_a ? k : m, transpose_a ? m : k, lda), "layout");
+    check(lt_.layout_create(&b_, type_, transpose_b ? n : k, transpose_b ? k : n, ldb), "layout");
+    check(lt_.layout_create(&d_, type_, m, n, m), "layout");
     const auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, auto value) {
       check(lt_.preference_set(preference_, attribute, &value, sizeof(value)), "preference");
     };
@@ -130,8 +127,8 @@ class Matmul {
         lt_.heuristic(handle, desc_, a_, b_, d_, d_, preference_, 1, &heuristic, &found);
     if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) return false;
     check(status, "heuristic");
-    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    check(lt_.matmul(handle, desc_, &one, a, a_, b, b_, &beta, d, d_, d, d_, &heuristic.algo,
+    const float one = 1.0f, zero = 0.0f;
+    check(lt_.matmul(handle, desc_, &one, a, a_, b, b_, &zero, d, d_, d, d_, &heuristic.algo,
                      context.workspace, context.workspace_bytes,
                      static_cast<cudaStream_t>(context.stream)),
           "matmul");
@@ -155,7 +152,7 @@ class Matmul {
   }
 
   const CublasLt& lt_;
-  cudaDataType_t operand_type_, output_type_;
+  cudaDataType_t type_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
   cublasLtMatmulPreference_t preference_ = nullptr;

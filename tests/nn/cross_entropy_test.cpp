@@ -116,10 +116,10 @@ TEST(ChunkedCrossEntropy, CudaBf16GradientsWithinOneRoundingOfTheFp32Path) {
 }
 
 // fp32 logits on a GPU, rows of a multiple of 4 classes (16-byte accesses) and of an odd number,
-// short and longer than the kernel holds at once (40,000 and 70,001: rows in chunks, the last
-// partial), with and without ignored rows, backpropagated from loss x 3 and from the loss itself
-// (the backward's factor of 1, which the kernel skips): relative 2e-5 (the kernel's fast exp is a
-// few fp32 roundings off), absolute 1e-7 for gradients.
+// short and long (40,000 and 70,001: many accesses a thread, in vectors and one by one), with and
+// without ignored rows, backpropagated from loss x 3 and from the loss itself (the backward's
+// factor of 1, which the kernel skips): relative 2e-5 (the kernel's fast exp is a few fp32
+// roundings off), absolute 1e-7 for gradients.
 TEST(ChunkedCrossEntropy, CudaFp32EqualsCrossEntropy) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(6);
@@ -155,7 +155,7 @@ TEST(ChunkedCrossEntropy, CudaBf16OverGpt2sVocabulary) {
       /*block_rows=*/0, /*loss_tolerance=*/2e-5);
 }
 
-// Llama 3's vocabulary in bf16: rows longer than the kernel holds at once, read in chunks.
+// Llama 3's vocabulary in bf16: rows of 128,256 logits, 2.5 times GPT-2's.
 TEST(ChunkedCrossEntropy, CudaBf16OverLlama3sVocabulary) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(8);
@@ -289,7 +289,7 @@ TEST(ChunkedCrossEntropy, CudaInPlaceWritesTheSameGradientOverTheLogits) {
     expect_in_place_is_out_of_place(torch::kCUDA, torch::kFloat, 37, 11, sum);
     // Rows of GPT-2's vocabulary: many threads a row, the target's logit among what they write.
     expect_in_place_is_out_of_place(torch::kCUDA, torch::kBFloat16, 64, 50304, sum);
-    // Llama 3's: rows in chunks, all but the last read again before they are written over.
+    // Llama 3's: each row read twice (the normaliser, then the gradient) before it is written over.
     expect_in_place_is_out_of_place(torch::kCUDA, torch::kBFloat16, 8, 128256, sum);
   }
 }

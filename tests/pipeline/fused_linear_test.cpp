@@ -223,11 +223,11 @@ TEST(FusedGradientAccumulation, CudaUnderAutocastGivesWhatAutocastsLinearGives) 
   expect_fused_under_autocast_as_autocast(c10::Device(c10::DeviceType::CUDA));
 }
 
-// On a GPU a bf16 Linear's weight and bias gradients come from one GEMM whose epilogue sums the
-// bias's: both are the fp32 sums of the bf16 operands' products, the first backward's written and
-// the second's added, for a whole Linear and for linear_parts' parts (rows of the gradients from
-// each part's first feature on). The product is summed in fp32 either way: 1e-4 of relative room
-// for the order of the sums.
+// On a GPU under autocast a fused Linear's weight and bias gradients are the fp32 sums of the bf16
+// operands' products, not rounded to bf16 as autocast's own backward rounds them: the first
+// backward's written and the second's added, for a whole Linear and for linear_parts' parts (rows
+// of the gradients from each part's first feature on). 1e-4 of relative room for the order of
+// the sums.
 TEST(FusedGradientAccumulation, CudaWeightAndBiasGradientsAreFp32SumsOfBf16Products) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
   torch::manual_seed(13);
