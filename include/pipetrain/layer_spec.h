@@ -62,8 +62,10 @@ struct LayerSpec {
 // `build` returns any LibTorch module holder (torch::nn::Linear, a TORCH_MODULE of one's own).
 template <typename Build>
 LayerSpec layer(Build build, int64_t parameters = 0) {
-  return LayerSpec{[build = std::move(build)] { return torch::nn::AnyModule(build()); },
-                   parameters};
+  LayerSpec spec;
+  spec.build = [build = std::move(build)] { return torch::nn::AnyModule(build()); };
+  spec.parameters = parameters;
+  return spec;
 }
 
 // Stands where a layer held by another process would be: no parameters, and a forward that
