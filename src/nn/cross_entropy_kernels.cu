@@ -1,11 +1,16 @@
-// One thread block per row of logits: a pass that keeps a running maximum and sum of exponentials
-// (the online softmax normaliser), then, for the gradient, a pass that writes softmax - onehot,
-// where log_softmax, exp and their fp32 copies cost several passes. A row of GPT-2's 50,304 bf16
-// logits is 100 KB, so the second pass finds part of what the first read in L2, not all: 1.65 ms
-// on GPT-2 124M's [16384, 50304] on an H100, where one read and one write take about 1.0. Holding
-// each thread's share of the row in registers between the passes, which reads nothing twice, was
-// slower there (1.78 ms): at 128 registers a thread one block of 16 warps fills an SM, too few
-// reads in flight to hide their latency.
+// One thread block per row of logits, in one of two forms:
+// - Where the block's row fits in shared memory twice over an SM's (GPT-2's 50,304 bf16 logits are
+//   100 KB: two rows an SM on an H100 or H200) and the gradient is wanted, the row is copied into
+//   shared memory once (cp.async: no registers held while the copy is in flight), and the passes
+//   that find its maximum, its sum of exponentials and the gradient softmax - onehot read it there:
+//   each logit is read from memory once and its gradient written once, the least a loss can move.
+//   On an H100: 1.12 ms for GPT-2 124M's [16384, 50304] and 0.71 ms for Llama 150M's
+//   [16384, 32000], 2.95 TB/s where a device-to-device copy moves 3.03 (two-pass: 1.62, 0.95).
+// - Otherwise a pass keeps a running maximum and sum of exponentials (the online softmax
+//   normaliser), and a second pass, for the gradient, reads the row again (Llama 3's 128,256 bf16
+//   logits, 250 KB a row, find part of it in L2: 2.0 TB/s on an H100). Holding each thread's share
+//   of the row in registers between the passes was slower than both (1.78 ms on GPT-2's logits):
+//   at 128 registers a thread one block of 16 warps fills an SM, too few reads in flight.
 #include <algorithm>
 #include <cstdint>
 
@@ -54,6 +59,20 @@ __device__ Normaliser block_combine(Normaliser value, Normaliser* shared) {
   return shared[0];
 }
 
+// The gradient of `pack`, the row's elements from `first` on: (softmax - onehot(t)) * scale.
+template <typename T, int V>
+__device__ inline Pack<T, V> gradient_pack(const Pack<T, V>& pack, int64_t first, int64_t t,
+                                           float log_sum, float scale) {
+  Pack<T, V> out;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float p = __expf(to_float(pack.v[k]) - log_sum);
+    // p - 1 at the target in fp32, so that a p near 1 keeps its difference.
+    out.v[k] = from_float<T>((first + k == t ? p - 1.f : p) * scale);
+  }
+  return out;
+}
+
 // `grad` may be `logits` itself (chunked_cross_entropy_): every element is read before it is
 // written, the target's logit before the block's first barrier, so neither pointer is restrict.
 template <typename T, int V>
@@ -94,15 +113,84 @@ __global__ void cross_entropy_rows_kernel(const T* logits, int64_t classes,
   const float scale = ignored ? 0.f : in_range ? inv_count[0] : NAN;
   auto* grad_packs = reinterpret_cast<Pack<T, V>*>(grad + row * classes);
   for (int64_t i = threadIdx.x; i < pack_count; i += blockDim.x) {
-    const Pack<T, V> pack = packs[i];
-    Pack<T, V> out;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float p = __expf(to_float(pack.v[k]) - log_sum);
-      // p - 1 at the target in fp32, so that a p near 1 keeps its difference.
-      out.v[k] = from_float<T>((i * V + k == t ? p - 1.f : p) * scale);
+    grad_packs[i] = gradient_pack(packs[i], i * V, t, log_sum, scale);
+  }
+}
+
+// The row in shared memory: `cross_entropy_rows_kernel`'s results, each logit read from global
+// memory once. Threads of kSharedThreads, packs of 16 bytes (the row's start is 16-byte aligned and
+// its length a whole number of packs); `grad` may be `logits`, as the whole row is in shared memory
+// before the first gradient is written.
+constexpr int kSharedThreads = 512;
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kSharedThreads, 2)
+    cross_entropy_shared_row_kernel(const T* logits, int64_t classes,
+                                    const int64_t* __restrict__ target, int64_t ignore_index,
+                                    bool ignore, const float* __restrict__ inv_count,
+                                    float* __restrict__ row_loss, T* grad) {
+  extern __shared__ float4 shared_row[];
+  __shared__ float partial[kSharedThreads / kWarp];
+  const int64_t row = blockIdx.x;
+  const int pack_count = static_cast<int>(classes / V);
+  const auto* packs = reinterpret_cast<const Pack<T, V>*>(logits + row * classes);
+  auto* row_packs = reinterpret_cast<Pack<T, V>*>(shared_row);
+  for (int i = threadIdx.x; i < pack_count; i += kSharedThreads) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const auto to = static_cast<unsigned>(__cvta_generic_to_shared(row_packs + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(packs + i));
+#else
+    row_packs[i] = packs[i];
+#endif
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::);
+#endif
+  __syncthreads();
+
+  // A block-wide reduction of one float per thread; `op` combines two.
+  const auto reduce = [&](float value, auto op) {
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
     }
-    grad_packs[i] = out;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (lane == 0) partial[warp] = value;
+    __syncthreads();
+    value = partial[0];
+    for (int w = 1; w < kSharedThreads / kWarp; ++w) value = op(value, partial[w]);
+    __syncthreads();  // partial is written again by the next reduction
+    return value;
+  };
+
+  float max = -INFINITY;
+  for (int i = threadIdx.x; i < pack_count; i += kSharedThreads) {
+    const Pack<T, V> pack = row_packs[i];
+#pragma unroll
+    for (int k = 0; k < V; ++k) max = max_or_nan(max, to_float(pack.v[k]));
+  }
+  max = reduce(max, [](float a, float b) { return max_or_nan(a, b); });
+  float sum = 0.f;
+  if (max != -INFINITY) {  // nothing but -inf: the sum of nothing, as the online pass leaves it
+    for (int i = threadIdx.x; i < pack_count; i += kSharedThreads) {
+      const Pack<T, V> pack = row_packs[i];
+#pragma unroll
+      for (int k = 0; k < V; ++k) sum += __expf(to_float(pack.v[k]) - max);
+    }
+  }
+  sum = reduce(sum, [](float a, float b) { return a + b; });
+  const float log_sum = max + logf(sum);
+  const int64_t t = target[row];
+  const bool ignored = ignore && t == ignore_index;
+  const bool in_range = t >= 0 && t < classes;
+  if (threadIdx.x == 0) {
+    const float target_logit =
+        !ignored && in_range ? to_float(reinterpret_cast<const T*>(shared_row)[t]) : 0.f;
+    row_loss[row] = ignored ? 0.f : in_range ? log_sum - target_logit : NAN;
+  }
+  const float scale = ignored ? 0.f : in_range ? inv_count[0] : NAN;
+  auto* grad_packs = reinterpret_cast<Pack<T, V>*>(grad + row * classes);
+  for (int i = threadIdx.x; i < pack_count; i += kSharedThreads) {
+    grad_packs[i] = gradient_pack(row_packs[i], int64_t{i} * V, t, log_sum, scale);
   }
 }
 
@@ -127,6 +215,23 @@ __global__ void scale_kernel(T* __restrict__ data, int64_t n, const float* __res
 
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Whether a row of `bytes` fits cross_entropy_shared_row_kernel on the current device: two blocks'
+// rows (and their few bytes of reductions) in one SM's shared memory, so that one block's copy in
+// runs beside another's arithmetic and writes.
+bool row_fits_in_shared_memory(int64_t bytes) {
+  int device = 0, per_sm = 0, per_block = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    cudaGetLastError();  // clear it: the two-pass kernel needs no attribute
+    return false;
+  }
+  constexpr int64_t kReserved = 2048;  // per block: the runtime's 1 KB and the reductions'
+  return bytes <= per_block && 2 * (bytes + kReserved) <= per_sm;
+}
+
 template <typename T>
 void launch_rows(const void* logits, int64_t rows, int64_t classes, const int64_t* target,
                  int64_t ignore_index, bool ignore, const float* inv_count, float* row_loss,
@@ -134,12 +239,24 @@ void launch_rows(const void* logits, int64_t rows, int64_t classes, const int64_
   constexpr int kVector = 16 / sizeof(T);
   const bool vectorised =
       classes % kVector == 0 && aligned(logits) && (grad == nullptr || aligned(grad));
+  const auto* in = static_cast<const T*>(logits);
+  auto* out = static_cast<T*>(grad);
+  const int64_t row_bytes = classes * static_cast<int64_t>(sizeof(T));
+  if (grad != nullptr && vectorised && row_fits_in_shared_memory(row_bytes)) {
+    const auto kernel = cross_entropy_shared_row_kernel<T, kVector>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(row_bytes)) == cudaSuccess) {
+      kernel<<<rows, kSharedThreads, row_bytes, stream>>>(in, classes, target, ignore_index, ignore,
+                                                          inv_count, row_loss, out);
+      check_launch("cross_entropy_shared_row");
+      return;
+    }
+    cudaGetLastError();
+  }
   const int64_t packs = vectorised ? classes / kVector : classes;
   // Enough threads for a few packs each; whole warps, as block_combine needs.
   const int threads = static_cast<int>(
       std::min<int64_t>(kMaxThreads, std::max<int64_t>(kWarp, (packs + 3) / 4 / kWarp * kWarp)));
-  const auto* in = static_cast<const T*>(logits);
-  auto* out = static_cast<T*>(grad);
   if (vectorised) {
     cross_entropy_rows_kernel<T, kVector><<<rows, threads, 0, stream>>>(
         in, classes, target, ignore_index, ignore, inv_count, row_loss, out);

@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "pipetrain/pipetrain.h"
 #include "support/multiprocess.h"
@@ -177,6 +178,16 @@ TEST(ChunkedCrossEntropy, CudaNaNLogitsAndTargetsOutOfRangeGiveANaNLoss) {
   auto out_of_range = target.clone();
   out_of_range.index_put_({5}, 1024);
   EXPECT_TRUE(std::isnan(chunked_cross_entropy(logits, out_of_range, std::nullopt).item<double>()));
+  // With gradients the kernel takes another path (the row held in shared memory): the same NaN, in
+  // the loss and in the gradient of the row concerned.
+  for (const auto& [input, target_used, row] :
+       {std::tuple{with_nan, target, 3}, std::tuple{logits, out_of_range, 5}}) {
+    auto trainable = input.clone().requires_grad_();
+    const auto loss = chunked_cross_entropy(trainable, target_used, std::nullopt);
+    EXPECT_TRUE(std::isnan(loss.item<double>()));
+    loss.backward();
+    EXPECT_TRUE(trainable.grad()[row].isnan().all().item<bool>()) << "row " << row;
+  }
 }
 
 TEST(ChunkedCrossEntropy, ComputesTheLossAloneWithoutGradients) {
