@@ -727,7 +727,8 @@ std::vector<at::Tensor> rms_norm_rows(bool ours, bool bf16_mixed, RmsNormForm fo
   return results;
 }
 
-// fp32 and bf16-mixed, each form, for widths of Llama and Qwen3 (2048, 1024, 768), one whose
+// fp32 and bf16-mixed, each form, for widths of Llama and Qwen3 (2048, 1024, 768) and 1536 (12
+// vectors of 4 a lane, the weight's gradient summed in registers as for the others), one whose
 // weight gradient the input gradient's pass cannot sum (4096: a pass of its own) and one the
 // kernels do not take (1022, not a multiple of 4: ATen's expression again). The kernels compute in
 // fp32 and round once: fp32 results within relative 1e-5 (the sums over a row and over the rows for
@@ -740,7 +741,7 @@ TEST(CudaKernels, RMSNormAndItsResidualFormsGiveWhatAtensExpressionGives) {
   const char* forms[] = {"alone", "beside the residual stream", "after the residual add"};
   for (const bool bf16_mixed : {false, true}) {
     for (const auto form : {RmsNormForm::kAlone, RmsNormForm::kResidual, RmsNormForm::kAdd}) {
-      for (const int64_t width : {768, 1024, 2048, 4096, 1022}) {
+      for (const int64_t width : {768, 1024, 1536, 2048, 4096, 1022}) {
         SCOPED_TRACE(std::string(bf16_mixed ? "bf16-mixed" : "fp32") + ", " +
                      forms[static_cast<int>(form)] + ", width " + std::to_string(width));
         const auto expected = rms_norm_rows(false, bf16_mixed, form, width);
