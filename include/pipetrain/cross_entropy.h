@@ -4,10 +4,10 @@
 // under bf16-mixed, it never holds fp32 logits, log-probabilities or gradients for the whole batch
 // (for GPT-2 at B=16, T=1024 each is 3.3 GB): the gradient with respect to the logits is computed
 // in the forward and kept in the logits' own dtype; the backward only scales it. On a GPU of a
-// build with nvcc (fp32, bf16 or fp16 logits) one kernel reads each row once for its loss and once
-// more for its gradient (about 1.2 ms for GPT-2's [16384, 50304] bf16 logits on an H200, where
-// log_softmax, exp and their fp32 copies took 7.7); elsewhere ATen computes it a block of rows at
-// a time.
+// build with nvcc (fp32, bf16 or fp16 logits) one kernel reads each row once for its loss and its
+// gradient where the row fits in shared memory (bf16 rows up to about 57,000 classes on an H100:
+// 1.1 ms for GPT-2's [16384, 50304], where log_softmax, exp and their fp32 copies took 7.7), and
+// twice for longer rows; elsewhere ATen computes it a block of rows at a time.
 //
 // Differences from the unfused path, within bf16 rounding: the kept gradient softmax - onehot
 // is rounded to the logits' dtype before the backward scales it (the unfused path rounds once,
