@@ -104,7 +104,9 @@ TEST_F(Plan, PredictedMemoryIsWhatFitMeasuresAndALimitIsKept) {
   }
 
   // Below what the fastest plan measured: another plan is chosen, and measures within the limit,
-  // or none fits and the run says so before training.
+  // or the run says so before training: no plan is predicted to fit, or the plan chosen measured
+  // more than the limit in its first step (predictions are within 15%: one of 29.1 MiB measured
+  // 31.5 against a limit of 31.2), and the rank over it is named with nothing trained.
   const auto limit = static_cast<int64_t>(0.85 * largest * (1 << 20));
   const auto tight = run_command(command("fit", {"--max-memory", std::to_string(limit)}));
   if (tight.exit_code == 0) {
@@ -112,7 +114,11 @@ TEST_F(Plan, PredictedMemoryIsWhatFitMeasuresAndALimitIsKept) {
       EXPECT_LE(rank.measured * (1 << 20), static_cast<double>(limit)) << tight.output;
     }
   } else {
-    EXPECT_NE(tight.output.find("no plan fits"), std::string::npos) << tight.output;
+    const bool none_fits = tight.output.find("no plan fits") != std::string::npos;
+    const bool stopped_before_training =
+        tight.output.find("more than max_memory (--max-memory)") != std::string::npos &&
+        tight.output.find("nothing was trained") != std::string::npos;
+    EXPECT_TRUE(none_fits || stopped_before_training) << tight.output;
   }
 }
 
