@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "pipetrain/linear.h"
+#include "step_weight_casts.h"
 #include "util/compat.h"
 
 namespace pipetrain {
@@ -124,18 +125,31 @@ struct LinearAccumulatingGrad : torch::autograd::Function<LinearAccumulatingGrad
   }
 };
 
-// The input and parameters a fused Linear's GEMMs multiply: under autocast, the casts autocast's
-// linear makes, through its cache: one bf16 copy of a weight per step, shared with any other use
-// of it. Made with autograd recording, as autocast makes them, so that a copy another layer takes
-// from the cache still carries that layer's gradient.
+// What pipetrain::linear does on this thread: set by FusedLinearScope.
+struct Fusing {
+  bool active = false;
+  std::shared_ptr<DeferredWeightGradients> deferred;
+};
+thread_local Fusing fusing;
+
+// The input and parameters a fused Linear's GEMMs multiply: under autocast, one bf16 copy of a
+// weight per step. While a stage fuses, the step's copies (step_weight_casts.h), which carry no
+// autograd history: its layers add their parameters' gradients themselves. Otherwise the casts
+// autocast's linear makes, through its cache, shared with any other use of the weight: made with
+// autograd recording, as autocast makes them, so that a copy another layer takes from the cache
+// still carries that layer's gradient.
 LinearState state_for(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                       const std::shared_ptr<DeferredWeightGradients>& deferred) {
   LinearState state{weight, bias, weight, bias, deferred};
   const auto device = input.device().type();
   if (autocast_enabled(device)) {
     const auto dtype = autocast_dtype(device);
-    state.compute_weight = at::autocast::cached_cast(dtype, weight, device);
-    if (bias.defined()) state.compute_bias = at::autocast::cached_cast(dtype, bias, device);
+    const auto cast = [&](const at::Tensor& parameter) {
+      return fusing.active ? step_weight_cast(parameter, dtype)
+                           : at::autocast::cached_cast(dtype, parameter, device);
+    };
+    state.compute_weight = cast(weight);
+    if (bias.defined()) state.compute_bias = cast(bias);
   }
   return state;
 }
@@ -418,13 +432,6 @@ class AccumulatingLinearImpl : public torch::nn::Cloneable<AccumulatingLinearImp
   std::shared_ptr<DeferredWeightGradients> deferred_;
 };
 TORCH_MODULE(AccumulatingLinear);
-
-// What pipetrain::linear does on this thread: set by FusedLinearScope.
-struct Fusing {
-  bool active = false;
-  std::shared_ptr<DeferredWeightGradients> deferred;
-};
-thread_local Fusing fusing;
 
 }  // namespace
 

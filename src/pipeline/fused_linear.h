@@ -23,6 +23,8 @@
 #include <memory>
 #include <vector>
 
+#include "step_weight_casts.h"
+
 namespace pipetrain {
 
 // The weight-gradient work of one fused Linear for one micro-batch.
@@ -75,7 +77,8 @@ class DeferredWeightGradients {
 
 // While alive, pipetrain::linear (pipetrain/linear.h) on this thread fuses, as the Linear layers
 // fuse_gradient_accumulation swaps in do, deferring into `deferred` (if given) while it defers.
-// A pipe sets one around each step of a stage that fuses.
+// A pipe sets one around each step of a stage that fuses: under autocast the step's fused layers
+// multiply weights cast once for the step (step_weight_casts.h).
 class FusedLinearScope {
  public:
   explicit FusedLinearScope(std::shared_ptr<DeferredWeightGradients> deferred);
@@ -86,6 +89,7 @@ class FusedLinearScope {
  private:
   bool was_fusing_;
   std::shared_ptr<DeferredWeightGradients> previous_;
+  StepWeightCastScope step_casts_;
 };
 
 // An elementwise step f(a, b) whose backward reads a and b, such as SwiGLU's silu(gate) * up.

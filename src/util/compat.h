@@ -76,6 +76,13 @@ inline at::ScalarType autocast_dtype(c10::DeviceType device) {
 #define PIPETRAIN_HAS_GEMM_OUT_DTYPE 0
 #endif
 
+// at::_foreach_copy_, whose CUDA kernel copies a list of tensors (fp32 into bf16 included) in one.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+#define PIPETRAIN_HAS_FOREACH_COPY 1
+#else
+#define PIPETRAIN_HAS_FOREACH_COPY 0
+#endif
+
 // Turns autocast on (to bf16) or off for `device`.
 inline void set_autocast_to_bf16(c10::DeviceType device, bool enabled) {
 #if TORCH_VERSION_MAJOR >= 2

@@ -1,0 +1,34 @@
+// The bf16 copies of the weights that fused Linear layers multiply under autocast, made for a
+// whole step at once.
+//
+// Autocast casts a weight on its first use in a step, through its cache: for GPT-2 124M ~100
+// small cast kernels, each one a trip through the dispatcher and autograd on the host, while the
+// GPU waits for the host between them. Here the first weight a step misses brings every weight
+// the previous step used on this device into one buffer, in one multi-tensor copy; later uses in
+// the step, in every micro-batch, read those copies.
+//
+// The copies live as long as autocast's would: from a weight's first use in a step to the step's
+// end (the outermost FusedLinearScope's), on the thread that made them; nothing is kept between
+// steps but the list of which weights were used. They carry no autograd history: only fused
+// Linear layers read them, which add their weights' gradients themselves. Where autocast's cache
+// is off (while a stage's CUDA graphs are captured: each replay must cast inside the graph) the
+// cast is autocast's own.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace pipetrain {
+
+// `weight` in `dtype`, made once in the current step (see above).
+at::Tensor step_weight_cast(const at::Tensor& weight, at::ScalarType dtype);
+
+// While alive (nested: the outermost), one step: the copies made inside it go at its end.
+class StepWeightCastScope {
+ public:
+  StepWeightCastScope();
+  ~StepWeightCastScope();
+  StepWeightCastScope(const StepWeightCastScope&) = delete;
+  StepWeightCastScope& operator=(const StepWeightCastScope&) = delete;
+};
+
+}  // namespace pipetrain
