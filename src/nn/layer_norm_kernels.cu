@@ -16,10 +16,10 @@
 // - Both at once (gradients_kernel): where a lane can hold the sums of the columns it reads, the
 //   input gradient's pass sums the weight's gradient as well, over a few rows per warp, and the
 //   column pass is not needed: it read every row again (on GPT-2 124M, 25 of them a step took
-//   0.94 ms). On an H100 (bench/kernel_bench.cu) a [16384, 768] backward with the residual stream's
-//   gradient and the bf16 branch's takes 0.094 ms for an RMSNorm and 0.101 for a LayerNorm, about
-//   2.1 and 2.0 TB/s where a copy moves 3.0: each row's second pass and its residual gradient's
-//   reads wait on the first pass's sums.
+//   0.94 ms). On an H200 (bench/kernel_bench.cu) a [16384, 768] backward with the residual stream's
+//   gradient and the bf16 branch's takes 0.068 ms for an RMSNorm and 0.075 for a LayerNorm, about
+//   3.0 and 2.7 TB/s where a copy moves 4.3 (0.077 and 0.084 before the residual gradient was read
+//   in the first pass): each row's second pass waits on the first pass's sums.
 #include <cstdint>
 #include <type_traits>
 
@@ -115,12 +115,11 @@ __global__ void forward_kernel(const float* __restrict__ input, const Branch* __
 // `residual`'s where not null; written to dx and, where not null, to db in the branch's dtype.
 template <typename Grad, typename Branch>
 __device__ inline void write_input_gradient(int64_t i, const Vec<Grad>* dy, const Vec<float>* x,
-                                            const Vec<float>* w, const Vec<float>* residual,
-                                            float mean, float rstd, float mean_g, float mean_gx,
-                                            Vec<float>* dx, Vec<Branch>* db) {
+                                            const Vec<float>* w, Vec<float> out, float mean,
+                                            float rstd, float mean_g, float mean_gx, Vec<float>* dx,
+                                            Vec<Branch>* db) {
   const Vec<Grad> d = dy[i];
   const Vec<float> v = x[i], scale = w[i];
-  Vec<float> out = residual ? residual[i] : Vec<float>{};
 #pragma unroll
   for (int k = 0; k < kVector; ++k) {
     const float g = to_float(d.v[k]) * scale.v[k];
@@ -175,7 +174,8 @@ __global__ void input_gradient_kernel(const Grad* __restrict__ grad_output,
   auto* dx = reinterpret_cast<Vec<float>*>(grad_input + row * columns);
   auto* db = grad_branch ? reinterpret_cast<Vec<Branch>*>(grad_branch + row * columns) : nullptr;
   for (int64_t i = threadIdx.x; i < vectors; i += kWarp) {
-    write_input_gradient(i, dy, x, w, residual, mean, rstd, mean_g, mean_gx, dx, db);
+    write_input_gradient(i, dy, x, w, residual ? residual[i] : Vec<float>{}, mean, rstd, mean_g,
+                         mean_gx, dx, db);
   }
 }
 
@@ -205,6 +205,12 @@ __global__ void gradients_kernel(const Grad* __restrict__ grad_output,
                                  float* __restrict__ partial_weight,
                                  float* __restrict__ partial_bias) {
   constexpr bool kCentred = kNorm == Norm::kLayerNorm;
+  // The residual gradient is read in the first pass beside grad_output, into registers, where
+  // they are left (up to 8 vectors a lane): the second pass then waits on no new read of it
+  // ([16384, 768] on an H100: RMSNorm 0.094 -> 0.086 ms, LayerNorm 0.101 -> 0.093; on an H200
+  // 0.077 -> 0.068 and 0.084 -> 0.075; at 16 vectors, 2048 columns, the registers cost more than
+  // it gains: 0.273 -> 0.291 on the H100).
+  constexpr bool kResidualInRegisters = kSlots <= 8;
   extern __shared__ float block_sums[];  // the weight's columns, then a LayerNorm's bias's
   const int64_t vectors = columns / kVector;
   const int lane = threadIdx.x;
@@ -216,14 +222,19 @@ __global__ void gradients_kernel(const Grad* __restrict__ grad_output,
   for (int64_t row = first; row < first + kRowsPerWarp && row < rows; ++row) {
     const auto* dy = reinterpret_cast<const Vec<Grad>*>(grad_output + row * columns);
     const auto* x = reinterpret_cast<const Vec<float>*>(input + row * columns);
+    const auto* residual =
+        grad_sum ? reinterpret_cast<const Vec<float>*>(grad_sum + row * columns) : nullptr;
     const float mean = kCentred ? mean_in[row] : 0.f, rstd = rstd_in[row];
     float sum_g = 0.f, sum_gx = 0.f;
+    Vec<float> residual_held[kResidualInRegisters ? kSlots : 1];
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
       const int64_t i = lane + slot * kWarp;
       if (i >= vectors) break;
       const Vec<Grad> d = dy[i];
       const Vec<float> v = x[i], scale = w[i];
+      if constexpr (kResidualInRegisters)
+        residual_held[slot] = residual ? residual[i] : Vec<float>{};
 #pragma unroll
       for (int k = 0; k < kVector; ++k) {
         const float dk = to_float(d.v[k]), xhat = (v.v[k] - mean) * rstd;
@@ -236,15 +247,19 @@ __global__ void gradients_kernel(const Grad* __restrict__ grad_output,
     }
     const float mean_g = kCentred ? warp_sum(sum_g) * inv_columns : 0.f,
                 mean_gx = warp_sum(sum_gx) * inv_columns;
-    const auto* residual =
-        grad_sum ? reinterpret_cast<const Vec<float>*>(grad_sum + row * columns) : nullptr;
     auto* dx = reinterpret_cast<Vec<float>*>(grad_input + row * columns);
     auto* db = grad_branch ? reinterpret_cast<Vec<Branch>*>(grad_branch + row * columns) : nullptr;
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
       const int64_t i = lane + slot * kWarp;
       if (i >= vectors) break;
-      write_input_gradient(i, dy, x, w, residual, mean, rstd, mean_g, mean_gx, dx, db);
+      Vec<float> start;
+      if constexpr (kResidualInRegisters) {
+        start = residual_held[slot];
+      } else {
+        start = residual ? residual[i] : Vec<float>{};
+      }
+      write_input_gradient(i, dy, x, w, start, mean, rstd, mean_g, mean_gx, dx, db);
     }
   }
   // The block's warps add their sums in shared memory, warp 0's first.
