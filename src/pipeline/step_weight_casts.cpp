@@ -25,6 +25,7 @@ struct UsedWeight {
 // weight's address, which names it here, before the step ends.
 struct StepCopy {
   at::Tensor weight, copy;
+  bool asked = false;  // by step_weight_cast: only those are copied ahead in the next step
 };
 
 struct StepCasts {
@@ -43,8 +44,8 @@ bool cast_here(const at::Tensor& weight, at::ScalarType dtype) {
          weight.requires_grad() && weight.is_contiguous();
 }
 
-// Copies `weight`, and every weight the previous step cast to `dtype` on its device that this step
-// has not, into one new buffer, in one multi-tensor copy.
+// Copies `weight`, and every weight the previous step asked for in `dtype` on its device that this
+// step has not copied, into one new buffer, in one multi-tensor copy.
 void cast_with_the_previous_steps(const at::Tensor& weight, at::ScalarType dtype) {
   std::vector<at::Tensor> weights{weight};
   for (auto it = casts.used.begin(); it != casts.used.end();) {
@@ -85,8 +86,6 @@ void cast_with_the_previous_steps(const at::Tensor& weight, at::ScalarType dtype
   }
   for (size_t i = 0; i < weights.size(); ++i) {
     c10::TensorImpl* key = weights[i].unsafeGetTensorImpl();
-    casts.used.insert_or_assign(
-        key, UsedWeight{WeakTensor(weights[i].getIntrusivePtr()), dtype, casts.step});
     casts.copies.insert_or_assign(key, StepCopy{std::move(weights[i]), std::move(copies[i])});
   }
 }
@@ -102,12 +101,13 @@ at::Tensor step_weight_cast(const at::Tensor& weight, at::ScalarType dtype) {
     cast_with_the_previous_steps(weight, dtype);
     found = casts.copies.find(weight.unsafeGetTensorImpl());
   }
-  const at::Tensor& copy = found->second.copy;
+  StepCopy& made = found->second;
   // One dtype per step is what autocast gives; another (autocast switched mid-step) is its cast.
-  if (copy.scalar_type() != dtype) {
+  if (made.copy.scalar_type() != dtype) {
     return at::autocast::cached_cast(dtype, weight, weight.device().type());
   }
-  return copy;
+  made.asked = true;
+  return made.copy;
 }
 
 StepWeightCastScope::StepWeightCastScope() {
@@ -115,7 +115,15 @@ StepWeightCastScope::StepWeightCastScope() {
 }
 
 StepWeightCastScope::~StepWeightCastScope() {
-  if (--casts.depth == 0) casts.copies.clear();
+  if (--casts.depth > 0) return;
+  // What the next step copies ahead: the weights this one asked for (a weight no longer used
+  // drops out after one step).
+  for (auto& [key, made] : casts.copies) {
+    if (!made.asked) continue;
+    casts.used.insert_or_assign(key, UsedWeight{WeakTensor(made.weight.getIntrusivePtr()),
+                                                made.copy.scalar_type(), casts.step});
+  }
+  casts.copies.clear();
 }
 
 }  // namespace pipetrain

@@ -7,12 +7,14 @@
 // the previous step used on this device into one buffer, in one multi-tensor copy; later uses in
 // the step, in every micro-batch, read those copies.
 //
-// The copies live as long as autocast's would: from a weight's first use in a step to the step's
-// end (the outermost FusedLinearScope's), on the thread that made them; nothing is kept between
-// steps but the list of which weights were used. They carry no autograd history: only fused
-// Linear layers read them, which add their weights' gradients themselves. Where autocast's cache
-// is off (while a stage's CUDA graphs are captured: each replay must cast inside the graph) the
-// cast is autocast's own.
+// A step is the outermost StepWeightCastScope (FusedLinearScope holds one; a pipe opens that
+// around each step of a stage): its copies are made at its first miss, from the weights as they
+// are then (nothing in a pipe's step changes a weight: the optimizer steps outside), and go at
+// its end, on the thread that made them, as autocast's would go at the end of the step; nothing
+// is kept between steps but which weights were asked for. Weights stay as they were in nested
+// scopes. The copies carry no autograd history: only fused Linear layers read them, which add
+// their weights' gradients themselves. Where autocast's cache is off (while a stage's CUDA graphs
+// are captured: each replay must cast inside the graph) the cast is autocast's own.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -76,7 +76,8 @@ inline at::ScalarType autocast_dtype(c10::DeviceType device) {
 #define PIPETRAIN_HAS_GEMM_OUT_DTYPE 0
 #endif
 
-// at::_foreach_copy_, whose CUDA kernel copies a list of tensors (fp32 into bf16 included) in one.
+// at::_foreach_copy_: a list of tensors copied in one kernel on CUDA (fp32 into bf16 too in recent
+// 2.x; some 2.2-2.3 releases copy such pairs one by one, correctly).
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
 #define PIPETRAIN_HAS_FOREACH_COPY 1
 #else

@@ -83,9 +83,10 @@ TEST(StepWeightCasts, CudaEachStepMultipliesTheWeightsAsTheyAreThen) {
   expect_each_step_reads_its_weights(c10::Device(c10::DeviceType::CUDA));
 }
 
-// After a first step, the weights it cast are copied together at the next step's first use, into
-// one buffer; inside a step each is copied once; outside a step, or with autocast's cache off (a
-// CUDA graph's capture), the cast is autocast's own, with its autograd history.
+// After a first step, the weights it asked for are copied together at the next step's first use,
+// into one buffer; inside a step each is copied once; outside a step, or with autocast's cache off
+// (a CUDA graph's capture), the cast is autocast's own, with its autograd history; a weight no
+// longer asked for drops out after a step.
 TEST(StepWeightCasts, AStepCopiesThePreviousStepsWeightsTogetherOnce) {
   torch::manual_seed(4);
   const auto a = torch::randn({6, 5}, torch::requires_grad());
@@ -113,6 +114,13 @@ TEST(StepWeightCasts, AStepCopiesThePreviousStepsWeightsTogetherOnce) {
     }
   }
   EXPECT_NE(step_weight_cast(a, at::kBFloat16).grad_fn(), nullptr);
+  // A weight the step before did not ask for is not copied ahead: b, asked for two steps ago, is
+  // copied beside a one step on (in a buffer of both), not two.
+  const int64_t both_bytes = 2 * 32 * 2;  // each copy padded to 32 bf16 elements
+  for (const int64_t bytes : {both_bytes, both_bytes / 2}) {
+    const StepWeightCastScope step;
+    EXPECT_EQ(step_weight_cast(a, at::kBFloat16).storage().nbytes(), bytes);
+  }
 }
 
 }  // namespace
