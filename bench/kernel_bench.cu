@@ -114,11 +114,11 @@ int main() {
            }),
            2.0 * n * sizeof(__nv_bfloat16));
   }
-  // Norms over 16384 rows (B16 x T1024, B8 x T2048) of 768 (GPT-2 124M, Llama 150M) and 2048
-  // (Llama 3.2 1B) columns, as a pre-norm block calls them under bf16 autocast: fp32 residual
-  // stream, bf16 branch and output in the forward; bf16 incoming gradient, the residual stream's
-  // fp32 gradient added, in the backward.
-  for (const int64_t columns : {768, 2048}) {
+  // Norms over 16384 rows (B16 x T1024, B8 x T2048) of 768 (GPT-2 124M, Llama 150M), 1024 (GPT-2
+  // 350M, Qwen3 0.6B) and 2048 (Llama 3.2 1B) columns, as a pre-norm block calls them under bf16
+  // autocast: fp32 residual stream, bf16 branch and output in the forward; bf16 incoming
+  // gradient, the residual stream's fp32 gradient added, in the backward.
+  for (const int64_t columns : {768, 1024, 2048}) {
     const int64_t rows = 16384;
     const size_t n = rows * columns;
     float* x = f32;
