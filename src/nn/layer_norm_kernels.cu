@@ -111,8 +111,9 @@ __global__ void forward_kernel(const float* __restrict__ input, const Branch* __
   }
 }
 
-// Vector i of a row's input gradient, given the row's mean_j(g) and mean_j(g * xhat), plus
-// `residual`'s where not null; written to dx and, where not null, to db in the branch's dtype.
+// Vector i of a row's input gradient, given the row's mean_j(g) and mean_j(g * xhat), added to
+// `out` (the residual stream's gradient there, or zeros); written to dx and, where not null, to db
+// in the branch's dtype.
 template <typename Grad, typename Branch>
 __device__ inline void write_input_gradient(int64_t i, const Vec<Grad>* dy, const Vec<float>* x,
                                             const Vec<float>* w, Vec<float> out, float mean,

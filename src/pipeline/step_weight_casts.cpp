@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <cstdint>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -14,11 +13,10 @@ namespace {
 
 using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
-// A weight cast in some step: remembered, not kept alive, for the steps after it.
-struct UsedWeight {
+// A weight the previous step asked for: remembered, not kept alive, for this step.
+struct AskedWeight {
   WeakTensor weight;
   at::ScalarType dtype;
-  uint64_t step;  // the last step that cast it
 };
 
 // A copy made in this step, with the weight it copies: held so that no other tensor can take the
@@ -29,10 +27,9 @@ struct StepCopy {
 };
 
 struct StepCasts {
-  int depth = 0;      // nested scopes; the outermost is the step
-  uint64_t step = 0;  // outermost scopes begun
+  int depth = 0;  // nested scopes; the outermost is the step
   std::unordered_map<c10::TensorImpl*, StepCopy> copies;
-  std::unordered_map<c10::TensorImpl*, UsedWeight> used;
+  std::vector<AskedWeight> previous_step;
 };
 thread_local StepCasts casts;
 
@@ -48,19 +45,14 @@ bool cast_here(const at::Tensor& weight, at::ScalarType dtype) {
 // step has not copied, into one new buffer, in one multi-tensor copy.
 void cast_with_the_previous_steps(const at::Tensor& weight, at::ScalarType dtype) {
   std::vector<at::Tensor> weights{weight};
-  for (auto it = casts.used.begin(); it != casts.used.end();) {
-    auto alive = it->second.weight.lock();
-    if (!alive) {
-      it = casts.used.erase(it);
-      continue;
-    }
+  for (const auto& asked : casts.previous_step) {
+    auto alive = asked.weight.lock();
+    if (!alive || asked.dtype != dtype) continue;
     at::Tensor other(std::move(alive));
-    if (it->second.step + 1 == casts.step && it->second.dtype == dtype &&
-        other.device() == weight.device() && !casts.copies.count(it->first) &&
-        other.unsafeGetTensorImpl() != weight.unsafeGetTensorImpl() && cast_here(other, dtype)) {
+    if (other.device() == weight.device() && !casts.copies.count(other.unsafeGetTensorImpl()) &&
+        !other.is_same(weight) && cast_here(other, dtype)) {
       weights.push_back(std::move(other));
     }
-    ++it;
   }
   // Each copy starts on a 64-byte boundary, where vectorised copies want it.
   constexpr int64_t kAlignment = 32;  // bf16 elements
@@ -110,18 +102,18 @@ at::Tensor step_weight_cast(const at::Tensor& weight, at::ScalarType dtype) {
   return made.copy;
 }
 
-StepWeightCastScope::StepWeightCastScope() {
-  if (casts.depth++ == 0) ++casts.step;
-}
+StepWeightCastScope::StepWeightCastScope() { ++casts.depth; }
 
 StepWeightCastScope::~StepWeightCastScope() {
   if (--casts.depth > 0) return;
   // What the next step copies ahead: the weights this one asked for (a weight no longer used
   // drops out after one step).
-  for (auto& [key, made] : casts.copies) {
-    if (!made.asked) continue;
-    casts.used.insert_or_assign(key, UsedWeight{WeakTensor(made.weight.getIntrusivePtr()),
-                                                made.copy.scalar_type(), casts.step});
+  casts.previous_step.clear();
+  for (const auto& [key, made] : casts.copies) {
+    if (made.asked) {
+      casts.previous_step.push_back(
+          {WeakTensor(made.weight.getIntrusivePtr()), made.copy.scalar_type()});
+    }
   }
   casts.copies.clear();
 }
