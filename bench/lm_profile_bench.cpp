@@ -3,7 +3,7 @@
 // their sum against the steps' wall time (a sum well below it means the device waits for the
 // host), and writes a Chrome trace.
 //   build-gpu/bench/lm_profile_bench [model=gpt2] [size] [B=16] [T=1024] [chunks=1]
-//       [trace=lm_trace.json] [top=40] [fuse-gradient-accumulation=false]
+//       [trace=lm_trace.json] [top=40] [fuse-gradient-accumulation=false] [cuda-graphs=false]
 // model is gpt2 (size 124M by default), llama (llama-150m) or qwen3 (qwen3-0.6b); chunks > 1
 // trains under `pipe` on the one device with that many micro-batches (checkpoint never). Data:
 // uniform random tokens below the model's vocabulary (throughput only), as bench/lm_fit.sh.
@@ -110,6 +110,7 @@ int main(int argc, char** argv) {
   const std::string trace = argc > 6 ? argv[6] : "lm_trace.json";
   const size_t top = argc > 7 ? std::stoul(argv[7]) : 40;
   const bool fuse = argc > 8 && std::string(argv[8]) == "true";
+  const bool graphs = argc > 9 && std::string(argv[9]) == "true";
   if (!torch::cuda::is_available()) {
     std::fprintf(stderr, "lm_profile_bench needs a CUDA device\n");
     return 1;
@@ -144,7 +145,8 @@ int main(int argc, char** argv) {
                                  .pipe(pipetrain::PipeOptions()
                                            .chunks(chunks)
                                            .checkpoint("never")
-                                           .fuse_gradient_accumulation(fuse))
+                                           .fuse_gradient_accumulation(fuse)
+                                           .cuda_graphs(graphs))
                                  .loggers({})
                                  .enable_progress_bar(false)
                                  .enable_checkpointing(false)
