@@ -207,12 +207,12 @@ __global__ void gradients_kernel(const Grad* __restrict__ grad_output,
                                  float* __restrict__ partial_bias) {
   constexpr bool kCentred = kNorm == Norm::kLayerNorm;
   // The residual gradient is read in the first pass beside grad_output, into registers, where
-  // they are left (up to 6 vectors a lane, 768 columns): the second pass then waits on no new
-  // read of it ([16384, 768] on an H100: RMSNorm 0.094 -> 0.086 ms, LayerNorm 0.101 -> 0.093; on
-  // an H200 0.077 -> 0.068 and 0.084 -> 0.075). Not at more: at 8 vectors a LayerNorm's lanes
-  // would need ~145 registers, one block an SM where 2 run now (1024 columns, not measured); at
-  // 16, 2048 columns, it measured slower (0.273 -> 0.291 ms on the H100).
-  constexpr bool kResidualInRegisters = kSlots <= 6;
+  // they are left: the second pass then waits on no new read of it. Up to 6 vectors a lane (768
+  // columns; [16384, 768] on an H100: RMSNorm 0.094 -> 0.086 ms, LayerNorm 0.101 -> 0.093; on an
+  // H200 0.077 -> 0.068 and 0.084 -> 0.075), and 8 (1024) for an RMSNorm alone: on an H100
+  // [16384, 1024] RMSNorm 0.129 -> 0.119 ms, but a LayerNorm's lanes then need ~145 registers,
+  // one block an SM where two ran: 0.134 -> 0.156. At 16, 2048 columns, slower (0.273 -> 0.291).
+  constexpr bool kResidualInRegisters = kSlots <= 6 || (!kCentred && kSlots <= 8);
   extern __shared__ float block_sums[];  // the weight's columns, then a LayerNorm's bias's
   const int64_t vectors = columns / kVector;
   const int lane = threadIdx.x;
