@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "fused_linear.h"
 #include "util/compat.h"
@@ -30,6 +31,21 @@ void stream_wait(const at::cuda::CUDAStream& waiter, const at::cuda::CUDAStream&
   event.block(waiter);
 }
 
+// Whether the backward from `out` reads `out` itself: run with its version bumped, as an in-place
+// change would, autograd then refuses. (A warm-up: what it adds to the gradients is put back.)
+bool backward_reads(const at::Tensor& out) {
+  torch::autograd::impl::bump_version(out);
+  try {
+    out.backward(torch::ones_like(out));
+  } catch (const c10::Error& e) {
+    if (std::string(e.what()).find("modified by an inplace operation") != std::string::npos) {
+      return true;
+    }
+    throw;
+  }
+  return false;
+}
+
 }  // namespace
 
 struct StageGraphs::Graphs {
@@ -41,6 +57,11 @@ struct StageGraphs::Graphs {
   at::Tensor first_grad_input;
   // What backward leaves for weight_backward(): held so that its tensors keep their addresses.
   std::vector<WeightGradient> weight_gradients;
+  // Whether the backward reads the output (the stage's last layer saved it, as a Tanh does), and
+  // the output's version after the forward's replay: an output changed in place since (by an
+  // in-place loss) would be read changed by a replay, where eager autograd refuses it.
+  bool backward_reads_output = false;
+  int64_t output_version = 0;
 };
 
 struct StageGraphs::WeightGraph {
@@ -133,7 +154,11 @@ std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& exam
     at::autocast::clear_cache();  // what was cast before, with the cache on (see the header)
     for (int i = 0; i < kWarmups; ++i) {
       auto out = stage_->forward(g->input);
-      out.backward(torch::ones_like(out));
+      if (i == 0) {
+        g->backward_reads_output = backward_reads(out);
+      } else {
+        out.backward(torch::ones_like(out));
+      }
       g->grad_output = torch::zeros_like(out);
     }
     // Captured with no gradient yet, the input's gradient is written afresh at every replay.
@@ -198,12 +223,22 @@ at::Tensor StageGraphs::forward(int64_t slot, const at::Tensor& input) {
     g.input.copy_(input);
   }
   g.forward.replay();
+  g.output_version = g.output._version();
   in_flight_[slot] = &g;
   return g.output.detach();
 }
 
 at::Tensor StageGraphs::backward(int64_t slot, const at::Tensor& grad_output) {
   Graphs& g = *in_flight_.at(slot);
+  if (g.backward_reads_output && g.output._version() != g.output_version) {
+    throw std::runtime_error(
+        "pipetrain: a stage's output was changed in place after its forward (an in-place loss "
+        "such as chunked_cross_entropy_ writes its gradient over the logits), and the stage's "
+        "backward reads that output (its last layer keeps it, as Tanh does): eager autograd "
+        "refuses this, and a CUDA graph would read the changed values. Compute the loss out of "
+        "place (chunked_cross_entropy), end the stage with a layer that does not keep its "
+        "output, or set cuda_graphs (--cuda-graphs) false");
+  }
   {
     torch::NoGradGuard no_grad;
     g.grad_output.copy_(grad_output);
