@@ -18,6 +18,19 @@
 
 namespace pipetrain {
 
+bool backward_reads_output(const at::Tensor& output) {
+  torch::autograd::impl::bump_version(output);
+  try {
+    output.backward(torch::ones_like(output));
+  } catch (const c10::Error& e) {
+    if (std::string(e.what()).find("modified by an inplace operation") != std::string::npos) {
+      return true;
+    }
+    throw;
+  }
+  return false;
+}
+
 #ifdef PIPETRAIN_HAS_CUDA
 
 namespace {
@@ -29,21 +42,6 @@ void stream_wait(const at::cuda::CUDAStream& waiter, const at::cuda::CUDAStream&
   at::cuda::CUDAEvent event;
   event.record(done);
   event.block(waiter);
-}
-
-// Whether the backward from `out` reads `out` itself: run with its version bumped, as an in-place
-// change would, autograd then refuses. (A warm-up: what it adds to the gradients is put back.)
-bool backward_reads(const at::Tensor& out) {
-  torch::autograd::impl::bump_version(out);
-  try {
-    out.backward(torch::ones_like(out));
-  } catch (const c10::Error& e) {
-    if (std::string(e.what()).find("modified by an inplace operation") != std::string::npos) {
-      return true;
-    }
-    throw;
-  }
-  return false;
 }
 
 }  // namespace
@@ -60,7 +58,7 @@ struct StageGraphs::Graphs {
   // Whether the backward reads the output (the stage's last layer saved it, as a Tanh does), and
   // the output's version after the forward's replay: an output changed in place since (by an
   // in-place loss) would be read changed by a replay, where eager autograd refuses it.
-  bool backward_reads_output = false;
+  bool output_read_by_backward = false;
   int64_t output_version = 0;
 };
 
@@ -155,7 +153,7 @@ std::unique_ptr<StageGraphs::Graphs> StageGraphs::capture(const at::Tensor& exam
     for (int i = 0; i < kWarmups; ++i) {
       auto out = stage_->forward(g->input);
       if (i == 0) {
-        g->backward_reads_output = backward_reads(out);
+        g->output_read_by_backward = backward_reads_output(out);  // a warm-up too
       } else {
         out.backward(torch::ones_like(out));
       }
@@ -230,14 +228,14 @@ at::Tensor StageGraphs::forward(int64_t slot, const at::Tensor& input) {
 
 at::Tensor StageGraphs::backward(int64_t slot, const at::Tensor& grad_output) {
   Graphs& g = *in_flight_.at(slot);
-  if (g.backward_reads_output && g.output._version() != g.output_version) {
+  if (g.output_read_by_backward && g.output._version() != g.output_version) {
     throw std::runtime_error(
         "pipetrain: a stage's output was changed in place after its forward (an in-place loss "
         "such as chunked_cross_entropy_ writes its gradient over the logits), and the stage's "
         "backward reads that output (its last layer keeps it, as Tanh does): eager autograd "
-        "refuses this, and a CUDA graph would read the changed values. Compute the loss out of "
-        "place (chunked_cross_entropy), end the stage with a layer that does not keep its "
-        "output, or set cuda_graphs (--cuda-graphs) false");
+        "refuses this too, and a CUDA graph would read the changed values: compute the loss out "
+        "of place (chunked_cross_entropy), or end the stage with a layer that does not keep its "
+        "output");
   }
   {
     torch::NoGradGuard no_grad;

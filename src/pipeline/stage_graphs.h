@@ -49,6 +49,11 @@ class AutocastCacheOff {
   bool was_;
 };
 
+// Whether the backward from `output` reads `output` itself (its last operation kept it, as Tanh
+// does): that backward is run with the output's version bumped, as an in-place change would bump
+// it, which autograd then refuses. Gradients it reaches accumulate as in any backward.
+bool backward_reads_output(const at::Tensor& output);
+
 class StageGraphs {
  public:
   // Whether this build can capture CUDA graphs (Torch with CUDA).

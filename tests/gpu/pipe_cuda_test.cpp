@@ -339,6 +339,9 @@ PIPETRAIN_WORKER(cuda_graphs_in_place_loss_worker) {
                                   torch::nn::Linear(16, 5));
       if (tanh_last) model->push_back(torch::nn::Tanh());
       Pipe pipe(model, PipeOptions().chunks(2).checkpoint("never").cuda_graphs(graphs), world);
+      if (graphs && pipe.execution() != "CUDA graphs") {
+        throw std::runtime_error("expected CUDA graphs, ran " + pipe.execution());
+      }
       torch::optim::SGD optimizer(pipe.parameters(), torch::optim::SGDOptions(0.1));
       std::vector<at::Tensor> saved{torch::zeros({3}, torch::kFloat64)};
       std::string error = "none";
