@@ -139,7 +139,9 @@ class Trainer {
   // Checkpoint files (src/train/trainer_checkpoint.cpp).
   // Loads `path` into `module`: its weights, and when `full` (fit resuming) all the rest.
   void restore(Module& module, const std::string& path, bool full);
-  // The training data's position for a checkpoint, and where a resumed fit continues from it.
+  // The batch a checkpoint resumes from, and the training data's position there; where a resumed
+  // fit continues from it.
+  int64_t resumable_batch() const;
   DataPosition data_position() const;
   int64_t resumed_batch(const DataPosition& saved, const std::string& path) const;
 

@@ -84,6 +84,7 @@ void Trainer::save_checkpoint(const std::string& path) {
   for (auto& logger : loggers_) logger->save();  // the logs are at least as new as the checkpoint
   TrainingState state;
   state.progress = fit_progress_;
+  state.progress.batch_idx = resumable_batch();
   state.data = data_position();
   state.world_size = world_->size();
   state.layout = strategy_->layout();
@@ -181,10 +182,22 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   }
 }
 
+// Inside an accumulation window (a checkpoint saved at a validation every N batches, N not a
+// multiple of accumulate_grad_batches, or by a callback) the weights are still those from before
+// the window, and the gradients it has accumulated are not saved: the resumed fit starts at the
+// window's first batch and accumulates all of it again. Windows start at multiples of
+// accumulate_grad_batches (resumed_batch refuses any other start); the epoch's last batch closes
+// one whatever its length.
+int64_t Trainer::resumable_batch() const {
+  const int64_t batch = fit_progress_.batch_idx;
+  if (batch >= training_data_->batches) return batch;
+  return batch - batch % options_.accumulate_grad_batches();
+}
+
 DataPosition Trainer::data_position() const {
   DataPosition position = training_data_->order;
-  position.samples = std::min(fit_progress_.batch_idx * training_data_->batch_size * replicas(),
-                              position.dataset_size);
+  position.samples =
+      std::min(resumable_batch() * training_data_->batch_size * replicas(), position.dataset_size);
   return position;
 }
 
@@ -217,7 +230,20 @@ int64_t Trainer::resumed_batch(const DataPosition& saved, const std::string& pat
            " replicas), which does not divide it; resume with a global batch that divides " +
            std::to_string(saved.samples));
   }
-  return saved.samples / global_batch;
+  const int64_t batch = saved.samples / global_batch;
+  const int64_t accumulate = options_.accumulate_grad_batches();
+  if (batch % accumulate != 0) {
+    // A window starting here would close at the next multiple, short of its batches, and the
+    // step would still divide the sum by accumulate_grad_batches.
+    throw std::invalid_argument(
+        "checkpoint " + path + " resumes epoch " + std::to_string(fit_progress_.epoch) +
+        " at batch " + std::to_string(batch) + ", which does not start an accumulation window of " +
+        std::to_string(accumulate) +
+        " batches (accumulate_grad_batches, --accumulate-grad-batches)"
+        ": resume with an accumulate_grad_batches that divides " +
+        std::to_string(batch) + ", or from a checkpoint saved at another batch");
+  }
+  return batch;
 }
 
 }  // namespace pipetrain

@@ -1,7 +1,7 @@
 // The Trainer as a user's own program meets it: only <pipetrain/pipetrain.h>, a Module and data of
 // the program's own, one process. Each test is a defect users ran into: a checkpoint saved after
-// fit() that resumed differently, a batch hook that saw no loss inside an accumulation window, and
-// callback metrics that stayed empty between logging steps.
+// fit() or inside an accumulation window that resumed differently, a batch hook that saw no loss
+// inside an accumulation window, and callback metrics that stayed empty between logging steps.
 #include <gtest/gtest.h>
 #include <pipetrain/pipetrain.h>
 #include <stdlib.h>
@@ -126,6 +126,75 @@ TEST(TrainerUserDefects, CheckpointSavedAfterFitResumesAsIfFitHadNeverStopped) {
   const auto actual = resumed.layers()->parameters();
   ASSERT_EQ(actual.size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
+}
+
+// Regression with a validation loss.
+class ValidatedRegression : public Regression {
+ public:
+  void validation_step(const Batch& batch, int64_t) override {
+    log("val_loss", torch::mse_loss(forward(batch.data), batch.target));
+  }
+};
+
+// Saves a checkpoint at the first validation's end, as a user's callback might.
+class SaveAtFirstValidation : public Callback {
+ public:
+  explicit SaveAtFirstValidation(std::string path) : path_(std::move(path)) {}
+  void on_validation_end(Trainer& trainer, Module&) override {
+    if (saved_batch < 0) {
+      trainer.save_checkpoint(path_);
+      saved_batch = trainer.fit_progress().batch_idx;
+    }
+  }
+  int64_t saved_batch = -1;
+
+ private:
+  std::string path_;
+};
+
+// A checkpoint saved inside an accumulation window (a validation every 3 batches, windows of 2)
+// holds the weights from before the window and not the gradients it had accumulated: the resumed
+// fit runs the whole window again and ends with the weights of an uninterrupted fit (it once
+// resumed after the window's first batch and stepped on the second alone). A run that would
+// start a window elsewhere (windows of 4 from batch 2) is refused.
+TEST(TrainerUserDefects, CheckpointSavedInsideAnAccumulationWindowResumesTheWholeWindow) {
+  const TempDir dir;
+  const auto loader = shuffled_data();  // 6 batches an epoch
+  const auto options = [&](const std::string& root) {
+    return quiet_options(dir / root)
+        .max_steps(6)
+        .accumulate_grad_batches(2)
+        .val_check_interval(BatchLimit::count(3));
+  };
+  auto saver = std::make_shared<SaveAtFirstValidation>(dir / "mid-window.ckpt");
+  Trainer straight_run(options("straight").callbacks({saver}));
+  ValidatedRegression straight;
+  straight_run.fit(straight, loader, &loader);
+  ASSERT_EQ(saver->saved_batch, 3);  // after batches 0-2: inside the window of batches 2 and 3
+
+  Trainer resumed_run(options("resumed"));
+  ValidatedRegression resumed;
+  resumed_run.fit(resumed, loader, &loader, dir / "mid-window.ckpt");
+  EXPECT_EQ(resumed_run.global_step(), 6);
+  // The resumed run's batches are the straight run's from batch 2 on.
+  const std::vector<double> tail(straight.losses.begin() + 2, straight.losses.end());
+  EXPECT_EQ(resumed.losses, tail);
+  const auto expected = straight.layers()->parameters();
+  const auto actual = resumed.layers()->parameters();
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
+
+  Trainer other_windows(options("other").accumulate_grad_batches(4));
+  ValidatedRegression refused;
+  try {
+    other_windows.fit(refused, loader, &loader, dir / "mid-window.ckpt");
+    ADD_FAILURE() << "a resume starting a window of 4 at batch 2 was not refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("at batch 2, which does not start an accumulation window "
+                                         "of 4 batches"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A model built per rank is built by the first Trainer that sets it up; a second Trainer of the
