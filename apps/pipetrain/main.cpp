@@ -538,13 +538,18 @@ int run(const std::string& command, const Args& given) {
     return loader(model.val, a, false);
   };
   if (command == "fit") {
-    if (pipetrain::cli::is_decoder(a.model.name) && trainer.is_global_zero()) {
+    const bool gpt2 = a.model.name == "gpt2";
+    if ((gpt2 || pipetrain::cli::is_decoder(a.model.name)) && trainer.is_global_zero()) {
       // Beside the checkpoints (in the run's folder, or the root's without a logger), what their
-      // weights do not say, for export.
+      // weights do not say (GPT-2's heads, a decoder's RoPE and norms), for export.
       const auto& dir = trainer.options().loggers().empty() ? trainer.options().default_root_dir()
                                                             : trainer.log_dir();
-      pipetrain::cli::write_hf_decoder_config(pipetrain::cli::decoder_config(a.model), a.model.name,
-                                              dir);
+      if (gpt2) {
+        pipetrain::cli::write_hf_gpt2_config(pipetrain::cli::gpt2_config(a.model), dir);
+      } else {
+        pipetrain::cli::write_hf_decoder_config(pipetrain::cli::decoder_config(a.model),
+                                                a.model.name, dir);
+      }
     }
     const auto train = loader(model.train, a, true);
     std::optional<pipetrain::DataLoader> val_loader;
@@ -582,6 +587,16 @@ int run(const std::string& command, const Args& given) {
   return 0;
 }
 
+// The run folder holding the config.json fit wrote for `checkpoint` (in the folder above its
+// checkpoints/ folder, "last.ckpt/" as a shell completes it too); empty where there is none.
+std::string run_config_dir(const std::string& checkpoint) {
+  std::filesystem::path path = std::filesystem::path(checkpoint).lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();
+  const auto run = path.parent_path().parent_path();
+  if (run.empty() || !std::filesystem::is_regular_file(run / "config.json")) return "";
+  return run.string();
+}
+
 // `pipetrain export`: a checkpoint's weights as the Hugging Face folder of its model.
 void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOptions& model,
                        const std::string& ckpt_path, const std::string& default_root_dir,
@@ -612,9 +627,20 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   }
   // "last" and "best" as the Trainer resolves them for the other subcommands.
   const std::string checkpoint = pipetrain::resolve_checkpoint_path(ckpt_path, default_root_dir);
+  const std::string run_dir = run_config_dir(checkpoint);
   if (gpt2) {
+    int64_t n_head = model.n_head;
+    if (!run_dir.empty()) {
+      const int64_t run_heads = pipetrain::cli::read_hf_gpt2_config(run_dir).n_head;
+      if (n_head > 0 && n_head != run_heads) {
+        throw std::invalid_argument("--n-head " + std::to_string(n_head) + ": the run's " +
+                                    run_dir + "/config.json says " + std::to_string(run_heads) +
+                                    "; leave --n-head out");
+      }
+      n_head = run_heads;
+    }
     const auto weights = pipetrain::read_checkpoint_weights(checkpoint);
-    pipetrain::cli::export_hf_gpt2(weights, pipetrain::cli::gpt2_config_of(weights, model.n_head),
+    pipetrain::cli::export_hf_gpt2(weights, pipetrain::cli::gpt2_config_of(weights, n_head),
                                    output);
     std::cout << "wrote " << output << "/model.safetensors and config.json "
               << "(transformers.GPT2LMHeadModel.from_pretrained(\"" << output << "\"))"
@@ -623,10 +649,22 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   }
   // The shape is the config.json fit keeps beside its checkpoints; for a checkpoint without one,
   // the flags' (a preset, shape flags, or the --init-from folder trained from), as fit was given
-  // them. A tensor of another shape is refused, naming it.
-  const auto run_dir = std::filesystem::path(checkpoint).parent_path().parent_path();
+  // them, and never a default: RoPE and the norms' epsilon leave no trace in the tensors. A
+  // tensor of another shape is refused, naming it.
   auto shape = model;
-  if (std::filesystem::exists(run_dir / "config.json")) shape.init_from = run_dir.string();
+  if (!run_dir.empty()) {
+    shape.init_from = run_dir;
+  } else if (model.init_from.empty() && model.model_size.empty() && model.n_layer == 0 &&
+             model.n_head == 0 && model.n_embd == 0 && model.n_kv_head == 0 &&
+             model.head_dim == 0 && model.intermediate_size == 0 && model.vocab_size == 0 &&
+             model.block_size == 0 && model.rope_theta == 0 && model.rms_norm_eps == 0 &&
+             !model.tie_word_embeddings) {
+    throw std::invalid_argument(
+        "no config.json of the run that wrote " + checkpoint +
+        " was found (fit writes one in the run's folder, above checkpoints/): pass the shape fit "
+        "was given (--model-size, the shape flags, or --init-from with the folder it started "
+        "from)");
+  }
   const auto config = pipetrain::cli::decoder_config(shape);
   // One output shard's tensors read at a time, from the checkpoint's files that hold them.
   const pipetrain::StoredWeights stored(checkpoint);

@@ -99,6 +99,13 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
   EXPECT_NE(contradicted.exit_code, 0);
   EXPECT_NE(contradicted.output.find("--rope-theta"), std::string::npos) << contradicted.output;
   EXPECT_FALSE(fs::exists(dir + "/other/config.json"));
+
+  // Without the run's config.json (a checkpoint copied elsewhere) the shape must be given: the
+  // preset's RoPE and epsilon would fit these tensors as well, and describe another model.
+  fs::remove(dir + "/run/lightning_logs/version_0/config.json");
+  const auto unknown = run_command(export_command(dir + "/unknown", {}));
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("no config.json of the run"), std::string::npos) << unknown.output;
   fs::remove_all(dir);
 }
 

@@ -160,19 +160,52 @@ TEST_F(HfExport, TransformersLoadsTheExportWithTheSameLogits) {
   expect_same_logits(python, "gpt2_transformers.py");
 }
 
-TEST_F(HfExport, AShapeOfItsOwnNeedsItsHeadsAndAFolderItsFiles) {
-  const std::string checkpoint = fit(dir + "/trained", 1, shape);
+// The heads leave no trace in the weights: export takes them from the config.json fit wrote in the
+// run's folder (4 heads here, where 2 would load in transformers just as well, and wrongly), a
+// contradicting --n-head is refused, and without that file --n-head is needed (no guess from a
+// released size's depth and width). A folder to start from needs its files.
+TEST_F(HfExport, TheHeadsComeFromTheRunsConfigOrFromNHeadAndAFolderNeedsItsFiles) {
+  const std::string checkpoint =
+      fit(dir + "/trained", 1, {"--n-layer", "2", "--n-head", "4", "--n-embd", "16"});
+  const auto exported = run_command(
+      {PIPETRAIN_CLI, "export", "--ckpt-path", checkpoint + "/", "--output", dir + "/hf"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  std::ifstream config(dir + "/hf/config.json");
+  EXPECT_EQ(nlohmann::json::parse(config).at("n_head"), 4);
+
+  const auto contradicted = run_command({PIPETRAIN_CLI, "export", "--ckpt-path", checkpoint,
+                                         "--output", dir + "/hf2", "--n-head", "2"});
+  EXPECT_EQ(contradicted.exit_code, 2) << contradicted.output;
+  EXPECT_NE(contradicted.output.find("config.json says 4"), std::string::npos)
+      << contradicted.output;
+
+  fs::remove(dir + "/trained/lightning_logs/version_0/config.json");
   const auto unknown =
-      run_command({PIPETRAIN_CLI, "export", "--ckpt-path", checkpoint, "--output", dir + "/hf"});
+      run_command({PIPETRAIN_CLI, "export", "--ckpt-path", checkpoint, "--output", dir + "/hf3"});
   EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
-  EXPECT_NE(unknown.output.find("is no released size, so its heads are unknown: pass --n-head"),
-            std::string::npos)
+  EXPECT_NE(unknown.output.find("the heads of a GPT-2 are not in its weights"), std::string::npos)
       << unknown.output;
+
   const auto missing =
       run_command({PIPETRAIN_CLI, "fit", "--model", "gpt2", "--train-data", dir + "/data/train.bin",
                    "--init-from", dir + "/nothing", "--default-root-dir", dir + "/r"});
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("no config.json there"), std::string::npos) << missing.output;
+}
+
+// A folder whose config.json asks for arithmetic pipetrain's GPT-2 does not have (attention
+// scaled by the layer's index, as the Stanford CRFM runs were trained) is refused, not loaded.
+TEST_F(HfExport, AFolderOfAnotherAttentionScalingIsRefused) {
+  export_trained();
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(folder_ + "/config.json"));
+  config["scale_attn_by_inverse_layer_idx"] = true;
+  std::ofstream(folder_ + "/config.json") << config.dump(2);
+  const auto refused =
+      run_command({PIPETRAIN_CLI, "fit", "--model", "gpt2", "--train-data", dir + "/data/train.bin",
+                   "--init-from", folder_, "--default-root-dir", dir + "/r"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("scale_attn_by_inverse_layer_idx"), std::string::npos)
+      << refused.output;
 }
 
 }  // namespace

@@ -80,20 +80,15 @@ Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int6
   while (weights.count(std::to_string(config.n_layer + 1) + ".attn.c_attn.weight") > 0) {
     ++config.n_layer;
   }
+  // The heads leave no trace in the tensors (c_attn holds them all side by side), and a released
+  // size's count is no guess to make: a run of 12 blocks of 768 may have had 6.
+  if (n_head <= 0) {
+    throw std::invalid_argument(
+        "the heads of a GPT-2 are not in its weights, and no config.json of the run that wrote "
+        "them was found (fit writes one in the run's folder, above checkpoints/): pass --n-head as "
+        "fit was given it (12 for 124M, 16 for 350M, 20 for 774M, 25 for 1558M)");
+  }
   config.n_head = n_head;
-  if (n_head == 0) {
-    for (const char* size : {"124M", "350M", "774M", "1558M"}) {
-      const Gpt2Config preset = gpt2_preset(size);
-      if (preset.n_layer == config.n_layer && preset.n_embd == config.n_embd) {
-        config.n_head = preset.n_head;
-      }
-    }
-  }
-  if (config.n_head == 0) {
-    throw std::invalid_argument("a GPT-2 of " + std::to_string(config.n_layer) +
-                                " blocks of width " + std::to_string(config.n_embd) +
-                                " is no released size, so its heads are unknown: pass --n-head");
-  }
   return config;
 }
 
@@ -118,6 +113,13 @@ void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2
   fs::create_directories(dir, error);
   if (error) throw std::runtime_error("cannot create " + dir + ": " + error.message());
   save_safetensors((fs::path(dir) / "model.safetensors").string(), out, {{"format", "pt"}});
+  write_hf_gpt2_config(config, dir);
+}
+
+void write_hf_gpt2_config(const Gpt2Config& config, const std::string& dir) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) throw std::runtime_error("cannot create " + dir + ": " + error.message());
   const nlohmann::json json{{"architectures", {"GPT2LMHeadModel"}},
                             {"model_type", "gpt2"},
                             {"vocab_size", config.vocab_size},
@@ -161,6 +163,22 @@ Gpt2Config read_hf_gpt2_config(const std::string& dir) {
     if (!json.value("n_inner", nlohmann::json()).is_null() ||
         json.value("activation_function", "gelu_new") != "gelu_new") {
       throw std::invalid_argument("only GPT-2's own MLP (4 n_embd, gelu_new) is built");
+    }
+    // Settings that change the model's arithmetic, which pipetrain's GPT-2 does not have.
+    if (!json.value("tie_word_embeddings", true)) {
+      throw std::invalid_argument(
+          "tie_word_embeddings is false: pipetrain's GPT-2 ties its head to wte");
+    }
+    if (!json.value("scale_attn_weights", true) ||
+        json.value("scale_attn_by_inverse_layer_idx", false) ||
+        json.value("reorder_and_upcast_attn", false)) {
+      throw std::invalid_argument(
+          "scale_attn_weights false, scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn "
+          "true: pipetrain's GPT-2 scales attention by 1/sqrt(head size) alone");
+    }
+    if (json.value("layer_norm_epsilon", 1e-5) != 1e-5) {
+      throw std::invalid_argument("layer_norm_epsilon is " + json.at("layer_norm_epsilon").dump() +
+                                  ": pipetrain's GPT-2 normalises with 1e-5");
     }
   } catch (const std::exception& e) {
     throw std::invalid_argument(config_path + ": " + e.what());

@@ -21,6 +21,10 @@ namespace pipetrain::cli {
 void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2Config& config,
                     const std::string& dir);
 
+// `dir`/config.json (created if missing) for a GPT-2 of shape `config`, as transformers reads it:
+// what export writes, and what fit keeps beside a run's checkpoints for export.
+void write_hf_gpt2_config(const Gpt2Config& config, const std::string& dir);
+
 // The shape in `dir`/config.json. Throws std::invalid_argument naming the file and what is
 // missing or not GPT-2.
 Gpt2Config read_hf_gpt2_config(const std::string& dir);
@@ -33,8 +37,7 @@ std::map<std::string, at::Tensor> read_hf_gpt2_weights(
     const std::function<bool(const std::string& pipetrain_name)>& wanted = {});
 
 // The shape of the GPT-2 whose weights these are: n_layer, n_embd, vocab and block size from the
-// tensors, n_head from `n_head` or, when that is 0, from the released model of this depth and
-// width. Throws std::invalid_argument when n_head cannot be known.
+// tensors, n_head from `n_head`. Throws std::invalid_argument when `n_head` is 0 (unknown).
 Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int64_t n_head);
 
 }  // namespace pipetrain::cli
