@@ -57,8 +57,8 @@ TEST(BadInput, OutOfRangeValuesNameTheirFlag) {
   }
 }
 
-// A flag the model does not read is refused, not ignored; so are a Llama's 32-bit tokens read as
-// 16-bit and a sequence longer than the model's positions.
+// A flag the model (or its schedule) does not read is refused, not ignored; so are a Llama's 32-bit
+// tokens read as 16-bit and a sequence longer than the model's positions.
 TEST(BadInput, FlagsAModelDoesNotReadAndTokensItCannotHold) {
   const std::string dir = make_temp_dir("bad-input-llama");
   ASSERT_EQ(run_command(pipetrain_command({"prepare-data", "--input",
@@ -82,6 +82,10 @@ TEST(BadInput, FlagsAModelDoesNotReadAndTokensItCannotHold) {
   expect_failure_mentioning(
       run_command(pipetrain_command({"fit", "--model", "gpt2"}, with(tiny, {"--n-kv-head", "1"}))),
       {"--model gpt2 does not use --n-kv-head"});
+  // A decay's flags under the constant schedule (no --lr-schedule) would train at --lr.
+  expect_failure_mentioning(
+      run_command(pipetrain_command({"fit", "--model", "gpt2"}, with(tiny, {"--min-lr", "1e-5"}))),
+      {"--min-lr and --decay-steps shape a decaying schedule, and --lr-schedule is constant"});
   expect_failure_mentioning(
       run_command(pipetrain_command({"fit", "--model", "llama"},
                                     with(tiny_llama, {"--vocab-size", "70000"}))),

@@ -160,5 +160,19 @@ TEST_F(TokenData, BadFilesAndMisplacedFlagsAreUsageErrors) {
       << missing.output;
 }
 
+// No validation share writes no val.bin, and takes away an earlier one: fit reads the val.bin
+// beside train.bin, which would have been empty (a stop) or of another text (a wrong val_loss).
+TEST_F(TokenData, NoValidationShareLeavesNoValBinForFitToRead) {
+  ASSERT_TRUE(fs::exists(dir + "/data/val.bin"));
+  const auto prepared =
+      run_command({PIPETRAIN_CLI, "prepare-data", "--input", "/usr/share/common-licenses/GPL-2",
+                   "--output", dir + "/data", "--val-fraction", "0"});
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  EXPECT_NE(prepared.output.find("and no val.bin"), std::string::npos) << prepared.output;
+  EXPECT_FALSE(fs::exists(dir + "/data/val.bin"));
+  const auto trained = run_command(fit(dir + "/run", 1));
+  EXPECT_EQ(trained.exit_code, 0) << trained.output;
+}
+
 }  // namespace
 }  // namespace pipetrain::testing::token_data_test

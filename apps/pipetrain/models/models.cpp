@@ -315,11 +315,19 @@ void check_flags_apply(const ModelOptions& options) {
   unless(recipe, options.min_lr != defaults.min_lr, "--min-lr");
   unless(recipe, options.decay_steps != defaults.decay_steps, "--decay-steps");
   unless(recipe, options.weight_decay != defaults.weight_decay, "--weight-decay");
-  if (ignored.empty()) return;
-  std::string flags;
-  for (const auto& flag : ignored) flags += (flags.empty() ? "" : ", ") + flag;
-  throw std::invalid_argument("--model " + options.name + " does not use " + flags + ": leave " +
-                              (ignored.size() == 1 ? "it" : "them") + " out");
+  if (!ignored.empty()) {
+    std::string flags;
+    for (const auto& flag : ignored) flags += (flags.empty() ? "" : ", ") + flag;
+    throw std::invalid_argument("--model " + options.name + " does not use " + flags + ": leave " +
+                                (ignored.size() == 1 ? "it" : "them") + " out");
+  }
+  // Nor does a constant schedule decay: a --min-lr without --lr-schedule would train at --lr.
+  if (recipe && options.lr_schedule == "constant" &&
+      (options.min_lr != defaults.min_lr || options.decay_steps != defaults.decay_steps)) {
+    throw std::invalid_argument(
+        "--min-lr and --decay-steps shape a decaying schedule, and --lr-schedule is constant: "
+        "pass --lr-schedule cosine or linear, or leave them out");
+  }
 }
 
 }  // namespace

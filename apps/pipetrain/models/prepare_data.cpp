@@ -61,10 +61,18 @@ std::string prepare_data(const PrepareDataOptions& options) {
     }
   };
   write(train_path, train);
+  const std::string usage =
+      " (byte tokens: train with --model gpt --train-data " + train_path + ")";
+  if (val.empty()) {
+    // fit reads a val.bin beside train.bin: an empty one would stop it, an earlier one would
+    // validate on another text.
+    std::filesystem::remove(val_path, error);
+    return "wrote " + std::to_string(train.size()) + " tokens to " + train_path +
+           " and no val.bin (--val-fraction " + std::to_string(options.val_fraction) + ")" + usage;
+  }
   write(val_path, val);
   return "wrote " + std::to_string(train.size()) + " tokens to " + train_path + " and " +
-         std::to_string(val.size()) + " to " + val_path +
-         " (byte tokens: train with --model gpt --train-data " + train_path + ")";
+         std::to_string(val.size()) + " to " + val_path + usage;
 }
 
 }  // namespace pipetrain::cli
