@@ -100,6 +100,19 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
   EXPECT_NE(contradicted.output.find("--rope-theta"), std::string::npos) << contradicted.output;
   EXPECT_FALSE(fs::exists(dir + "/other/config.json"));
 
+  // Another model's tokenizer (a folder of another vocabulary) is refused, before anything is
+  // written.
+  fs::create_directories(dir + "/other-model");
+  std::ofstream(dir + "/other-model/config.json")
+      << R"({"model_type": "llama", "vocab_size": 1000})";
+  std::ofstream(dir + "/other-model/tokenizer.json") << "{}";
+  const auto other_tokenizer =
+      run_command(export_command(dir + "/other-tokens", {"--init-from", dir + "/other-model"}));
+  EXPECT_EQ(other_tokenizer.exit_code, 2) << other_tokenizer.output;
+  EXPECT_NE(other_tokenizer.output.find("is of a model of 1000 tokens"), std::string::npos)
+      << other_tokenizer.output;
+  EXPECT_FALSE(fs::exists(dir + "/other-tokens"));
+
   // Without the run's config.json (a checkpoint copied elsewhere) the shape must be given: the
   // preset's RoPE and epsilon would fit these tensors as well, and describe another model.
   fs::remove(dir + "/run/lightning_logs/version_0/config.json");

@@ -257,7 +257,8 @@ struct TokenizerSource {
   Json token_ids = Json::object();  // bos_token_id, eos_token_id of its config.json
 };
 
-TokenizerSource read_tokenizer_source(const std::string& tokenizer_from) {
+// The tokenizer of `tokenizer_from`, for a model of `vocab_size` tokens.
+TokenizerSource read_tokenizer_source(const std::string& tokenizer_from, int64_t vocab_size) {
   TokenizerSource source;
   if (tokenizer_from.empty()) return source;
   const fs::path folder(tokenizer_from);
@@ -272,6 +273,15 @@ TokenizerSource read_tokenizer_source(const std::string& tokenizer_from) {
   // A folder of weights alone (save_pretrained of a model made from a config) has none to copy.
   if (fs::is_regular_file(folder / "config.json")) {
     const Json config = read_json_object(folder / "config.json");
+    // Another model's tokenizer would turn the exported model's ids into other words.
+    if (config.contains("vocab_size") && config.at("vocab_size").is_number_integer() &&
+        config.at("vocab_size").get<int64_t>() != vocab_size) {
+      throw std::invalid_argument(
+          "the tokenizer folder " + tokenizer_from + " is of a model of " +
+          std::to_string(config.at("vocab_size").get<int64_t>()) +
+          " tokens (its config.json), and this one has " + std::to_string(vocab_size) +
+          ": pass the folder the model was trained from with --init-from, or leave it out");
+    }
     for (const char* key : {"bos_token_id", "eos_token_id"}) {
       if (config.contains(key)) source.token_ids[key] = config.at(key);
     }
@@ -680,7 +690,7 @@ void export_hf_decoder(const WeightSource& weights, const nn::DecoderConfig& con
     for (const int64_t size : found->second) elements *= size;
     bytes.push_back(elements * static_cast<int64_t>(c10::elementSize(dtype)));
   }
-  const TokenizerSource tokenizer = read_tokenizer_source(tokenizer_from);
+  const TokenizerSource tokenizer = read_tokenizer_source(tokenizer_from, config.vocab_size);
 
   const fs::path folder(dir);
   std::error_code error;
