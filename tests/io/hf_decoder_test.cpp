@@ -450,6 +450,13 @@ TEST_F(HfDecoder, AFolderThatDoesNotFitIsRefusedNamingTheTensorOrKey) {
                   {"\"rope_parameters.rope_type\"", "dynamic"});
   expect_mentions(config_error([](Json& json) { json["rope_scaling"].erase("low_freq_factor"); }),
                   {"\"rope_scaling.low_freq_factor\"", "missing"});
+  // Two spellings that disagree (transformers' versions take different ones) are refused.
+  expect_mentions(config_error([](Json& json) { json["rope_scaling"]["type"] = "linear"; }),
+                  {"\"rope_scaling.type\"", "\"linear\" and rope_type \"llama3\""});
+  expect_mentions(config_error([](Json& json) { json["rope_scaling"]["rope_theta"] = 1.0; }),
+                  {"\"rope_scaling.rope_theta\"", "disagrees with the top-level rope_theta"});
+  expect_mentions(config_error([](Json& json) { json["partial_rotary_factor"] = 0.5; }),
+                  {"\"partial_rotary_factor\"", "is not 1"});
   expect_mentions(config_error([](Json& json) { json.erase("hidden_size"); }),
                   {config_file, "\"hidden_size\"", "missing"});
   expect_mentions(config_error([](Json& json) { json["num_hidden_layers"] = "two"; }),

@@ -185,12 +185,26 @@ nn::RotaryEmbeddingOptions read_rope(const JsonFields& config, const std::string
     scaling = &config.at("rope_scaling");
     where = "rope_scaling";
   }
+  // Where two spellings of one setting disagree, which one a reader takes differs between
+  // transformers' versions: refused rather than picked.
+  if (config.number("partial_rotary_factor", 1.0) != 1.0) {
+    config.fail("partial_rotary_factor", "is not 1: pipetrain rotates every feature of a head");
+  }
   if (scaling == nullptr) return rope.theta(theta);
   if (!scaling->is_object()) {
     config.fail(where, "is " + scaling->dump() + ", not an object");
   }
   const JsonFields fields(path, *scaling, where + ".");
+  if (where == "rope_scaling" && fields.has("rope_theta") && config.has("rope_theta") &&
+      fields.number("rope_theta") != theta) {
+    fields.fail("rope_theta", "disagrees with the top-level rope_theta: make them agree");
+  }
   theta = fields.number("rope_theta", theta);
+  if (fields.has("rope_type") && fields.has("type") &&
+      fields.string("rope_type") != fields.string("type")) {
+    fields.fail("type", "is \"" + fields.string("type") + "\" and rope_type \"" +
+                            fields.string("rope_type") + "\": make them agree");
+  }
   const std::string kind =
       fields.has("rope_type") ? fields.string("rope_type") : fields.string("type", "default");
   if (kind != "default" && kind != "llama3") {
