@@ -49,6 +49,8 @@ struct TrainingState {
   FitProgress progress;
   std::optional<DataPosition> data;  // absent in checkpoints written before it was recorded
   int64_t lr_scheduler_steps = -1;   // -1: no scheduler
+  // The scheduler's learning rates at lr_scheduler_steps, per param group (empty: not recorded).
+  std::vector<double> lr_scheduler_lrs;
   int64_t world_size = 1;
   std::map<std::string, std::string> layout;
   std::map<std::string, std::map<std::string, std::string>> callbacks;

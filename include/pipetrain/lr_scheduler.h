@@ -22,6 +22,8 @@ class LRScheduler {
   // Restores a saved step_count() and the learning rates it implies.
   void set_step_count(int64_t count);
   std::vector<double> last_lr() const;
+  // Each param group's learning rate after `count` steps (what set_step_count(count) sets).
+  std::vector<double> lrs_at(int64_t count) const;
 
  protected:
   // The factor applied to a group's initial learning rate after `count` steps.

@@ -144,6 +144,7 @@ class Trainer {
   int64_t resumable_batch() const;
   DataPosition data_position() const;
   int64_t resumed_batch(const DataPosition& saved, const std::string& path) const;
+  void check_same_schedule(const TrainingState& state, const std::string& path) const;
 
   TrainerOptions options_;
   std::unique_ptr<Strategy> strategy_;

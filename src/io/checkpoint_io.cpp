@@ -103,6 +103,7 @@ void write_checkpoint(const CheckpointWriters& writers, const std::string& path,
                           {"batch_idx", state.progress.batch_idx},
                           {"epoch_finished", state.progress.epoch_finished},
                           {"lr_scheduler_steps", state.lr_scheduler_steps},
+                          {"lr_scheduler_lrs", state.lr_scheduler_lrs},
                           {"world_size", state.world_size},
                           {"layout", state.layout},
                           {"callbacks", state.callbacks}};
@@ -157,6 +158,9 @@ TrainingState read_training_state(const std::string& checkpoint) {
     state.progress.batch_idx = json.at("batch_idx").get<int64_t>();
     state.progress.epoch_finished = json.at("epoch_finished").get<bool>();
     state.lr_scheduler_steps = json.at("lr_scheduler_steps").get<int64_t>();
+    if (json.contains("lr_scheduler_lrs")) {
+      state.lr_scheduler_lrs = json.at("lr_scheduler_lrs").get<std::vector<double>>();
+    }
     state.world_size = json.at("world_size").get<int64_t>();
     state.layout = json.at("layout").get<std::map<std::string, std::string>>();
     state.callbacks =

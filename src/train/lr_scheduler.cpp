@@ -47,6 +47,12 @@ std::vector<double> LRScheduler::last_lr() const {
   return lrs;
 }
 
+std::vector<double> LRScheduler::lrs_at(int64_t count) const {
+  std::vector<double> lrs;
+  for (const double base : base_lrs_) lrs.push_back(base * factor(count));
+  return lrs;
+}
+
 void LRScheduler::apply() {
   auto& groups = optimizer_.param_groups();
   for (size_t i = 0; i < groups.size(); ++i) {

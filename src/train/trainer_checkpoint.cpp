@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -94,6 +95,7 @@ void Trainer::save_checkpoint(const std::string& path) {
   if (lr_scheduler_ && fit_progress_.epoch_finished && scheduler_interval_ == "epoch") {
     ++state.lr_scheduler_steps;
   }
+  if (lr_scheduler_) state.lr_scheduler_lrs = lr_scheduler_->lrs_at(state.lr_scheduler_steps);
   for (const auto& callback : options_.callbacks()) {
     if (!callback->state_key().empty()) {
       state.callbacks[callback->state_key()] = callback->state_dict();
@@ -171,6 +173,7 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   }
   if (lr_scheduler_ && state.lr_scheduler_steps >= 0) {
     lr_scheduler_->set_step_count(state.lr_scheduler_steps);
+    check_same_schedule(state, path);
   }
   for (auto& callback : options_.callbacks()) {
     const auto it = state.callbacks.find(callback->state_key());
@@ -192,6 +195,32 @@ int64_t Trainer::resumable_batch() const {
   const int64_t batch = fit_progress_.batch_idx;
   if (batch >= training_data_->batches) return batch;
   return batch - batch % options_.accumulate_grad_batches();
+}
+
+// Only the schedule's step count is saved: a run resumed under another schedule (a decay over
+// another --max-steps, another --lr, warmup or --min-lr) would jump from the rate it stopped at
+// to this one's. Where the two schedules give the same rates at that step, the run goes on.
+void Trainer::check_same_schedule(const TrainingState& state, const std::string& path) const {
+  const std::vector<double> now = lr_scheduler_->lrs_at(state.lr_scheduler_steps);
+  const std::vector<double>& saved = state.lr_scheduler_lrs;
+  if (saved.empty()) return;  // a checkpoint written before the rates were recorded
+  bool same = saved.size() == now.size();
+  for (size_t i = 0; same && i < saved.size(); ++i) {
+    same = std::abs(saved[i] - now[i]) <= 1e-9 * std::max(std::abs(saved[i]), std::abs(now[i]));
+  }
+  if (same) return;
+  const auto list = [](const std::vector<double>& lrs) {
+    std::ostringstream text;
+    for (size_t i = 0; i < lrs.size(); ++i) text << (i ? ", " : "") << lrs[i];
+    return text.str();
+  };
+  throw std::invalid_argument(
+      "checkpoint " + path + " stopped at learning-rate scheduler step " +
+      std::to_string(state.lr_scheduler_steps) + " with learning rates " + list(saved) +
+      ", and this run's schedule gives " + list(now) +
+      " there: resume with the schedule it was trained with (the pipetrain command: the same "
+      "--lr, --lr-schedule, --warmup-steps and --min-lr, and --decay-steps set to the first run's "
+      "--max-steps to train on past it)");
 }
 
 DataPosition Trainer::data_position() const {

@@ -117,6 +117,20 @@ TEST_F(TokenData, ACosineScheduleIsLoggedStepByStep) {
     }
   }
 
+  // A resume under another schedule would jump: extending the run to 10 steps moves the cosine's
+  // end, so its rate at step 6 is no longer the one the run stopped at; keeping the first run's
+  // --decay-steps trains on at --min-lr.
+  const auto resume = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--ckpt-path", "last", "--default-root-dir", dir + "/cosine"});
+    return run_command(with(extra));
+  };
+  const auto jumped = resume({"--max-steps", "10"});
+  EXPECT_EQ(jumped.exit_code, 2) << jumped.output;
+  EXPECT_NE(jumped.output.find("and this run's schedule gives"), std::string::npos)
+      << jumped.output;
+  const auto extended = resume({"--max-steps", "10", "--decay-steps", "6"});
+  EXPECT_EQ(extended.exit_code, 0) << extended.output;
+
   // A decay needs an end: --max-steps (or --decay-steps).
   const auto endless = run_command(with({}));
   EXPECT_EQ(endless.exit_code, 2) << endless.output;
