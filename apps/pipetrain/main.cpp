@@ -654,11 +654,7 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   auto shape = model;
   if (!run_dir.empty()) {
     shape.init_from = run_dir;
-  } else if (model.init_from.empty() && model.model_size.empty() && model.n_layer == 0 &&
-             model.n_head == 0 && model.n_embd == 0 && model.n_kv_head == 0 &&
-             model.head_dim == 0 && model.intermediate_size == 0 && model.vocab_size == 0 &&
-             model.block_size == 0 && model.rope_theta == 0 && model.rms_norm_eps == 0 &&
-             !model.tie_word_embeddings) {
+  } else if (!pipetrain::cli::names_a_shape(model)) {
     throw std::invalid_argument(
         "no config.json of the run that wrote " + checkpoint +
         " was found (fit writes one in the run's folder, above checkpoints/): pass the shape fit "

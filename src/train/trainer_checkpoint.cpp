@@ -172,8 +172,8 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
     RngState::from(rng_state).restore();
   }
   if (lr_scheduler_ && state.lr_scheduler_steps >= 0) {
-    lr_scheduler_->set_step_count(state.lr_scheduler_steps);
     check_same_schedule(state, path);
+    lr_scheduler_->set_step_count(state.lr_scheduler_steps);
   }
   for (auto& callback : options_.callbacks()) {
     const auto it = state.callbacks.find(callback->state_key());
@@ -197,9 +197,9 @@ int64_t Trainer::resumable_batch() const {
   return batch - batch % options_.accumulate_grad_batches();
 }
 
-// Only the schedule's step count is saved: a run resumed under another schedule (a decay over
-// another --max-steps, another --lr, warmup or --min-lr) would jump from the rate it stopped at
-// to this one's. Where the two schedules give the same rates at that step, the run goes on.
+// A scheduler resumes from its step count alone: one of another schedule (a decay over another
+// --max-steps, another --lr, warmup or --min-lr) would jump from the rates the run stopped at,
+// which the checkpoint records, to its own. Where both give the same rates there, it goes on.
 void Trainer::check_same_schedule(const TrainingState& state, const std::string& path) const {
   const std::vector<double> now = lr_scheduler_->lrs_at(state.lr_scheduler_steps);
   const std::vector<double>& saved = state.lr_scheduler_lrs;

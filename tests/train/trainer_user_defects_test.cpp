@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -97,6 +98,26 @@ class BatchEndRecorder : public Callback {
   std::vector<double> losses, train_loss_metric;
 };
 
+// `run` throws std::invalid_argument saying `words`.
+void expect_refused(const std::function<void()>& run, const std::string& words) {
+  try {
+    run();
+    ADD_FAILURE() << "not refused: " << words;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+
+// A Regression fit 5 steps (built after its Trainer, which seeds the generator: the same initial
+// weights in every test), then saved, once fit() has returned, as `dir`/after-fit.ckpt.
+std::unique_ptr<Regression> fit_five_steps_and_save(const TempDir& dir, const DataLoader& loader) {
+  Trainer run(quiet_options(dir / "first").max_steps(5));
+  auto model = std::make_unique<Regression>();
+  run.fit(*model, loader);
+  run.save_checkpoint(dir / "after-fit.ckpt");
+  return model;
+}
+
 // A checkpoint saved once fit() has returned holds all a resumed fit needs (Adam's moments, the
 // scheduler's steps, where the data stood): fit 5 steps, save, resume to 8 in a new Trainer; its
 // losses and weights are bit for bit those of 8 uninterrupted steps (CPU, fp32, the same
@@ -109,17 +130,14 @@ TEST(TrainerUserDefects, CheckpointSavedAfterFitResumesAsIfFitHadNeverStopped) {
   Regression straight;
   straight_run.fit(straight, loader);
 
-  Trainer first_run(quiet_options(dir / "first").max_steps(5));
-  Regression first;
-  first_run.fit(first, loader);
-  first_run.save_checkpoint(dir / "after-fit.ckpt");
+  const auto first = fit_five_steps_and_save(dir, loader);
 
   Trainer resumed_run(quiet_options(dir / "resumed").max_steps(8));
   Regression resumed;
   resumed_run.fit(resumed, loader, nullptr, dir / "after-fit.ckpt");
   EXPECT_EQ(resumed_run.global_step(), 8);
 
-  auto losses = first.losses;
+  auto losses = first->losses;
   losses.insert(losses.end(), resumed.losses.begin(), resumed.losses.end());
   EXPECT_EQ(losses, straight.losses);
   const auto expected = straight.layers()->parameters();
@@ -186,15 +204,32 @@ TEST(TrainerUserDefects, CheckpointSavedInsideAnAccumulationWindowResumesTheWhol
 
   Trainer other_windows(options("other").accumulate_grad_batches(4));
   ValidatedRegression refused;
-  try {
-    other_windows.fit(refused, loader, &loader, dir / "mid-window.ckpt");
-    ADD_FAILURE() << "a resume starting a window of 4 at batch 2 was not refused";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("at batch 2, which does not start an accumulation window "
-                                         "of 4 batches"),
-              std::string::npos)
-        << e.what();
+  expect_refused([&] { other_windows.fit(refused, loader, &loader, dir / "mid-window.ckpt"); },
+                 "at batch 2, which does not start an accumulation window of 4 batches");
+}
+
+// Regression whose learning rate halves every 3 steps, not 2.
+class RegressionOfSlowerDecay : public Regression {
+ public:
+  OptimizerConfig configure_optimizers() override {
+    OptimizerConfig config = Regression::configure_optimizers();
+    config.lr_scheduler = std::make_unique<StepLR>(*config.optimizer, 3, 0.5);
+    return config;
   }
+};
+
+// A checkpoint holds its scheduler's step count; a resume under a schedule of other rates at that
+// step (the user's own StepLR, changed between the runs) would jump from 0.0125 to 0.025, and is
+// refused, naming both.
+TEST(TrainerUserDefects, AResumeUnderAnotherScheduleIsRefusedNotJumped) {
+  const TempDir dir;
+  const auto loader = shuffled_data();
+  fit_five_steps_and_save(dir, loader);
+
+  Trainer resumed_run(quiet_options(dir / "resumed").max_steps(8));
+  RegressionOfSlowerDecay resumed;
+  expect_refused([&] { resumed_run.fit(resumed, loader, nullptr, dir / "after-fit.ckpt"); },
+                 "with learning rates 0.0125, and this run's schedule gives 0.025 there");
 }
 
 // A model built per rank is built by the first Trainer that sets it up; a second Trainer of the

@@ -242,6 +242,14 @@ nn::DecoderConfig decoder_config(const ModelOptions& options) {
   return config;
 }
 
+bool names_a_shape(const ModelOptions& options) {
+  return !options.init_from.empty() || !options.model_size.empty() || options.n_layer > 0 ||
+         options.n_head > 0 || options.n_embd > 0 || options.n_kv_head > 0 ||
+         options.head_dim > 0 || options.intermediate_size > 0 || options.vocab_size > 0 ||
+         options.block_size > 0 || options.rope_theta > 0 || options.rms_norm_eps > 0 ||
+         options.tie_word_embeddings.has_value();
+}
+
 Gpt2Config gpt2_config(const ModelOptions& options) {
   if (!options.init_from.empty()) {
     // The folder's shape; a flag may only repeat it.

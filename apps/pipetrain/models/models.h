@@ -74,6 +74,9 @@ Gpt2Config gpt2_config(const ModelOptions& options);
 // Llama's or Qwen3's shape: from the preset and the flags that override it, or the --init-from
 // folder's config.json (a flag that contradicts it is refused with std::invalid_argument).
 nn::DecoderConfig decoder_config(const ModelOptions& options);
+// Whether `options` say which model they mean (--init-from, --model-size, a shape or size flag)
+// rather than leaving it to the default preset.
+bool names_a_shape(const ModelOptions& options);
 // The optimizer recipe of the flags (lr, weight decay, the schedule).
 OptimizerRecipe optimizer_recipe(const ModelOptions& options);
 // What a language model's ThroughputMonitor counts: tokens per sample (its block), and for gpt2,
