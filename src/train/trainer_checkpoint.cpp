@@ -69,6 +69,28 @@ std::vector<NamedParameters> by_distinct_names(const NamedParameters& named) {
   return lists;
 }
 
+// `named` with each name once, for saving: the name's first tensor that `optimizer` steps, else its
+// first. Under ZeRO a process holding two copies of a tie may own (and hold the state of) the
+// second alone; the copies' states are equal, and each copy loads the one saved.
+NamedParameters saved_once(const NamedParameters& named, const torch::optim::Optimizer& optimizer) {
+  std::set<const c10::TensorImpl*> stepped;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) stepped.insert(parameter.unsafeGetTensorImpl());
+  }
+  NamedParameters once;
+  std::map<std::string, size_t> index_of;
+  for (const auto& item : named) {
+    const auto [it, first] = index_of.emplace(item.first, once.size());
+    if (first) {
+      once.push_back(item);
+    } else if (!stepped.count(once[it->second].second.unsafeGetTensorImpl()) &&
+               stepped.count(item.second.unsafeGetTensorImpl())) {
+      once[it->second] = item;
+    }
+  }
+  return once;
+}
+
 }  // namespace
 
 void Trainer::save_checkpoint(const std::string& path) {
@@ -108,9 +130,9 @@ void Trainer::save_checkpoint(const std::string& path) {
     // Replicas holding the same state leave it to the first replica's ranks.
     if (strategy_->saves_optimizer_state()) {
       torch::serialize::OutputArchive optimizer_archive;
-      const auto lists = by_distinct_names(named_parameters(*module_, strategy_->tied_names()));
-      save_optimizer_state(*optimizer_, lists.empty() ? NamedParameters() : lists.front(),
-                           optimizer_archive);
+      save_optimizer_state(
+          *optimizer_, saved_once(named_parameters(*module_, strategy_->tied_names()), *optimizer_),
+          optimizer_archive);
       archive.write("optimizer", optimizer_archive);
     }
     archive.write("cpu_rng_state", RngState::capture().cpu_state());
