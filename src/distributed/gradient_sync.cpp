@@ -21,7 +21,9 @@ struct GradientSync::Bucket {
   std::vector<int64_t> parameters;
   int64_t bytes = 0;
   int64_t pending = 0;  // gradients still to arrive this step
-  at::Tensor flat;      // the gradients side by side (then views of it), then their average
+  at::Tensor flat;      // the gradients side by side (then views of it), then their average,
+                        // then a flag per parameter: whether this replica had its gradient
+  int64_t numel = 0;    // of the gradients in `flat`, the flags after them
   at::Tensor wire;      // what the all-reduce sums: `flat`, or its float32 copy (on_wire)
   WorkPtr work;
 };
@@ -147,11 +149,22 @@ void GradientSync::launch_ready_buckets() {
 void GradientSync::launch(Bucket& bucket) {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> pieces;
-  for (int64_t i : bucket.parameters) {
-    const at::Tensor& p = parameters_[i];
+  std::vector<int64_t> unused;  // positions in the bucket of parameters without a gradient here
+  bucket.numel = 0;
+  for (size_t k = 0; k < bucket.parameters.size(); ++k) {
+    const at::Tensor& p = parameters_[bucket.parameters[k]];
+    if (!p.grad().defined()) unused.push_back(static_cast<int64_t>(k));
     pieces.push_back(p.grad().defined() ? p.grad().reshape(-1)
                                         : torch::zeros({p.numel()}, p.options()));
+    bucket.numel += p.numel();
   }
+  // Whether each parameter had a gradient here: one that some replica used and another did not
+  // gets the average on every replica, as in one process (never: the others keeping none, and
+  // stepping it differently or not at all).
+  at::Tensor used = torch::ones({static_cast<int64_t>(bucket.parameters.size())},
+                                parameters_[bucket.parameters.front()].options());
+  for (const int64_t k : unused) used.narrow(0, k, 1).zero_();
+  pieces.push_back(used);
   // Dividing first keeps the sum in range for low-precision gradients, as DDP does.
   bucket.flat = torch::cat(pieces).div_(static_cast<double>(replicas_->size()));
   pieces.clear();
@@ -182,14 +195,33 @@ void GradientSync::finish() {
   for (Bucket& bucket : buckets_) {
     wait(*replicas_, bucket.work);
     back_from_wire(bucket.flat, bucket.wire);
+    // Which of the parameters without a gradient here another replica used: read only where this
+    // replica left one unused (a host wait), never in a step that used every parameter.
+    std::vector<bool> used_elsewhere(bucket.parameters.size(), false);
+    std::vector<int64_t> unused;
+    for (size_t k = 0; k < bucket.parameters.size(); ++k) {
+      if (!parameters_[bucket.parameters[k]].grad().defined()) {
+        unused.push_back(static_cast<int64_t>(k));
+      }
+    }
+    if (!unused.empty()) {
+      const auto flags = bucket.flat.slice(0, bucket.numel).to(at::kCPU, at::kFloat);
+      for (const int64_t k : unused) used_elsewhere[k] = flags[k].item<float>() > 0;
+    }
     int64_t offset = 0;
-    for (int64_t i : bucket.parameters) {
-      at::Tensor& p = parameters_[i];
+    for (size_t k = 0; k < bucket.parameters.size(); ++k) {
+      at::Tensor& p = parameters_[bucket.parameters[k]];
       const int64_t n = p.numel();
-      // A parameter no replica used keeps no gradient, as in one process; one whose gradient was
-      // replaced since its bucket started (CUDA graphs adopt gradients into buffers of their own)
-      // gets the average copied in.
-      if (p.grad().defined() && !p.grad().is_alias_of(bucket.flat)) {
+      // A parameter no replica used keeps no gradient, as in one process; one that another
+      // replica used gets the average; one whose gradient was replaced since its bucket started
+      // (CUDA graphs adopt gradients into buffers of their own) gets the average copied in.
+      if (!p.grad().defined()) {
+        if (used_elsewhere[k]) {
+          p.mutable_grad() =
+              at::empty({0}, bucket.flat.options())
+                  .set_(bucket.flat.storage(), bucket.flat.storage_offset() + offset, p.sizes());
+        }
+      } else if (!p.grad().is_alias_of(bucket.flat)) {
         p.grad().copy_(bucket.flat.slice(0, offset, offset + n).view_as(p));
       }
       offset += n;

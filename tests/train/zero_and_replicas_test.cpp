@@ -1,6 +1,8 @@
-// ZeRO stage 1 across a checkpoint: a fit stopped and resumed under the same layout trains as an
-// uninterrupted one, with every replica's share of the optimizer state back where it was.
-// Tolerance: exact (fp32 on CPU, the same arithmetic in the same order).
+// Data-parallel replicas, with and without ZeRO stage 1, train as one process does: a fit stopped
+// and resumed under the same layout trains as an uninterrupted one, with every replica's share of
+// the optimizer state back where it was; a parameter that only some replicas' rows use is
+// updated on every replica as one process updates it.
+// Tolerance: 1e-6 (fp32 on CPU, sums over replicas in another order than one process's).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,7 +16,7 @@
 #include "support/multiprocess.h"
 #include "support/trainer_run.h"
 
-namespace pipetrain::testing::zero_resume_test {
+namespace pipetrain::testing::zero_and_replicas_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -78,7 +80,7 @@ class ZeroResume : public ::testing::Test {
     fs::create_directories(r.root);
     return r;
   }
-  std::string dir = make_temp_dir("zero-resume");
+  std::string dir = make_temp_dir("zero-and-replicas");
 };
 
 // Both tensors of a tie held by one process, owned by different replicas under ZeRO: the replica
@@ -108,5 +110,82 @@ TEST_F(ZeroResume, ATieHeldTwiceByOneProcessResumesBothCopiesOptimizerState) {
   }
 }
 
+// Adds `extra` to the rows whose flag (the input's last column) is set; drops the flag. A batch
+// without flagged rows does not use `extra` at all (as an expert no token was routed to).
+class FlaggedOffsetImpl : public torch::nn::Module {
+ public:
+  FlaggedOffsetImpl() { extra = register_parameter("extra", torch::zeros({4})); }
+  at::Tensor forward(const at::Tensor& x) {
+    const auto flagged = x.select(1, 4) > 0.5;
+    auto y = x.slice(1, 0, 4);
+    if (flagged.any().item<bool>()) y = y + flagged.unsqueeze(1).to(y.dtype()) * extra;
+    return y;
+  }
+  at::Tensor extra;
+};
+TORCH_MODULE(FlaggedOffset);
+
+class FlaggedRegression : public Module {
+ public:
+  FlaggedRegression()
+      : Module(torch::nn::Sequential(FlaggedOffset(), torch::nn::Linear(4, 8), torch::nn::Tanh(),
+                                     torch::nn::Linear(8, 2))) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+};
+
+// 64 rows, 4 of them flagged: global batch 0 (rows 0-15) has its flagged row in the first
+// replica's half, batch 1 (rows 16-31) in the second's.
+TensorDataset flagged_data() {
+  torch::manual_seed(13);
+  const auto x = torch::randn({64, 4});
+  auto flag = torch::zeros({64, 1});
+  for (const int64_t row : {0, 24, 40, 56}) flag[row][0] = 1;
+  return {torch::cat({x, flag}, 1), torch::stack({x.sum(1), x.tanh().sum(1) + flag.squeeze(1)}, 1)};
+}
+
+// A global batch of 16 rows, over `devices` replicas; 2 epochs.
+void train_flagged(const ZeroRun& run) {
+  Trainer trainer(run.trainer_options().zero_stage(run.zero_stage).max_epochs(2));
+  FlaggedRegression model;
+  const DataLoader loader(flagged_data(), DataLoaderOptions().batch_size(16 / run.devices));
+  trainer.fit(model, loader);
+  save_local_tensors(model, run.rank_tensors(worker_rank()));
+}
+
+PIPETRAIN_WORKER(flagged_worker) { train_from_env(train_flagged); }
+
+// A parameter that the rows of one replica use and the other's do not, in a step, once kept no
+// gradient on the replica that did not use it (GradientSync left its gradient undefined): without
+// ZeRO only some replicas stepped it and the replicas drifted apart, under ZeRO an owner that did
+// not use it did not step it at all, and the trained weights were not one process's.
+TEST(Replicas, AParameterOnlySomeReplicasUseTrainsAsInOneProcess) {
+  const std::string dir = make_temp_dir("zero-and-replicas");
+  ZeroRun single;
+  single.root = dir + "/single";
+  single.zero_stage = 0;
+  fs::create_directories(single.root);
+  train_flagged(single);
+  for (const int64_t zero_stage : {0, 1}) {
+    SCOPED_TRACE("zero_stage " + std::to_string(zero_stage));
+    ZeroRun ddp;
+    ddp.root = dir + "/ddp" + std::to_string(zero_stage);
+    ddp.strategy = "ddp";
+    ddp.devices = 2;
+    ddp.zero_stage = zero_stage;
+    fs::create_directories(ddp.root);
+    ASSERT_EQ(run_ranks(2, "flagged_worker", to_env(ddp)), 0) << ddp.recorded_error(0);
+    expect_same_weights(single.rank_tensors(0), ddp.rank_tensors(0), 1e-6);
+    expect_same_weights(single.rank_tensors(0), ddp.rank_tensors(1), 1e-6);
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
-}  // namespace pipetrain::testing::zero_resume_test
+}  // namespace pipetrain::testing::zero_and_replicas_test
