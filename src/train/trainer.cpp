@@ -261,8 +261,11 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
   strategy_->check_data(train_loader);
   setup(module);
   // Kept once fit returns (the loader may not be): a checkpoint saved then says where the data is.
+  // The epoch's batches as limit_train_batches leaves them: a checkpoint saved after the last of
+  // them stands at the epoch's end, not inside an accumulation window.
   training_data_ =
-      TrainingData{train_loader.batch_size(), train_loader.num_batches(replicas()),
+      TrainingData{train_loader.batch_size(),
+                   options_.limit_train_batches().of(train_loader.num_batches(replicas())),
                    DataPosition{0, train_loader.options().seed(), train_loader.options().shuffle(),
                                 train_loader.dataset_size()}};
   FitLoop(*this, module, train_loader, val_loader).run(ckpt_path);

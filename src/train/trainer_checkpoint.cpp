@@ -282,6 +282,8 @@ int64_t Trainer::resumed_batch(const DataPosition& saved, const std::string& pat
            std::to_string(saved.samples));
   }
   const int64_t batch = saved.samples / global_batch;
+  // After the epoch's last batch (of those limit_train_batches leaves), whose window closed there.
+  if (batch >= training_data_->batches) return batch;
   const int64_t accumulate = options_.accumulate_grad_batches();
   if (batch % accumulate != 0) {
     // A window starting here would close at the next multiple, short of its batches, and the

@@ -208,6 +208,36 @@ TEST(TrainerUserDefects, CheckpointSavedInsideAnAccumulationWindowResumesTheWhol
                  "at batch 2, which does not start an accumulation window of 4 batches");
 }
 
+// An epoch cut short by limit_train_batches (3 of 6 batches) ends in an accumulation window of one
+// batch; a checkpoint saved at the validation after it once resumed at that window's first
+// batch, as if inside a window, and trained it (and stepped) a second time.
+TEST(TrainerUserDefects, CheckpointAfterAnEpochCutByLimitTrainBatchesResumesAtTheNextEpoch) {
+  const TempDir dir;
+  const auto loader = shuffled_data();  // 6 batches an epoch, 3 of them trained
+  const auto options = [&](const std::string& root) {
+    return quiet_options(dir / root)
+        .max_steps(6)
+        .accumulate_grad_batches(2)
+        .limit_train_batches(BatchLimit::count(3));
+  };
+  auto saver = std::make_shared<SaveAtFirstValidation>(dir / "epoch-end.ckpt");
+  Trainer straight_run(options("straight").callbacks({saver}));
+  ValidatedRegression straight;
+  straight_run.fit(straight, loader, &loader);
+  ASSERT_EQ(saver->saved_batch, 3);  // after the epoch's 3 batches, before its end
+
+  Trainer resumed_run(options("resumed"));
+  ValidatedRegression resumed;
+  resumed_run.fit(resumed, loader, &loader, dir / "epoch-end.ckpt");
+  EXPECT_EQ(resumed_run.global_step(), 6);
+  const std::vector<double> tail(straight.losses.begin() + 3, straight.losses.end());
+  EXPECT_EQ(resumed.losses, tail);
+  const auto expected = straight.layers()->parameters();
+  const auto actual = resumed.layers()->parameters();
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
+}
+
 // Regression whose learning rate halves every 3 steps, not 2.
 class RegressionOfSlowerDecay : public Regression {
  public:
