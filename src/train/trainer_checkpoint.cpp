@@ -193,9 +193,9 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   if (same_layout && own.try_read("cpu_rng_state", rng_state)) {
     RngState::from(rng_state).restore();
   }
-  if (lr_scheduler_ && state.lr_scheduler_steps >= 0) {
+  if (state.lr_scheduler_steps >= 0) {
     check_same_schedule(state, path);
-    lr_scheduler_->set_step_count(state.lr_scheduler_steps);
+    if (lr_scheduler_) lr_scheduler_->set_step_count(state.lr_scheduler_steps);
   }
   for (auto& callback : options_.callbacks()) {
     const auto it = state.callbacks.find(callback->state_key());
@@ -221,9 +221,16 @@ int64_t Trainer::resumable_batch() const {
 
 // A scheduler resumes from its step count alone: one of another schedule (a decay over another
 // --max-steps, another --lr, warmup or --min-lr) would jump from the rates the run stopped at,
-// which the checkpoint records, to its own. Where both give the same rates there, it goes on.
+// which the checkpoint records, to its own, and so would a run with no scheduler (the command's
+// --lr-schedule constant) at the optimizer's own rates. Where both give the same rates there, it
+// goes on.
 void Trainer::check_same_schedule(const TrainingState& state, const std::string& path) const {
-  const std::vector<double> now = lr_scheduler_->lrs_at(state.lr_scheduler_steps);
+  std::vector<double> now;
+  if (lr_scheduler_) {
+    now = lr_scheduler_->lrs_at(state.lr_scheduler_steps);
+  } else {
+    for (const auto& group : optimizer_->param_groups()) now.push_back(get_learning_rate(group));
+  }
   const std::vector<double>& saved = state.lr_scheduler_lrs;
   if (saved.empty()) return;  // a checkpoint written before the rates were recorded
   bool same = saved.size() == now.size();

@@ -262,6 +262,28 @@ TEST(TrainerUserDefects, AResumeUnderAnotherScheduleIsRefusedNotJumped) {
                  "with learning rates 0.0125, and this run's schedule gives 0.025 there");
 }
 
+// Regression at Adam's constant rate: no scheduler.
+class RegressionAtAConstantRate : public Regression {
+ public:
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.05));
+  }
+};
+
+// A resume without the scheduler the checkpoint was trained with (the command's default
+// --lr-schedule constant, forgotten on the resume of a decaying run) once trained on at the
+// optimizer's own 0.05 where the run had stopped at 0.0125; it is refused as another schedule is.
+TEST(TrainerUserDefects, AResumeWithoutTheCheckpointsSchedulerIsRefusedNotJumped) {
+  const TempDir dir;
+  const auto loader = shuffled_data();
+  fit_five_steps_and_save(dir, loader);
+
+  Trainer resumed_run(quiet_options(dir / "resumed").max_steps(8));
+  RegressionAtAConstantRate resumed;
+  expect_refused([&] { resumed_run.fit(resumed, loader, nullptr, dir / "after-fit.ckpt"); },
+                 "with learning rates 0.0125, and this run's schedule gives 0.05 there");
+}
+
 // A model built per rank is built by the first Trainer that sets it up; a second Trainer of the
 // same layout evaluates the trained layers, not layers built afresh, and another layout is
 // refused rather than rebuilt.
