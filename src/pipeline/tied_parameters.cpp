@@ -212,6 +212,8 @@ TiedGradients::~TiedGradients() = default;
 void TiedGradients::reduce() {
   torch::NoGradGuard no_grad;
   for (auto& local : local_) {
+    // A frozen parameter has no gradient to share, and gets none: an optimizer would step it.
+    if (!local.tensors.front().requires_grad()) continue;
     at::Tensor sum;
     for (const auto& t : local.tensors) {
       if (!t.grad().defined()) continue;

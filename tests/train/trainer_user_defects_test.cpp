@@ -48,6 +48,7 @@ class Regression : public Module {
   Regression()
       : Module(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(),
                                      torch::nn::Linear(8, 1))) {}
+  explicit Regression(torch::nn::Sequential layers) : Module(std::move(layers)) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     auto loss = torch::mse_loss(forward(batch.data), batch.target);
     log("train_loss", loss);
@@ -282,6 +283,49 @@ TEST(TrainerUserDefects, AResumeWithoutTheCheckpointsSchedulerIsRefusedNotJumped
   RegressionAtAConstantRate resumed;
   expect_refused([&] { resumed_run.fit(resumed, loader, nullptr, dir / "after-fit.ckpt"); },
                  "with learning rates 0.0125, and this run's schedule gives 0.05 there");
+}
+
+// A layer whose weight is another layer's tensor (an output head tied to its embedding).
+class SharedWeightImpl : public torch::nn::Module {
+ public:
+  explicit SharedWeightImpl(const at::Tensor& shared) {
+    weight = register_parameter("weight", shared);
+  }
+  at::Tensor forward(const at::Tensor& x) { return torch::matmul(x, weight.t()); }
+  at::Tensor weight;
+};
+TORCH_MODULE(SharedWeight);
+
+// Regression through two uses of one 3 x 3 matrix, which the user froze, by AdamW with weight
+// decay over parameters() (AdamW, as in PyTorch, steps only parameters with a gradient).
+class RegressionWithAFrozenTie : public Regression {
+ public:
+  RegressionWithAFrozenTie() : Regression(frozen_tie()) {}
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::AdamW>(
+        parameters(), torch::optim::AdamWOptions(0.05).weight_decay(0.1));
+  }
+  static torch::nn::Sequential frozen_tie() {
+    torch::nn::Linear first(3, 3);
+    torch::nn::Sequential layers(first, torch::nn::Tanh(), SharedWeight(first->weight),
+                                 torch::nn::Linear(3, 1));
+    first->weight.set_requires_grad(false);  // after register_parameter, which sets it
+    return layers;
+  }
+};
+
+// A frozen parameter registered in two layers (a tie) once got a gradient of zeros at every step
+// from the tied parameters' reduction, so the optimizer stepped it: AdamW's weight decay shrank
+// the frozen matrix.
+TEST(TrainerUserDefects, AFrozenTiedParameterStaysAsItWas) {
+  const TempDir dir;
+  Trainer run(quiet_options(dir / "frozen").max_steps(3));
+  RegressionWithAFrozenTie model;
+  const auto frozen = model.layers()->named_parameters()["0.weight"];
+  const auto before = frozen.clone();
+  run.fit(model, shuffled_data());
+  EXPECT_FALSE(frozen.grad().defined());
+  EXPECT_TRUE(torch::equal(frozen, before));
 }
 
 // A model built per rank is built by the first Trainer that sets it up; a second Trainer of the
