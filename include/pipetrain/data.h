@@ -121,9 +121,13 @@ class DataLoader {
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
   DataLoader(TensorDataset dataset, DataLoaderOptions options);
 
-  // Global batches per epoch. With replicas, a last global batch of fewer rows than replicas is
-  // dropped: every replica must have a row to train on.
+  // Global batches per epoch that training runs. With replicas, a last global batch of fewer rows
+  // than replicas is dropped: every replica must have a row to train on.
   int64_t num_batches(int64_t replicas = 1) const;
+  // Global batches per epoch that validation, test and prediction run: every row once, so a last
+  // global batch of fewer rows than replicas counts too (the replicas it leaves without a row
+  // skip it). drop_last drops a short last batch here too.
+  int64_t num_evaluation_batches(int64_t replicas = 1) const;
   // Rows per replica.
   int64_t batch_size() const { return options_.batch_size(); }
   // Examples in the dataset.

@@ -162,6 +162,12 @@ int64_t DataLoader::num_batches(int64_t replicas) const {
   return n / b + 1;
 }
 
+int64_t DataLoader::num_evaluation_batches(int64_t replicas) const {
+  const int64_t n = dataset_->size();
+  const int64_t b = options_.batch_size() * replicas;
+  return n / b + (options_.drop_last() || n % b == 0 ? 0 : 1);
+}
+
 std::pair<int64_t, int64_t> DataLoader::rows(int64_t index, const BatchShard& shard) const {
   const int64_t global = options_.batch_size() * shard.replicas;
   const int64_t begin = index * global;
@@ -210,7 +216,8 @@ Batch DataLoader::batch(int64_t epoch, int64_t index, const BatchShard& shard) c
   const int64_t count = end - begin;
   const FieldsWanted wanted{shard.inputs, shard.targets};
   Batch batch;
-  if (wanted.data || wanted.target) {
+  // A replica left without a row of an evaluation's short last batch reads nothing.
+  if (count > 0 && (wanted.data || wanted.target)) {
     const std::vector<int64_t> picked = indices(epoch, begin, end);
     // For the messages alone: built only when one is thrown.
     const auto which = [&] {

@@ -257,6 +257,8 @@ class PipelineStrategy : public Strategy {
 
   void evaluation_step(Module& module, const Batch& host_batch, int64_t batch_idx,
                        const EvaluationStep& step, LoggedMetrics& metrics) override {
+    // A replica left without a row of the last global batch (every stage of it sees 0 rows).
+    if (host_batch.data.size(0) == 0) return;
     const Batch batch = on_device(host_batch);
     auto evaluate = [&](const Batch& micro) {
       step(micro, batch_idx);
@@ -273,18 +275,26 @@ class PipelineStrategy : public Strategy {
     std::vector<at::Tensor> outputs;
     LoggedMetrics ignored;
     auto predict = [&](const Batch& micro) { return module.predict_step(micro, batch_idx); };
-    pipe_->forward(batch.data, batch.data.size(0),
-                   [&](const at::Tensor& output, const MicroBatch& mb) {
-                     outputs.push_back(run_user_step(module, batch, mb, output, ignored, predict));
-                   });
-    const at::Tensor mine = pipe_->is_last_stage() ? torch::cat(outputs) : at::Tensor();
+    // A replica left without a row of the last global batch predicts nothing (and sends rank 0
+    // an empty tensor, which it leaves out).
+    const bool empty = batch.data.size(0) == 0;
+    if (!empty) {
+      pipe_->forward(
+          batch.data, batch.data.size(0), [&](const at::Tensor& output, const MicroBatch& mb) {
+            outputs.push_back(run_user_step(module, batch, mb, output, ignored, predict));
+          });
+    }
+    const at::Tensor mine = !pipe_->is_last_stage() ? at::Tensor()
+                            : empty                 ? torch::empty({0})
+                                                    : torch::cat(outputs);
     if (world_->size() == 1) return mine.cpu();
     // Each replica's last stage sends its shard's predictions to rank 0, which puts them back in
     // the batch's order: replica by replica.
     std::vector<at::Tensor> gathered;
     for (int64_t replica = 0; replica < replicas_; ++replica) {
       const int64_t last = replica * stages_ + pipe_->rank_of_stage(pipe_->stages() - 1);
-      gathered.push_back(world_->gather_to_zero(mine, last));
+      at::Tensor shard = world_->gather_to_zero(mine, last);
+      if (replica == 0 || shard.numel() > 0) gathered.push_back(std::move(shard));
     }
     return world_->is_global_zero() ? torch::cat(gathered) : at::Tensor();
   }
@@ -582,13 +592,26 @@ class PipelineStrategy : public Strategy {
   // same step code on the same number of batches, so they log the same names.
   ReducedMetrics reduce_over_replicas(const LoggedMetrics& metrics) {
     if (replicas_ == 1) return metrics.reduce();
-    const auto totals = metrics.totals();
+    // The first replica has a row wherever any replica has one (the rows of a short last
+    // global batch go to the first replicas), so its names are all of them: a replica left
+    // without a row of a batch may have logged fewer, never others.
+    auto totals = metrics.totals();
     const std::string names = join_names(totals);
-    if (replicas_of_stage_->broadcast(names) != names) {
+    const std::string first_names = replicas_of_stage_->broadcast(names);
+    std::map<std::string, std::pair<double, double>> all;
+    std::istringstream lines(first_names);
+    for (std::string name; std::getline(lines, name);) {
+      const auto found = totals.find(name);
+      all[name] = found == totals.end() ? std::pair<double, double>{0, 0} : found->second;
+    }
+    if (std::any_of(totals.begin(), totals.end(),
+                    [&](const auto& item) { return all.count(item.first) == 0; })) {
       throw std::runtime_error("replicas logged different metrics (rank " +
                                std::to_string(world_->rank()) + " logged: " + names +
+                               "; the first replica: " + first_names +
                                "): log the same names on every batch");
     }
+    totals = std::move(all);
     auto sums = torch::zeros({2 * static_cast<int64_t>(totals.size())}, torch::kFloat64);
     int64_t i = 0;
     for (const auto& [name, total] : totals) {
@@ -602,7 +625,9 @@ class PipelineStrategy : public Strategy {
     i = 0;
     for (const auto& [name, total] : totals) {
       const double weighted = sums[i++].item<double>(), samples = sums[i++].item<double>();
-      reduced[name] = {weighted / samples, metrics.options().at(name).prog_bar()};
+      const auto logged = metrics.options().find(name);
+      reduced[name] = {weighted / samples,
+                       logged != metrics.options().end() && logged->second.prog_bar()};
     }
     return reduced;
   }

@@ -123,7 +123,7 @@ TrainerOptions resolve(TrainerOptions options) {
 std::map<std::string, double> evaluate(Trainer& trainer, Module& module, const DataLoader& loader,
                                        const BatchLimit& limit, bool test,
                                        const std::vector<std::unique_ptr<Logger>>& loggers) {
-  const int64_t batches = limit.of(loader.num_batches(trainer.replicas()));
+  const int64_t batches = limit.of(loader.num_evaluation_batches(trainer.replicas()));
   const auto metrics =
       EvaluationLoop(trainer, module, loader, batches, test, /*record=*/true).run();
   for (auto& logger : loggers) logger->save();
@@ -434,8 +434,9 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
                                          const std::string& ckpt_path) {
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
-  return PredictionLoop(*this, module, loader,
-                        options_.limit_predict_batches().of(loader.num_batches(replicas())))
+  return PredictionLoop(
+             *this, module, loader,
+             options_.limit_predict_batches().of(loader.num_evaluation_batches(replicas())))
       .run();
 }
 
