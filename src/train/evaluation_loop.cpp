@@ -70,12 +70,22 @@ void EvaluationLoop::advance() {
 
 std::map<std::string, double> EvaluationLoop::on_run_end() {
   Trainer& t = trainer_;
+  {
+    // What the module's epoch-end hook log()s is one of the epoch's values, as in Lightning.
+    struct LogTarget {
+      Module& module;
+      LogTarget(Module& module, LoggedMetrics& metrics) : module(module) {
+        module.set_log_target(&metrics, 1);
+      }
+      ~LogTarget() { module.set_log_target(nullptr, 0); }
+    } target(module_, metrics_);
+    test_ ? module_.on_test_epoch_end() : module_.on_validation_epoch_end();
+  }
   const auto reduced = t.strategy_->reduce_metrics(metrics_.epoch_view(false));
   if (t.progress_) {
     t.progress_->log_line(batches_, values_of(reduced));
     t.progress_->finish();
   }
-  test_ ? module_.on_test_epoch_end() : module_.on_validation_epoch_end();
   auto values = values_of(reduced);
   if (!record_) return values;  // Lightning logs nothing from the sanity check
   call_hooks(t.options_.callbacks(),

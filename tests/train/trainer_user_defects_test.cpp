@@ -239,6 +239,31 @@ TEST(TrainerUserDefects, CheckpointAfterAnEpochCutByLimitTrainBatchesResumesAtTh
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
 }
 
+// Counts the rows validation saw and logs the count at the epoch's end, as Lightning's users log
+// what they gathered over an epoch from on_validation_epoch_end.
+class CountsValidationRows : public ValidatedRegression {
+ public:
+  void on_validation_epoch_start() override { rows = 0; }
+  void validation_step(const Batch& batch, int64_t batch_idx) override {
+    ValidatedRegression::validation_step(batch, batch_idx);
+    rows += batch.data.size(0);
+  }
+  void on_validation_epoch_end() override { log("val_rows", static_cast<double>(rows)); }
+  int64_t rows = 0;
+};
+
+// A value log()ged from on_validation_epoch_end is one of the validation's metrics, as in
+// Lightning; it was dropped without a word.
+TEST(TrainerUserDefects, ValuesLoggedAtTheValidationEpochsEndAreMetrics) {
+  const TempDir dir;
+  Trainer trainer(quiet_options(dir / "run"));
+  CountsValidationRows model;
+  const auto metrics = trainer.validate(model, shuffled_data());
+  ASSERT_TRUE(metrics.count("val_loss"));
+  ASSERT_TRUE(metrics.count("val_rows"));
+  EXPECT_EQ(metrics.at("val_rows"), static_cast<double>(kRows));
+}
+
 // Regression whose learning rate halves every 3 steps, not 2.
 class RegressionOfSlowerDecay : public Regression {
  public:
