@@ -116,7 +116,9 @@ class Module {
   // The parameters this process trains (its stage's, under `pipe`), each once even where layers
   // share one (tied weights).
   std::vector<at::Tensor> parameters() const;
-  // Logs a scalar; reduced over micro-batches (and epochs) and written by rank 0.
+  // Logs a scalar; reduced over micro-batches (and epochs) and written by rank 0. From an epoch's
+  // hook (on_train_epoch_start/end, on_validation_..., on_test_...) a value of that epoch, as in
+  // Lightning: one per replica, averaged over them.
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options = {});
   void log(const std::string& name, double value, const LogOptions& options = {});
 
@@ -147,6 +149,9 @@ class Module {
   torch::nn::Sequential local_layers() const { return local_layers_; }
   // Where log() goes while a step (or micro-batch of `samples` rows) runs; nullptr to drop.
   void set_log_target(LoggedMetrics* metrics, int64_t samples);
+  // Runs one of the epoch hooks above (&Module::on_train_epoch_end, ...) with its log() going
+  // into `metrics` as values of the epoch.
+  void run_epoch_hook(void (Module::*hook)(), LoggedMetrics& metrics);
 
  protected:
   // The tensor to return (or log) for a loss normalised by a count of its own rather than by the
@@ -168,6 +173,7 @@ class Module {
   ForwardFn forward_;
   LoggedMetrics* log_target_ = nullptr;
   int64_t log_samples_ = 0;
+  bool in_epoch_hook_ = false;  // log() then records per epoch
 };
 
 }  // namespace pipetrain

@@ -38,7 +38,8 @@ std::map<std::string, double> EvaluationLoop::run() {
 void EvaluationLoop::reset() {
   Trainer& t = trainer_;
   module_.layers()->eval();
-  test_ ? module_.on_test_epoch_start() : module_.on_validation_epoch_start();
+  module_.run_epoch_hook(test_ ? &Module::on_test_epoch_start : &Module::on_validation_epoch_start,
+                         metrics_);
   // The sanity check is invisible to callbacks: nothing it measures may count as a validation.
   if (record_) {
     call_hooks(t.options_.callbacks(),
@@ -70,17 +71,9 @@ void EvaluationLoop::advance() {
 
 std::map<std::string, double> EvaluationLoop::on_run_end() {
   Trainer& t = trainer_;
-  {
-    // What the module's epoch-end hook log()s is one of the epoch's values, as in Lightning.
-    struct LogTarget {
-      Module& module;
-      LogTarget(Module& module, LoggedMetrics& metrics) : module(module) {
-        module.set_log_target(&metrics, 1);
-      }
-      ~LogTarget() { module.set_log_target(nullptr, 0); }
-    } target(module_, metrics_);
-    test_ ? module_.on_test_epoch_end() : module_.on_validation_epoch_end();
-  }
+  // What the module's epoch-end hook log()s is one of the epoch's values, as in Lightning.
+  module_.run_epoch_hook(test_ ? &Module::on_test_epoch_end : &Module::on_validation_epoch_end,
+                         metrics_);
   const auto reduced = t.strategy_->reduce_metrics(metrics_.epoch_view(false));
   if (t.progress_) {
     t.progress_->log_line(batches_, values_of(reduced));

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "batch_stream.h"
 #include "evaluation_loop.h"
@@ -55,6 +57,15 @@ FitData fit_data(const Trainer& trainer, const DataLoader& train, const DataLoad
       interval.is_fraction()
           ? std::max<int64_t>(1, static_cast<int64_t>(interval.value() * data.train_batches))
           : static_cast<int64_t>(interval.value());
+  // Counted within an epoch: more batches than it has would never validate (Lightning refuses
+  // it too).
+  if (data.val_batches > 0 && data.val_check_batches > data.train_batches) {
+    throw std::invalid_argument("val_check_interval " + std::to_string(data.val_check_batches) +
+                                " is more than the epoch's " + std::to_string(data.train_batches) +
+                                " training batches, so validation would never run: give at most " +
+                                std::to_string(data.train_batches) +
+                                ", or a fraction of the epoch (1.0 = its end)");
+  }
   return data;
 }
 
@@ -79,7 +90,7 @@ void TrainingEpochLoop::reset() {
   module_.layers()->train();
   const int64_t first_batch = t.fit_progress_.batch_idx;
   // Also when resuming mid-epoch, as Lightning does: this process will run the epoch's end.
-  module_.on_train_epoch_start();
+  module_.run_epoch_hook(&Module::on_train_epoch_start, epoch_metrics_);
   call_hooks(t.options_.callbacks(), &Callback::on_train_epoch_start, t, module_);
   if (t.progress_) {
     t.progress_->start("Epoch " + std::to_string(t.fit_progress_.epoch), data_.train_batches,
@@ -235,6 +246,8 @@ void TrainingEpochLoop::on_run_end() {
   // Stopped mid-epoch: the epoch goes on when the run resumes, and its end with it.
   if (t.fit_progress_.batch_idx < data_.train_batches) return;
 
+  // What the module's hook log()s is one of the epoch's values, as in Lightning.
+  module_.run_epoch_hook(&Module::on_train_epoch_end, epoch_metrics_);
   const auto epoch_row = t.strategy_->reduce_metrics(epoch_metrics_.epoch_view(true));
   if (!epoch_row.empty()) {
     t.remember(epoch_row);
@@ -244,7 +257,6 @@ void TrainingEpochLoop::on_run_end() {
   }
   t.fit_progress_.epoch_finished = true;
   for (auto& logger : t.loggers_) logger->save();
-  module_.on_train_epoch_end();
   call_hooks(t.options_.callbacks(), &Callback::on_train_epoch_end, t, module_);
   if (t.lr_scheduler_ && t.scheduler_interval_ == "epoch") t.lr_scheduler_->step();
   t.fit_progress_ = t.fit_progress_.next();

@@ -158,6 +158,15 @@ std::vector<at::Tensor> Module::parameters() const {
 
 void Module::log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
   if (!log_target_) return;
+  if (in_epoch_hook_) {
+    if (options.on_step().value_or(false)) {
+      throw std::invalid_argument("log(\"" + name +
+                                  "\") with on_step(true) in an epoch's hook: a value logged "
+                                  "there is the epoch's; log it per step from a step instead");
+    }
+    log_target_->add(name, value, 1, LogOptions(options).on_step(false).on_epoch(true));
+    return;
+  }
   if (summed_ && value.is_same(summed_->result)) {
     log_target_->add_ratio(name, summed_->sum, summed_->count, options);
   } else {
@@ -192,6 +201,21 @@ void Module::place(ForwardFn forward, torch::nn::Sequential local_layers) {
 void Module::set_log_target(LoggedMetrics* metrics, int64_t samples) {
   log_target_ = metrics;
   log_samples_ = samples;
+}
+
+void Module::run_epoch_hook(void (Module::*hook)(), LoggedMetrics& metrics) {
+  struct Target {
+    Module& module;
+    Target(Module& module, LoggedMetrics& metrics) : module(module) {
+      module.set_log_target(&metrics, 1);
+      module.in_epoch_hook_ = true;
+    }
+    ~Target() {
+      module.set_log_target(nullptr, 0);
+      module.in_epoch_hook_ = false;
+    }
+  } target(*this, metrics);
+  (this->*hook)();
 }
 
 }  // namespace pipetrain

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -262,6 +263,70 @@ TEST(TrainerUserDefects, ValuesLoggedAtTheValidationEpochsEndAreMetrics) {
   ASSERT_TRUE(metrics.count("val_loss"));
   ASSERT_TRUE(metrics.count("val_rows"));
   EXPECT_EQ(metrics.at("val_rows"), static_cast<double>(kRows));
+}
+
+// Counts the batches an epoch trained and logs the count at the epoch's end, and the epoch's
+// number at its start, as Lightning's users log from on_train_epoch_start/end.
+class CountsTrainingBatches : public Regression {
+ public:
+  void on_train_epoch_start() override {
+    batches = 0;
+    log("epoch_begun", static_cast<double>(epochs++));
+  }
+  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override {
+    ++batches;
+    return Regression::training_step(batch, batch_idx);
+  }
+  void on_train_epoch_end() override {
+    log("batches_seen", static_cast<double>(batches), LogOptions().on_step(per_step));
+  }
+  int64_t batches = 0, epochs = 0;
+  bool per_step = false;
+};
+
+// What the callback_metrics held at each epoch's end, where ModelCheckpoint and EarlyStopping
+// read what they monitor.
+class EpochEndRecorder : public Callback {
+ public:
+  void on_train_epoch_end(Trainer& trainer, Module&) override {
+    metrics.push_back(trainer.callback_metrics());
+  }
+  std::vector<std::map<std::string, double>> metrics;
+};
+
+// Values log()ged from on_train_epoch_start/end are the epoch's metrics, seen by the callbacks'
+// epoch-end hooks (they were dropped without a word); asking for them per step is refused.
+TEST(TrainerUserDefects, ValuesLoggedAtTheTrainingEpochsStartAndEndAreMetrics) {
+  const TempDir dir;
+  auto recorder = std::make_shared<EpochEndRecorder>();
+  Trainer trainer(quiet_options(dir / "run").max_epochs(2).callbacks({recorder}));
+  CountsTrainingBatches model;
+  trainer.fit(model, shuffled_data());
+  ASSERT_EQ(recorder->metrics.size(), 2u);
+  for (size_t epoch = 0; epoch < 2; ++epoch) {
+    const auto& metrics = recorder->metrics[epoch];
+    ASSERT_TRUE(metrics.count("batches_seen")) << "epoch " << epoch;
+    ASSERT_TRUE(metrics.count("epoch_begun")) << "epoch " << epoch;
+    EXPECT_EQ(metrics.at("batches_seen"), static_cast<double>(kRows / kBatchSize));
+    EXPECT_EQ(metrics.at("epoch_begun"), static_cast<double>(epoch));
+  }
+
+  Trainer refusing(quiet_options(dir / "refused").max_epochs(1));
+  CountsTrainingBatches per_step;
+  per_step.per_step = true;
+  expect_refused([&] { refusing.fit(per_step, shuffled_data()); },
+                 "log(\"batches_seen\") with on_step(true) in an epoch's hook");
+}
+
+// Validating every 7 batches of an epoch of 6 would never validate: refused, naming both.
+TEST(TrainerUserDefects, AValidationIntervalLongerThanTheEpochIsRefused) {
+  const TempDir dir;
+  const auto loader = shuffled_data();
+  Trainer trainer(
+      quiet_options(dir / "run").max_epochs(1).val_check_interval(BatchLimit::count(7)));
+  Regression model;
+  expect_refused([&] { trainer.fit(model, loader, &loader); },
+                 "val_check_interval 7 is more than the epoch's 6 training batches");
 }
 
 // Regression whose learning rate halves every 3 steps, not 2.
