@@ -266,33 +266,40 @@ std::map<std::string, at::Tensor> read_checkpoint_weights(const std::string& che
 
 namespace {
 
+// Where each parameter and buffer of `model` loads from, and the names a tied tensor is stored
+// under twice (a name and the one it loads from), whose values must then agree.
+struct StoredMatch {
+  std::map<std::string, std::string> from;
+  std::vector<std::pair<std::string, std::string>> stored_twice;
+};
+
 // For each parameter and buffer of `model`, the stored name it loads from, after checking that
-// each is stored with its shape and nothing stored is unknown to the model.
-std::map<std::string, std::string> match_stored(
-    torch::nn::Sequential& model, const std::map<std::string, std::vector<int64_t>>& shapes,
-    const WeightSelection& selection, const std::string& source) {
+// each is stored with its shape and nothing stored is unknown to the model. A tensor registered
+// under several names (a tied weight), or tied by name to another (`stored_under`), loads from its
+// first stored name, so that every copy of it takes the same values.
+StoredMatch match_stored(torch::nn::Sequential& model,
+                         const std::map<std::string, std::vector<int64_t>>& shapes,
+                         const WeightSelection& selection, const std::string& source) {
   const auto& stored_under = selection.stored_under;
   auto targets = model->named_parameters();
   for (const auto& b : model->named_buffers()) targets.insert(b.key(), b.value());
   // A tensor registered under several names (a tied weight) is stored under one of them.
   std::map<const c10::TensorImpl*, std::string> stored_as;
   for (const auto& item : targets) {
-    if (shapes.count(item.key())) stored_as[item.value().unsafeGetTensorImpl()] = item.key();
+    if (shapes.count(item.key())) stored_as.emplace(item.value().unsafeGetTensorImpl(), item.key());
   }
-  std::map<std::string, std::string> from;
+  StoredMatch match;
   for (const auto& item : targets) {
     std::string name = item.key();
-    if (shapes.count(name) == 0) {
-      const auto alias = stored_under.find(name);
-      const auto same = stored_as.find(item.value().unsafeGetTensorImpl());
-      if (alias != stored_under.end() && shapes.count(alias->second)) {
-        name = alias->second;
-      } else if (same != stored_as.end()) {
-        name = same->second;
-      } else {
-        throw std::runtime_error(source + " has no tensor '" + item.key() +
-                                 "': it was saved from a different model");
-      }
+    const auto alias = stored_under.find(name);
+    const auto same = stored_as.find(item.value().unsafeGetTensorImpl());
+    if (alias != stored_under.end() && shapes.count(alias->second)) {
+      name = alias->second;
+    } else if (same != stored_as.end()) {
+      name = same->second;
+    } else if (shapes.count(name) == 0) {
+      throw std::runtime_error(source + " has no tensor '" + item.key() +
+                               "': it was saved from a different model");
     }
     const auto& shape = shapes.at(name);
     if (!item.value().sizes().equals(shape)) {
@@ -300,7 +307,10 @@ std::map<std::string, std::string> match_stored(
                                " but the model's is " + shape_text(item.value().sizes()) +
                                ": it was saved from a different model");
     }
-    from[item.key()] = name;
+    if (name != item.key() && shapes.count(item.key())) {
+      match.stored_twice.emplace_back(item.key(), name);
+    }
+    match.from[item.key()] = name;
   }
   for (const auto& [name, shape] : shapes) {
     if (!targets.contains(name) && !(selection.held_elsewhere && selection.held_elsewhere(name))) {
@@ -308,7 +318,21 @@ std::map<std::string, std::string> match_stored(
                                "' the model does not have: it was saved from a different model");
     }
   }
-  return from;
+  return match;
+}
+
+// A tied tensor stored under two of its names must be stored twice with the same values: two
+// different tensors are an untied model's, which this one cannot hold.
+void check_stored_twice(const std::vector<std::pair<std::string, std::string>>& stored_twice,
+                        const std::map<std::string, at::Tensor>& weights,
+                        const std::string& source) {
+  for (const auto& [name, first] : stored_twice) {
+    if (!torch::equal(weights.at(name), weights.at(first))) {
+      throw std::runtime_error(source + " holds '" + first + "' and '" + name +
+                               "' as different tensors, but the model ties them (one tensor): "
+                               "it was saved from a model without that tie (an untied head?)");
+    }
+  }
 }
 
 void copy_into(torch::nn::Sequential& model, const std::map<std::string, std::string>& from,
@@ -330,12 +354,15 @@ void load_weights(torch::nn::Sequential& model, const std::map<std::string, at::
                   const std::string& source) {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& [name, tensor] : weights) shapes[name] = tensor.sizes().vec();
-  copy_into(model, match_stored(model, shapes, WeightSelection(), source), weights);
+  const auto match = match_stored(model, shapes, WeightSelection(), source);
+  check_stored_twice(match.stored_twice, weights, source);
+  copy_into(model, match.from, weights);
 }
 
 void load_weights(torch::nn::Sequential& model, const StoredWeights& stored,
                   const WeightSelection& selection) {
-  auto from = match_stored(model, stored.shapes(), selection, stored.source());
+  auto match = match_stored(model, stored.shapes(), selection, stored.source());
+  auto& from = match.from;
   std::set<std::string> names;
   for (auto it = from.begin(); it != from.end();) {
     if (selection.wanted && !selection.wanted(it->first)) {
@@ -345,7 +372,15 @@ void load_weights(torch::nn::Sequential& model, const StoredWeights& stored,
     names.insert(it->second);
     ++it;
   }
-  copy_into(model, from, stored.read(names));
+  std::vector<std::pair<std::string, std::string>> stored_twice;
+  for (const auto& pair : match.stored_twice) {
+    if (from.count(pair.first) == 0) continue;
+    stored_twice.push_back(pair);
+    names.insert(pair.first);
+  }
+  const auto weights = stored.read(names);
+  check_stored_twice(stored_twice, weights, stored.source());
+  copy_into(model, from, weights);
 }
 
 }  // namespace pipetrain

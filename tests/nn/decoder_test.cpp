@@ -290,6 +290,35 @@ TEST(Decoder, SdpaAndExplicitAttentionGiveTheSameLogits) {
   }
 }
 
+// A checkpoint of an untied decoder (embedding and head two tensors) loaded into a tied one (one
+// tensor under both names) is refused: loaded name by name, the embedding silently took the head's
+// values. A tied model's own weights, which hold the tensor under both names, still load.
+TEST(Decoder, AnUntiedCheckpointIsRefusedByATiedDecoder) {
+  auto config = small_llama();
+  config.tie_word_embeddings = false;
+  torch::manual_seed(3);
+  std::map<std::string, at::Tensor> untied;
+  for (const auto& item : nn::decoder(config)->named_parameters()) {
+    untied[item.key()] = item.value().detach().clone();
+  }
+  const std::string dir = make_temp_dir("untied-checkpoint");
+  save_safetensors(dir + "/model.safetensors", untied);
+  config.tie_word_embeddings = true;
+  auto tied = nn::decoder(config);
+  const auto before = tied->named_parameters()["0.weight"].detach().clone();
+  EXPECT_THROW(load_weights(tied, untied, "untied"), std::runtime_error);
+  EXPECT_THROW(load_weights(tied, StoredWeights(dir)), std::runtime_error);
+  EXPECT_TRUE(torch::equal(tied->named_parameters()["0.weight"], before));
+  fs::remove_all(dir);
+
+  std::map<std::string, at::Tensor> own;
+  for (const auto& item : nn::decoder(config)->named_parameters()) {
+    own[item.key()] = item.value().detach().clone();
+  }
+  load_weights(tied, own, "tied");
+  EXPECT_TRUE(torch::equal(tied->named_parameters()["5.weight"], own.at("0.weight")));
+}
+
 TEST(Decoder, PresetsHaveThePublishedShapes) {
   const auto llama = nn::decoder_preset("llama3.2-1b");
   EXPECT_EQ(llama.n_layer, 16);
