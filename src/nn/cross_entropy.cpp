@@ -115,7 +115,11 @@ class ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy
     // TensorIterator's slow broadcasting path, 3.4 ms for GPT-2's [16384, 50304] on an H200).
     // Reading it waits for the forward just queued, so the device idles only while the next
     // kernel is launched.
-    grad.mul_((grad_output[0].to(at::kDouble) / saved[1]).item<double>());
+    // Where every row is ignored the count is 0 and the kept gradient all zeros: zeros, as
+    // torch's, not 0 x infinity.
+    const at::Tensor count = saved[1].to(at::kDouble);
+    const at::Tensor factor = grad_output[0].to(at::kDouble) / count;
+    grad.mul_(at::where(count.eq(0), at::zeros_like(factor), factor).item<double>());
     return {grad, {}, {}, {}, {}, {}, {}, {}};
   }
 

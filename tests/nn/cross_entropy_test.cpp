@@ -216,6 +216,23 @@ TEST(ChunkedCrossEntropy, WithoutAnIgnoreIndexCountsEveryRow) {
   EXPECT_TRUE(torch::allclose(actual.grad, expected.grad, 1e-5, 1e-7));
 }
 
+// Every row ignored: the mean is NaN, as torch's, and the gradient zeros, as torch's (it was NaN
+// on the CPU, 0 x the count's inverse, infinite: one micro-batch of padding poisoned every weight).
+TEST(ChunkedCrossEntropy, EveryRowIgnoredGivesZeroGradientsAsTorch) {
+  torch::manual_seed(8);
+  const auto logits = torch::randn({6, 5});
+  const auto target = torch::full({6}, -100, torch::kLong);
+  const auto expected =
+      run(logits, [&](const at::Tensor& x) { return F::cross_entropy(x, target); });
+  for (const int64_t block_rows : {0, 4}) {
+    const auto actual = run(logits, [&](const at::Tensor& x) {
+      return chunked_cross_entropy(x, target, -100, block_rows);
+    });
+    EXPECT_TRUE(std::isnan(actual.loss.item<double>()));
+    EXPECT_TRUE(torch::equal(actual.grad, expected.grad)) << actual.grad;
+  }
+}
+
 // The sum over the rows that count, as F::cross_entropy's reduction "sum", with its gradient; 0
 // (and zero gradients) where every row is ignored, where the mean is NaN. On the CPU, and on a GPU
 // (pipetrain's kernel) where there is one.
