@@ -464,6 +464,8 @@ TEST_F(HfDecoder, AFolderThatDoesNotFitIsRefusedNamingTheTensorOrKey) {
   expect_mentions(config_error([](Json& json) { json["mlp_bias"] = true; }), {"\"mlp_bias\""});
   expect_mentions(config_error([](Json& json) { json["hidden_act"] = "gelu"; }),
                   {"\"hidden_act\""});
+  expect_mentions(config_error([](Json& json) { json["attention_dropout"] = 0.1; }),
+                  {"\"attention_dropout\"", "no dropout"});
   // The older "type" key names a kind pipetrain has, and reads as that kind.
   Json legacy = good;
   legacy["rope_scaling"].erase("rope_type");

@@ -464,6 +464,10 @@ nn::DecoderConfig read_hf_decoder_config(const std::string& dir, std::string* mo
   if (fields.boolean("mlp_bias", false)) {
     fields.fail("mlp_bias", "is true: pipetrain's decoder MLP has no biases");
   }
+  // transformers applies it while training; fit would train without it.
+  if (fields.number("attention_dropout", 0.0) != 0.0) {
+    fields.fail("attention_dropout", "is not 0: pipetrain's decoder attention has no dropout");
+  }
   if (fields.boolean("use_sliding_window", false)) {
     fields.fail("use_sliding_window", "is true: pipetrain's attention has no sliding window");
   }

@@ -40,7 +40,7 @@ int64_t parse_max_shard_size(const std::string& text);
 // "" when absent) when given. Throws std::invalid_argument naming the file and the key: a missing
 // or mistyped key, another model_type (mistral, qwen2...) or rope kind (yarn, dynamic, linear,
 // longrope), a variant pipetrain does not build (sliding-window layers, an MLP bias, another
-// activation).
+// activation, attention dropout).
 nn::DecoderConfig read_hf_decoder_config(const std::string& dir, std::string* model_type = nullptr,
                                          std::string* dtype = nullptr);
 
