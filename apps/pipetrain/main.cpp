@@ -548,7 +548,7 @@ int run(const std::string& command, const Args& given) {
         pipetrain::cli::write_hf_gpt2_config(pipetrain::cli::gpt2_config(a.model), dir);
       } else {
         pipetrain::cli::write_hf_decoder_config(pipetrain::cli::decoder_config(a.model),
-                                                a.model.name, dir);
+                                                a.model.name, dir, a.model.init_from);
       }
     }
     const auto train = loader(model.train, a, true);
@@ -662,11 +662,14 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
         "from)");
   }
   const auto config = pipetrain::cli::decoder_config(shape);
+  // The tokenizer and its bos/eos ids from --init-from; without it, the ids fit kept from the
+  // folder it started from (else transformers would take LlamaConfig's 1 and 2).
+  const std::string tokenizer_from = !model.init_from.empty() ? model.init_from : run_dir;
   // One output shard's tensors read at a time, from the checkpoint's files that hold them.
   const pipetrain::StoredWeights stored(checkpoint);
   pipetrain::cli::export_hf_decoder(pipetrain::cli::WeightSource::of(stored), config, model.name,
                                     output, pipetrain::cli::parse_max_shard_size(max_shard_size),
-                                    dtype == "bf16" ? at::kBFloat16 : at::kFloat, model.init_from);
+                                    dtype == "bf16" ? at::kBFloat16 : at::kFloat, tokenizer_from);
   std::cout << "wrote " << output << " (transformers.AutoModelForCausalLM.from_pretrained(\""
             << output << "\"))" << std::endl;
 }

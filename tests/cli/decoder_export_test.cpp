@@ -80,7 +80,15 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
   EXPECT_TRUE(torch::equal(exported.at("model.norm.weight"), trained.at("3.weight")));
   EXPECT_TRUE(torch::equal(exported.at("lm_head.weight"), trained.at("4.weight")));
   // Fit from the export (two stages, each reading only its own layers' tensors) at lr 0: the
-  // weights it starts from are the trained ones, exactly.
+  // weights it starts from are the trained ones, exactly. The folder names its tokenizer's bos and
+  // eos ids, as a published model's does.
+  {
+    std::ifstream in(dir + "/hf/config.json");
+    auto with_ids = nlohmann::json::parse(in);
+    with_ids["bos_token_id"] = 250;
+    with_ids["eos_token_id"] = nlohmann::json::array({251, 252});
+    std::ofstream(dir + "/hf/config.json", std::ios::trunc) << with_ids.dump(2);
+  }
   fit(dir + "/restarted", {"--init-from", dir + "/hf", "--lr", "0"});
   const auto restarted =
       read_checkpoint_weights(dir + "/restarted/lightning_logs/version_0/checkpoints/last.ckpt");
@@ -94,6 +102,16 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
   EXPECT_EQ(config.at("rms_norm_eps"), 0.0001);
   EXPECT_EQ(config.at("tie_word_embeddings"), false);
   EXPECT_EQ(config.at("num_key_value_heads"), 1);
+
+  // Exported without --init-from, the run started from that folder keeps its bos and eos ids
+  // (without them transformers takes LlamaConfig's 1 and 2, and generation stops at another token).
+  run_ok(
+      pipetrain_command({"export", "--format", "hf", "--model", "llama", "--ckpt-path", "last",
+                         "--default-root-dir", dir + "/restarted", "--output", dir + "/hf-again"}));
+  std::ifstream again_file(dir + "/hf-again/config.json");
+  const auto again = nlohmann::json::parse(again_file);
+  EXPECT_EQ(again.value("bos_token_id", nlohmann::json()), 250);
+  EXPECT_EQ(again.value("eos_token_id", nlohmann::json()), nlohmann::json::array({251, 252}));
 
   const auto contradicted = run_command(export_command(dir + "/other", {"--rope-theta", "99"}));
   EXPECT_NE(contradicted.exit_code, 0);

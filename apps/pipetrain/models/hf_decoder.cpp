@@ -760,13 +760,14 @@ void export_hf_decoder(const WeightSource& weights, const nn::DecoderConfig& con
 }
 
 void write_hf_decoder_config(const nn::DecoderConfig& config, const std::string& model_type,
-                             const std::string& dir) {
+                             const std::string& dir, const std::string& tokenizer_from) {
   nn::check_decoder_config(config);
+  const Json token_ids = read_tokenizer_source(tokenizer_from, config.vocab_size).token_ids;
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) throw std::runtime_error("cannot create " + dir + ": " + error.message());
   write_file((fs::path(dir) / "config.json").string(),
-             config_json(config, model_type, at::kFloat, Json::object()).dump(2) + "\n");
+             config_json(config, model_type, at::kFloat, token_ids).dump(2) + "\n");
 }
 
 }  // namespace pipetrain::cli

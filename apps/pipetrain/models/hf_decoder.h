@@ -96,8 +96,9 @@ void export_hf_decoder(const WeightSource& weights, const nn::DecoderConfig& con
 
 // `dir`/config.json of a `model_type` decoder of shape `config` (fp32), as export writes it: the
 // command keeps one beside a fit's checkpoints, so that export knows what the weights do not say
-// (RoPE, eps, positions). Creates `dir`; writes atomically.
+// (RoPE, eps, positions; with `tokenizer_from`, the folder fit started from, its config.json's
+// bos_token_id and eos_token_id, which an export then keeps). Creates `dir`; writes atomically.
 void write_hf_decoder_config(const nn::DecoderConfig& config, const std::string& model_type,
-                             const std::string& dir);
+                             const std::string& dir, const std::string& tokenizer_from = "");
 
 }  // namespace pipetrain::cli
