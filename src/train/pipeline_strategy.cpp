@@ -9,10 +9,12 @@
 // The user's steps run on the last stage once per micro-batch, where forward() returns the
 // pipeline's output for that micro-batch; what they log is reduced there, over the replicas'
 // last stages, and broadcast along each pipeline.
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -36,6 +38,27 @@ namespace {
 
 // The index of the layer a global name ("3.weight") belongs to.
 int64_t layer_of(const std::string& name) { return std::stoll(name.substr(0, name.find('.'))); }
+
+// Every rank was seeded alike (TrainerOptions::seed), so the ranks of one pipeline would draw the
+// same numbers: a dropout of the second stage kept exactly the elements the first stage's kept,
+// where one process draws the two masks apart. A rank at place `place` > 0 of its pipeline
+// reseeds the default generators (CPU and CUDA) from the run's seed and its place (splitmix64), as
+// Megatron offsets its seed by the pipeline rank; the first place keeps the run's stream, so one
+// process, and replicas of it, draw as before.
+void draw_apart_from_other_stages(int64_t place) {
+  if (place == 0) return;
+  uint64_t seed = 0;
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    seed = generator.current_seed();
+  }
+  uint64_t z =
+      (seed ^ 0x5851f42d4c957f2dULL) + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(place);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  torch::manual_seed(z ^ (z >> 31));
+}
 
 // `single` and `ddp` run the whole batch as one micro-batch on one stage, with nothing to
 // recompute; CUDA graphs, fused accumulation and the trace apply as given. Asking them for
@@ -186,6 +209,7 @@ class PipelineStrategy : public Strategy {
     replicas_of_stage_ =
         stages_ == 1 ? world_ : world_->group(stage_ranks, "stage" + std::to_string(stage));
     broadcast_initial_weights(module);
+    draw_apart_from_other_stages(stage);
     pipe_ = std::make_unique<Pipe>(module.layers(), options_, pipeline_);
     if (replicas_ > 1) {
       if (zero_stage_ == 1) {

@@ -132,7 +132,28 @@ class InputNormalised : public SgdModule {
   }
 };
 
+// Two dropouts, then a Linear that passes its input on (identity, no bias, learning rate 0):
+// logs the share of the output's elements that both masks kept, a quarter where the two layers'
+// masks are drawn apart, as one process draws them.
+class TwoDropouts : public SgdModule {
+ public:
+  TwoDropouts()
+      : SgdModule(
+            torch::nn::Sequential(torch::nn::Dropout(0.5), torch::nn::Dropout(0.5),
+                                  torch::nn::Linear(torch::nn::LinearOptions(16, 16).bias(false))),
+            0.0) {
+    torch::NoGradGuard no_grad;
+    layers()->parameters()[0].copy_(torch::eye(16));
+  }
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    const auto out = forward(batch.data);
+    log("kept", (out != 0).to(torch::kFloat).mean());
+    return torch::mse_loss(out, batch.target);
+  }
+};
+
 std::unique_ptr<Module> make_model(const std::string& name) {
+  if (name == "dropouts") return std::make_unique<TwoDropouts>();
   if (name == "masked") return std::make_unique<MaskedRegression>();
   if (name == "masked_per_rank") return std::make_unique<MaskedRegressionBuiltPerRank>();
   if (name == "masked_momentum") return std::make_unique<MaskedRegressionWithMomentum>();
@@ -141,10 +162,22 @@ std::unique_ptr<Module> make_model(const std::string& name) {
   return std::make_unique<Normalised>();
 }
 
+// 64 rows for `model`: ones to drop out onto zeros, the masked regression, or its first 3
+// targets twice.
+TensorDataset data_for(const std::string& model) {
+  if (model == "dropouts") return {torch::ones({64, 16}), torch::zeros({64, 16})};
+  auto d = masked_data();
+  if (model.rfind("masked", 0) == 0) return d;
+  return {d.inputs, d.targets.slice(1, 0, 3).repeat({1, 2})};
+}
+
 // Two epochs of 64 rows, validated on the same rows; every rank writes its layers' parameters and
 // buffers to rank-<r>.
 void train(const UserRun& run) {
-  Trainer trainer(run.trainer_options(PipeOptions().deferred_batch_norm(run.deferred_batch_norm))
+  auto pipe_options = PipeOptions().deferred_batch_norm(run.deferred_batch_norm);
+  // One dropout on each stage.
+  if (run.model == "dropouts" && run.strategy == "pipe") pipe_options.balance({1, 2});
+  Trainer trainer(run.trainer_options(pipe_options)
                       .accumulate_grad_batches(run.accumulate)
                       .zero_stage(run.zero_stage)
                       .stages(run.stages)
@@ -157,10 +190,7 @@ void train(const UserRun& run) {
                                 : std::optional(PlanOptions().file(run.plan)))
                       .max_epochs(2));
   auto model = make_model(run.model);
-  const auto data = run.model.rfind("masked", 0) == 0 ? masked_data() : [] {
-    auto d = masked_data();
-    return TensorDataset{d.inputs, d.targets.slice(1, 0, 3).repeat({1, 2})};
-  }();
+  const auto data = data_for(run.model);
   // Validation (the sanity check and each epoch's end) must leave BatchNorm's statistics alone.
   const DataLoader loader(data, DataLoaderOptions().batch_size(run.batch_size));
   trainer.fit(*model, loader, &loader);
@@ -419,6 +449,26 @@ TEST(DeferredBatchNorm, RefusesANestedBatchNormAndCudaGraphs) {
       PipeOptions(), "layer 1 holds one inside");
   expect_refusal(torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8)),
                  PipeOptions().cuda_graphs(true).checkpoint("never"), "cannot be combined");
+}
+
+// Every rank is seeded alike (the Trainer's seed): the dropout of the second stage drew the very
+// mask the first stage's drew, so half the elements came through both where a quarter does in one
+// process.
+TEST_F(UserModels, DropoutMasksOfDifferentStagesAreDrawnApart) {
+  auto single = run("dropouts", "single");
+  single.batch_size = 64;  // a batch an epoch, two epochs
+  train(single);
+  auto pipe = single;
+  pipe.root = dir + "/pipe";
+  pipe.strategy = "pipe";
+  pipe.devices = 2;
+  train_in_ranks(pipe, 2);
+  for (const auto* r : {&single, &pipe}) {
+    SCOPED_TRACE(r->root);
+    const auto kept = read_csv_column(metrics_csv(r->root), "kept");
+    ASSERT_EQ(kept.size(), 2u);
+    for (double k : kept) EXPECT_NEAR(k, 0.25, 0.06);
+  }
 }
 
 TEST_F(UserModels, DdpReplicasHoldReplicaZerosBatchNormStatistics) {
