@@ -117,8 +117,9 @@ void Pipe::Impl::check_graphs_fit(const StageValue& input, int64_t microbatch) {
     why = "its input is " + input.describe() + " " + c10::toString(input.tensors[0].scalar_type());
   } else {
     const AutocastCacheOff cache_off;  // the capture comes next (stage_graphs.h)
-    const StageValue output = RngState::capture().replay(
-        [&] { return rerun_stage(local_stages_.at(0), input, microbatch, false); });
+    const StageValue output = RngState::capture(world_->device()).replay([&] {
+      return rerun_stage(local_stages_.at(0), input, microbatch, false);
+    });
     if (!output.is_tensor() || (!is_last_stage() && !output.tensors[0].is_floating_point())) {
       why =
           "it returns " + output.describe() + " " + c10::toString(output.tensors[0].scalar_type());

@@ -1,6 +1,7 @@
 #include "pipeline/recompute.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 
 #include <mutex>
@@ -30,11 +31,19 @@ int64_t recompute_below(CheckpointMode mode, int64_t chunks) {
   return 0;
 }
 
-RngState RngState::capture() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
+RngState RngState::capture(const c10::Device& device) {
   RngState state;
-  state.cpu_state_ = generator.get_state();
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state.cpu_state_ = generator.get_state();
+  }
+  if (device.is_cuda()) {
+    state.device_ = device;
+    auto generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state.device_state_ = generator.get_state();
+  }
   return state;
 }
 
@@ -45,9 +54,16 @@ RngState RngState::from(at::Tensor cpu_state) {
 }
 
 void RngState::restore() const {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(cpu_state_);
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(cpu_state_);
+  }
+  if (device_state_.defined()) {
+    auto generator = at::globalContext().defaultGenerator(device_);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(device_state_);
+  }
 }
 
 }  // namespace pipetrain

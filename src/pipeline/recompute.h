@@ -1,10 +1,12 @@
 // Activation checkpointing (torchgpipe / FairScale semantics): a recomputed micro-batch runs its
 // stage forward without keeping activations and recomputes them during backward. The random
-// number generator is put back to its state at the original forward for the recompute, so dropout
+// number generators (the CPU's, and the CUDA device's the stage runs on: dropout on a GPU draws
+// from that one) are put back to their state at the original forward for the recompute, so dropout
 // draws the same mask twice and results do not depend on the mode.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <string>
@@ -21,18 +23,19 @@ std::vector<std::string> checkpoint_mode_names();
 // Micro-batches with index < recompute_below(...) are recomputed during training.
 int64_t recompute_below(CheckpointMode mode, int64_t chunks);
 
-// The state of the default CPU generator, to replay a forward's random draws.
+// The state of the default CPU generator and, for a CUDA `device`, of that device's default
+// generator, to replay a forward's random draws.
 class RngState {
  public:
-  static RngState capture();
+  static RngState capture(const c10::Device& device = c10::Device(c10::kCPU));
   static RngState from(at::Tensor cpu_state);
   const at::Tensor& cpu_state() const { return cpu_state_; }
-  // Sets the generator to this state.
+  // Sets the generators to this state.
   void restore() const;
-  // Runs `fn` with the generator as captured, then puts the generator back as it was before.
+  // Runs `fn` with the generators as captured, then puts them back as they were before.
   template <typename Fn>
   auto replay(Fn&& fn) const {
-    const auto now = capture();
+    const auto now = capture(device_);
     restore();
     struct Restore {
       const RngState& state;
@@ -43,6 +46,8 @@ class RngState {
 
  private:
   at::Tensor cpu_state_;
+  c10::Device device_ = c10::Device(c10::kCPU);
+  at::Tensor device_state_;  // a CUDA device's generator, where device_ is one
 };
 
 }  // namespace pipetrain

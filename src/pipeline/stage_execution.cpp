@@ -24,7 +24,7 @@ class EagerExecution : public StageExecution {
       return;
     }
     // Without its graph: the backward runs the forward again, from the same random state.
-    state.rng = RngState::capture();
+    state.rng = RngState::capture(state.input.tensors.at(0).device());
     torch::NoGradGuard no_grad;
     state.output = run(state.input);
   }

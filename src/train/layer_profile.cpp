@@ -139,7 +139,7 @@ std::vector<LayerProfile> profile_layers(int64_t count,
                                 std::to_string(repeats));
   }
   // Dropout draws here must not move the run's random numbers.
-  const RngState rng = RngState::capture();
+  const RngState rng = RngState::capture(device);
   std::vector<LayerProfile> profiles(samples.size());
   std::vector<StageValue> inputs;  // each sample's, as the layers so far made it
   for (size_t k = 0; k < samples.size(); ++k) {

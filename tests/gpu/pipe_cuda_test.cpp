@@ -438,6 +438,42 @@ TEST(CudaPipe, CudaGraphsAndFusedAccumulationGiveWhatEagerGives) {
   }
 }
 
+// One GPU, the reference model with a dropout of 0.5, 4 micro-batches a step, 3 SGD steps under
+// checkpoint `never` and `always` from the same seed: [losses, parameters...] of each as
+// dropout_<mode>.pt.
+PIPETRAIN_WORKER(cuda_dropout_recompute_worker) {
+  auto world =
+      World::connect(*select_cluster_environment(), World::kDefaultTimeout, c10::DeviceType::CUDA);
+  for (const std::string mode : {"never", "always"}) {
+    Pipe pipe(make_reference_model(kSeed, 0.5),
+              PipeOptions().chunks(4).checkpoint(mode).schedule("gpipe"), world);
+    torch::manual_seed(11);  // the CUDA generator's masks: the same for both modes
+    const auto saved =
+        train_reference_steps(pipe, world->device(), torch::kFloat, false, Reset::kToNone, false);
+    torch::save(saved, result_path(env_or("RESULT_DIR", "."), "dropout_" + mode, 0));
+  }
+}
+
+// Dropout on a GPU draws from the CUDA generator: a recomputed forward must draw the masks its
+// first forward drew, or the backward differentiates through other masks than the loss saw (the
+// recompute once put back the CPU generator alone). The modes run the same kernels on the same
+// masks: relative 1e-6, absolute 1e-7 (fp32).
+TEST(CudaPipe, RecomputedDropoutOnTheGpuDrawsTheMasksOfItsForward) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = make_temp_dir("cuda-dropout-recompute");
+  ASSERT_EQ(run_ranks(1, "cuda_dropout_recompute_worker", {{"RESULT_DIR", dir}}), 0);
+  std::vector<at::Tensor> never, always;
+  torch::load(never, result_path(dir, "dropout_never", 0));
+  torch::load(always, result_path(dir, "dropout_always", 0));
+  ASSERT_EQ(never.size(), always.size());
+  for (size_t i = 0; i < never.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(always[i], never[i], 1e-6, 1e-7))
+        << (i == 0 ? "losses" : "parameter " + std::to_string(i - 1)) << " differ by "
+        << (always[i] - never[i]).abs().max().item<double>();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(CudaTrainer, Bf16MixedKeepsFp32MasterWeightsOnTheGpuAndLearns) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const auto root = make_temp_dir("cuda-trainer");
