@@ -73,6 +73,17 @@ Packet activation_packet(const StageValue& output) {
   return packet;
 }
 
+// The first stage's rows of a micro-batch are a view of the step's batch, which a layer may change
+// in place (preprocessing at the front of the Sequential). Each run of the stage takes a copy of
+// its own: rows changed in place by a forward were what its recomputation ran on again (halved
+// twice), and, all views sharing the batch's version counter, another micro-batch's change failed
+// autograd's check on the rows this one saved.
+StageValue own_copy(const StageValue& input) {
+  StageValue copy = input;
+  for (auto& t : copy.tensors) t = t.clone();
+  return copy;
+}
+
 // What the previous stage passed on, as its last layer packed it.
 StageValue unpacked(Packet packet) {
   return StageValue::from_label(packet.label, std::move(packet.tensors));
@@ -454,8 +465,9 @@ void Pipe::Impl::run_forward(Step& step, const Action& action) {
   {
     Trace::Span span(options_.trace().get(), "forward", mb.index);
     ProfileTimer timer(step.profiling, world_->device(), step.seconds[0]);
-    execution_->forward(state,
-                        [&](const StageValue& input) { return run_stage(stage, input, mb.index); });
+    execution_->forward(state, [&](const StageValue& input) {
+      return run_stage(stage, is_first(stage.index) ? own_copy(input) : input, mb.index);
+    });
     if (is_last(stage.index)) {
       // The loss head runs with autograd even where the stage's own graph is gone (recomputed)
       // or captured; its input is a leaf that collects the gradient the stage's backward needs.
@@ -501,9 +513,11 @@ void Pipe::Impl::run_backward(Step& step, const Action& action) {
       state.loss.backward();  // the loss head alone, into the output's leaf
       grad_outputs = {state.output.tensors[0].grad()};
     }
-    input_grads.tensors = execution_->backward(
-        state, grad_outputs, inputs, split,
-        [&](const StageValue& input) { return rerun_stage(stage, input, mb.index, true); });
+    input_grads.tensors =
+        execution_->backward(state, grad_outputs, inputs, split, [&](const StageValue& input) {
+          return rerun_stage(stage, is_first(stage.index) ? own_copy(input) : input, mb.index,
+                             true);
+        });
   }
   if (!is_first(stage.index) && !input_grads.tensors.empty()) {
     pass_on(&step, true, stage.index, mb, std::move(input_grads), state.slot);
