@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
