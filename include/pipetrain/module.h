@@ -118,7 +118,9 @@ class Module {
   std::vector<at::Tensor> parameters() const;
   // Logs a scalar; reduced over micro-batches (and epochs) and written by rank 0. From an epoch's
   // hook (on_train_epoch_start/end, on_validation_..., on_test_...) a value of that epoch, as in
-  // Lightning: one per replica, averaged over them.
+  // Lightning: one per replica, averaged over them. Anywhere else (predict_step,
+  // configure_optimizers, a Callback's hooks) it throws std::invalid_argument rather than drop the
+  // value.
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options = {});
   void log(const std::string& name, double value, const LogOptions& options = {});
 
@@ -147,7 +149,7 @@ class Module {
   void build_layers(const std::vector<bool>& held, uint64_t seed);
   // The layers this process runs.
   torch::nn::Sequential local_layers() const { return local_layers_; }
-  // Where log() goes while a step (or micro-batch of `samples` rows) runs; nullptr to drop.
+  // Where log() goes while a step (or micro-batch of `samples` rows) runs; nullptr: log() throws.
   void set_log_target(LoggedMetrics* metrics, int64_t samples);
   // Runs one of the epoch hooks above (&Module::on_train_epoch_end, ...) with its log() going
   // into `metrics` as values of the epoch.

@@ -157,7 +157,16 @@ std::vector<at::Tensor> Module::parameters() const {
 }
 
 void Module::log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
-  if (!log_target_) return;
+  // Dropping the value would leave the user's metric missing without a word.
+  if (!log_target_) {
+    throw std::invalid_argument(
+        "log(\"" + name +
+        "\") here has nowhere to go: log() records from training_step, validation_step, "
+        "test_step and the module's epoch hooks (on_train_epoch_start/end, "
+        "on_validation_epoch_start/end, on_test_epoch_start/end), not from predict_step, "
+        "configure_optimizers or a Callback; a Callback writes values with "
+        "trainer.log_metrics(...)");
+  }
   if (in_epoch_hook_) {
     if (options.on_step().value_or(false)) {
       throw std::invalid_argument("log(\"" + name +

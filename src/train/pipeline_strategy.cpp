@@ -290,14 +290,13 @@ class PipelineStrategy : public Strategy {
     };
     pipe_->forward(batch.data, batch.data.size(0),
                    [&](const at::Tensor& output, const MicroBatch& mb) {
-                     run_user_step(module, batch, mb, output, metrics, evaluate);
+                     run_user_step(module, batch, mb, output, &metrics, evaluate);
                    });
   }
 
   at::Tensor predict_step(Module& module, const Batch& host_batch, int64_t batch_idx) override {
     const Batch batch = on_device(host_batch);
     std::vector<at::Tensor> outputs;
-    LoggedMetrics ignored;
     auto predict = [&](const Batch& micro) { return module.predict_step(micro, batch_idx); };
     // A replica left without a row of the last global batch predicts nothing (and sends rank 0
     // an empty tensor, which it leaves out).
@@ -305,7 +304,7 @@ class PipelineStrategy : public Strategy {
     if (!empty) {
       pipe_->forward(
           batch.data, batch.data.size(0), [&](const at::Tensor& output, const MicroBatch& mb) {
-            outputs.push_back(run_user_step(module, batch, mb, output, ignored, predict));
+            outputs.push_back(run_user_step(module, batch, mb, output, nullptr, predict));
           });
     }
     const at::Tensor mine = !pipe_->is_last_stage() ? at::Tensor()
@@ -521,15 +520,16 @@ class PipelineStrategy : public Strategy {
            ", checkpoint " + options_.checkpoint();
   }
   // Runs one of the user's steps on micro-batch `mb` of `batch`, forward() yielding `output` and
-  // log() going to `metrics` weighted by the micro-batch's rows.
+  // log() going to `metrics` weighted by the micro-batch's rows (refused where `metrics` is
+  // nullptr: predict_step logs nothing, as in Lightning).
   template <typename Step>
   at::Tensor run_user_step(Module& module, const Batch& batch, const MicroBatch& mb,
-                           const at::Tensor& output, LoggedMetrics& metrics, const Step& step) {
+                           const at::Tensor& output, LoggedMetrics* metrics, const Step& step) {
     const Batch micro = batch.slice(mb.begin, mb.end);
     current_output_ = output;
     current_output_version_ = output.defined() ? output._version() : 0;
     current_input_ = micro.data;
-    module.set_log_target(&metrics, mb.size());
+    module.set_log_target(metrics, mb.size());
     struct Reset {
       PipelineStrategy* self;
       Module& module;
@@ -551,7 +551,7 @@ class PipelineStrategy : public Strategy {
                               const MicroBatch& mb, const at::Tensor& output,
                               const StepOptions& options, LoggedMetrics& metrics) {
     std::optional<Module::SummedLoss> summed;
-    const auto loss = run_user_step(module, batch, mb, output, metrics, [&](const Batch& micro) {
+    const auto loss = run_user_step(module, batch, mb, output, &metrics, [&](const Batch& micro) {
       auto result = module.training_step(micro, batch_idx);
       summed = module.take_summed_loss();
       return result;

@@ -329,6 +329,40 @@ TEST(TrainerUserDefects, AValidationIntervalLongerThanTheEpochIsRefused) {
                  "val_check_interval 7 is more than the epoch's 6 training batches");
 }
 
+// Logs from a Callback's epoch end through the module, as Lightning's callbacks call
+// pl_module.log().
+class LogsThroughTheModule : public Callback {
+ public:
+  void on_train_epoch_end(Trainer&, Module& module) override { module.log("from_callback", 1.0); }
+};
+
+// Regression that logs from predict_step.
+class LogsWhilePredicting : public Regression {
+ public:
+  at::Tensor predict_step(const Batch& batch, int64_t batch_idx) override {
+    log("predicted_rows", static_cast<double>(batch.data.size(0)));
+    return Regression::predict_step(batch, batch_idx);
+  }
+};
+
+// log() where nothing records it (a Callback's hook, predict_step) dropped the value without a
+// word: refused, naming the value and where log() records.
+TEST(TrainerUserDefects, ALogWithNowhereToGoIsRefusedNotDropped) {
+  const TempDir dir;
+  const auto loader = shuffled_data();
+  Trainer from_callback(quiet_options(dir / "callback")
+                            .max_epochs(1)
+                            .callbacks({std::make_shared<LogsThroughTheModule>()}));
+  Regression model;
+  expect_refused([&] { from_callback.fit(model, loader); },
+                 "log(\"from_callback\") here has nowhere to go");
+
+  Trainer predicting(quiet_options(dir / "predict"));
+  LogsWhilePredicting predictor;
+  expect_refused([&] { predicting.predict(predictor, loader); },
+                 "log(\"predicted_rows\") here has nowhere to go");
+}
+
 // Regression whose learning rate halves every 3 steps, not 2.
 class RegressionOfSlowerDecay : public Regression {
  public:
