@@ -118,9 +118,9 @@ class Module {
   std::vector<at::Tensor> parameters() const;
   // Logs a scalar; reduced over micro-batches (and epochs) and written by rank 0. From an epoch's
   // hook (on_train_epoch_start/end, on_validation_..., on_test_...) a value of that epoch, as in
-  // Lightning: one per replica, averaged over them. Anywhere else (predict_step,
+  // Lightning: one per replica, averaged over them. Anywhere else in a Trainer (predict_step,
   // configure_optimizers, a Callback's hooks) it throws std::invalid_argument rather than drop the
-  // value.
+  // value; in a module no Trainer has set up it warns once and records nothing, as Lightning's.
   void log(const std::string& name, const at::Tensor& value, const LogOptions& options = {});
   void log(const std::string& name, double value, const LogOptions& options = {});
 
@@ -173,6 +173,7 @@ class Module {
   torch::nn::Sequential layers_;
   torch::nn::Sequential local_layers_;
   ForwardFn forward_;
+  bool placed_ = false;  // a strategy has placed it: a Trainer runs or ran it
   LoggedMetrics* log_target_ = nullptr;
   int64_t log_samples_ = 0;
   bool in_epoch_hook_ = false;  // log() then records per epoch

@@ -157,8 +157,14 @@ std::vector<at::Tensor> Module::parameters() const {
 }
 
 void Module::log(const std::string& name, const at::Tensor& value, const LogOptions& options) {
-  // Dropping the value would leave the user's metric missing without a word.
   if (!log_target_) {
+    // A step called by hand, the module never given to a Trainer: Lightning warns and goes on.
+    if (!placed_) {
+      TORCH_WARN_ONCE("log(\"", name,
+                      "\") records nothing outside a Trainer: the module was never fit");
+      return;
+    }
+    // Inside a Trainer, dropping the value would leave the user's metric missing without a word.
     throw std::invalid_argument(
         "log(\"" + name +
         "\") here has nowhere to go: log() records from training_step, validation_step, "
@@ -205,6 +211,7 @@ void Module::log(const std::string& name, double value, const LogOptions& option
 void Module::place(ForwardFn forward, torch::nn::Sequential local_layers) {
   forward_ = std::move(forward);
   local_layers_ = std::move(local_layers);
+  placed_ = true;
 }
 
 void Module::set_log_target(LoggedMetrics* metrics, int64_t samples) {

@@ -361,6 +361,11 @@ TEST(TrainerUserDefects, ALogWithNowhereToGoIsRefusedNotDropped) {
   LogsWhilePredicting predictor;
   expect_refused([&] { predicting.predict(predictor, loader); },
                  "log(\"predicted_rows\") here has nowhere to go");
+
+  // A step called by hand on a module no Trainer has set up warns, as Lightning's, and goes on.
+  Regression by_hand;
+  const Batch batch{torch::randn({4, 3}), torch::randn({4, 1})};
+  EXPECT_NO_THROW(by_hand.training_step(batch, 0));
 }
 
 // Regression whose learning rate halves every 3 steps, not 2.
