@@ -1,5 +1,6 @@
 #include "stage_execution.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <map>
@@ -27,6 +28,11 @@ class EagerExecution : public StageExecution {
     state.rng = RngState::capture(state.input.tensors.at(0).device());
     torch::NoGradGuard no_grad;
     state.output = run(state.input);
+    // Under autocast (bf16-mixed) the bf16 weight copies autocast cached here have no path back
+    // to the weights: every later forward of the step and the recompute would read them, and the
+    // weights would get no gradient. Casts cached before go too, and are made again where used
+    // (a fused Linear's step copies, which carry no autograd history anyway, stay).
+    at::autocast::clear_cache();
   }
 
   bool output_detached(const InFlight& state) const override { return state.recomputed; }

@@ -1,7 +1,8 @@
 // The Trainer as a user's own program meets it: only <pipetrain/pipetrain.h>, a Module and data of
 // the program's own, one process. Each test is a defect users ran into: a checkpoint saved after
 // fit() or inside an accumulation window that resumed differently, a batch hook that saw no loss
-// inside an accumulation window, and callback metrics that stayed empty between logging steps.
+// inside an accumulation window, callback metrics that stayed empty between logging steps, and
+// weights that recomputed micro-batches under bf16-mixed left without gradients.
 #include <gtest/gtest.h>
 #include <pipetrain/pipetrain.h>
 #include <stdlib.h>
@@ -547,6 +548,49 @@ TEST(TrainerUserDefects, CallbackMetricsHoldTheLatestLoggedValueAfterEveryBatch)
 
   EXPECT_EQ(recorder->train_loss_metric, model.losses);
   EXPECT_EQ(trainer.callback_metrics().at("train_loss"), model.losses.back());
+}
+
+// Regression by SGD (no Adam to turn a small difference into a sign's), with its parameters'
+// values after fit().
+class SgdRegression : public Regression {
+ public:
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
+  }
+  std::vector<at::Tensor> weights() const {
+    std::vector<at::Tensor> values;
+    for (const auto& p : layers()->parameters()) values.push_back(p.detach().clone());
+    return values;
+  }
+};
+
+// Under bf16-mixed a micro-batch to be recomputed first runs forward without autograd, and
+// autocast's cache kept the bf16 copies of the weights that forward made, copies without a path
+// back to the weights: the later micro-batches' forwards and the recompute read them, and the
+// weights got no gradient from any micro-batch of the step. A pipe recomputing its first
+// micro-batch (checkpoint "except_last") must train as one that keeps every graph ("never"): the
+// same arithmetic in the same order.
+TEST(TrainerUserDefects, RecomputedMicroBatchesUnderBf16MixedTrainAsWithoutRecomputation) {
+  const TempDir dir;
+  std::map<std::string, std::vector<at::Tensor>> trained;
+  for (const std::string checkpoint : {"never", "except_last"}) {
+    Trainer trainer(quiet_options(dir / checkpoint)
+                        .strategy("pipe")
+                        .precision("bf16-mixed")
+                        .max_steps(4)
+                        .pipe(PipeOptions().chunks(2).checkpoint(checkpoint)));
+    SgdRegression model;
+    trainer.fit(model, shuffled_data());
+    trained[checkpoint] = model.weights();
+  }
+  const auto& expected = trained["never"];
+  const auto& actual = trained["except_last"];
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(torch::equal(actual[i], expected[i]))
+        << "parameter " << i << " differs by "
+        << (actual[i] - expected[i]).abs().max().item<double>();
+  }
 }
 
 }  // namespace
