@@ -74,9 +74,10 @@ class Strategy {
   // Whether this process writes its optimizer's state into a checkpoint (replicas holding the
   // same state leave it to the first).
   virtual bool saves_optimizer_state() const { return batch_shard().replica == 0; }
-  // The L2 norm of all gradients of the whole model (every stage), as one process would compute
-  // it: a float64 scalar on this rank's device, which the host need not wait for. A collective.
-  virtual at::Tensor gradient_norm(Module& module) = 0;
+  // The L2 norm of the gradients of `parameters` (this process's share of those the optimizer
+  // trains) over the whole model (every stage), as one process would compute it: a float64 scalar
+  // on this rank's device, which the host need not wait for. A collective.
+  virtual at::Tensor gradient_norm(const std::vector<at::Tensor>& parameters) = 0;
   // What this process writes of a checkpoint's weights: every parameter and buffer of the layers
   // it holds under its global name ("3.weight"), as file `index` of the `count` the processes
   // write together (checkpoint_io.h). By default one process holds them all. A collective.

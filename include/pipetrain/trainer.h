@@ -159,6 +159,9 @@ class Trainer {
   double planned_steps_seconds_ = 0;
   int64_t planned_steps_ = 0;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  // What configure_optimizers gave the optimizer, each once, before any strategy shared it out:
+  // what gradient clipping covers, as Lightning's clips the optimizer's parameters.
+  std::vector<at::Tensor> optimized_parameters_;
   std::unique_ptr<LRScheduler> lr_scheduler_;
   std::string scheduler_interval_ = "epoch";
   // Filled lazily (step_metrics, callback_metrics): a cache behind const accessors.

@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 
 #include "batch_stream.h"
 #include "evaluation_loop.h"
@@ -291,6 +292,13 @@ void FitLoop::reset(const std::string& ckpt_path) {
   t.optimizer_ = std::move(config.optimizer);
   t.lr_scheduler_ = std::move(config.lr_scheduler);
   t.scheduler_interval_ = config.interval;
+  t.optimized_parameters_.clear();
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& group : t.optimizer_->param_groups()) {
+    for (const auto& p : group.params()) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) t.optimized_parameters_.push_back(p);
+    }
+  }
   t.strategy_->setup_optimizer(*t.optimizer_);
   // What each rank will hold, said (and held against max_memory) before any step.
   memory_.mine = memory_figures(module_, *t.optimizer_);

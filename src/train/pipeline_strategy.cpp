@@ -341,10 +341,10 @@ class PipelineStrategy : public Strategy {
   // Under ZeRO each replica writes the state of the parameters it owns.
   bool saves_optimizer_state() const override { return replica_ == 0 || zero_; }
 
-  at::Tensor gradient_norm(Module& module) override {
+  at::Tensor gradient_norm(const std::vector<at::Tensor>& parameters) override {
     // A tied parameter counts once, on the first stage holding it.
     std::vector<at::Tensor> gradients;
-    for (const auto& p : module.parameters()) {
+    for (const auto& p : parameters) {
       if (p.grad().defined() && !pipe_->tied_parameters().is_extra_copy(p)) {
         gradients.push_back(p.grad());
       }

@@ -278,13 +278,16 @@ void Trainer::optimizer_step(Module& module) {
     const double clip = options_.gradient_clip_val();
     torch::NoGradGuard no_grad;
     if (options_.gradient_clip_algorithm() == "norm") {
-      // The norm over every stage, as clip_grad_norm_ over the whole model would compute it;
-      // gradients are divided by max(1, norm / clip) (clip_grad_norm_ multiplies them by its
-      // inverse), which stays on the device: a divisor of 1 leaves a gradient as it is.
-      const auto divisor = ((strategy_->gradient_norm(module) + 1e-6) / clip).clamp_min(1.0);
+      // The norm over every stage, as clip_grad_norm_ over the optimizer's parameters would
+      // compute it in one process (a parameter the optimizer does not train keeps its gradient
+      // out of it, as in Lightning); gradients are divided by max(1, norm / clip)
+      // (clip_grad_norm_ multiplies them by its inverse), which stays on the device: a divisor of
+      // 1 leaves a gradient as it is.
+      const auto divisor =
+          ((strategy_->gradient_norm(optimized_parameters_) + 1e-6) / clip).clamp_min(1.0);
       divide_gradients_before_step(*optimizer_, divisor);
     } else {
-      for (auto& p : module.parameters()) {
+      for (auto& p : optimized_parameters_) {
         if (p.grad().defined()) p.grad().clamp_(-clip, clip);
       }
     }

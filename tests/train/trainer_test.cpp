@@ -122,7 +122,9 @@ class CountingStrategy : public Strategy {
   ReducedMetrics reduce_metrics(const LoggedMetrics& metrics) override {
     return inner_->reduce_metrics(metrics);
   }
-  at::Tensor gradient_norm(Module& module) override { return inner_->gradient_norm(module); }
+  at::Tensor gradient_norm(const std::vector<at::Tensor>& parameters) override {
+    return inner_->gradient_norm(parameters);
+  }
   WeightShard weight_shard(Module& module) override { return inner_->weight_shard(module); }
   void load_weights(Module& module, const StoredWeights& stored) override {
     inner_->load_weights(module, stored);

@@ -369,6 +369,52 @@ TEST(TrainerUserDefects, ALogWithNowhereToGoIsRefusedNotDropped) {
   EXPECT_NO_THROW(by_hand.training_step(batch, 0));
 }
 
+// Regression whose optimizer trains the last layer alone (a head fine-tuned), the first layer's
+// weights still requiring gradients.
+class HeadOnlyRegression : public Regression {
+ public:
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::SGD>(layers()->ptr(2)->parameters(),
+                                               torch::optim::SGDOptions(0.1));
+  }
+};
+
+// Clipping by norm covers the optimizer's parameters, as Lightning's clip_gradients does: the
+// first layer's gradients (never stepped, never cleared by the optimizer's zero_grad) counted in
+// the norm and grew step by step, shrinking the head's updates without a word. The head trains as
+// a plain LibTorch loop clipping the optimizer's parameters trains it.
+TEST(TrainerUserDefects, ClippingCoversTheOptimizersParametersAlone) {
+  const TempDir dir;
+  torch::manual_seed(3);
+  const auto x = torch::randn({kRows, 3});
+  const auto y = x.sum(1, true).tanh();
+  const DataLoader loader(TensorDataset(x, y), DataLoaderOptions().batch_size(kBatchSize));
+  constexpr double kClip = 0.05;
+  Trainer trainer(
+      quiet_options(dir / "run").max_steps(kRows / kBatchSize).gradient_clip_val(kClip));
+  HeadOnlyRegression model;
+
+  auto reference = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model.layers()->clone());
+  torch::optim::SGD sgd(reference->ptr(2)->parameters(), torch::optim::SGDOptions(0.1));
+  for (int64_t first = 0; first < kRows; first += kBatchSize) {
+    const auto rows = torch::indexing::Slice(first, first + kBatchSize);
+    torch::mse_loss(reference->forward(x.index({rows})), y.index({rows})).backward();
+    torch::nn::utils::clip_grad_norm_(sgd.param_groups()[0].params(), kClip);
+    sgd.step();
+    sgd.zero_grad();
+  }
+
+  trainer.fit(model, loader);
+  const auto trained = model.layers()->ptr(2)->parameters();
+  const auto expected = reference->ptr(2)->parameters();
+  ASSERT_EQ(trained.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(trained[i], expected[i], 1e-5, 1e-7))
+        << "head parameter " << i << " differs by "
+        << (trained[i] - expected[i]).abs().max().item<double>();
+  }
+}
+
 // Regression whose learning rate halves every 3 steps, not 2.
 class RegressionOfSlowerDecay : public Regression {
  public:
