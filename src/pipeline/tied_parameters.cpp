@@ -219,7 +219,19 @@ void TiedGradients::reduce() {
       if (!t.grad().defined()) continue;
       sum = sum.defined() ? sum + t.grad() : t.grad();
     }
-    if (!sum.defined()) sum = torch::zeros_like(local.tensors.front());
+    // A tie no copy used this step keeps no gradient, as in one process: an optimizer steps a
+    // gradient of zeros (weight decay, moments) where it skips a parameter without one. Whether
+    // another stage used it is read only where no copy here did (a host wait), never in a step
+    // that used it here.
+    const bool used_here = sum.defined();
+    if (local.stages) {
+      const auto used = local.stages->all_reduce_sum_on_device(
+          torch::full({1}, used_here ? 1.0 : 0.0, torch::kFloat64));
+      if (!used_here && used.item<double>() == 0) continue;
+    } else if (!used_here) {
+      continue;
+    }
+    if (!used_here) sum = torch::zeros_like(local.tensors.front());
     if (local.stages) {
       // In place: with one tensor here, sum is its gradient.
       std::vector<at::Tensor> buffer{on_wire(sum)};

@@ -163,7 +163,37 @@ class HalvedInPlace : public MseRegression {
                       0.1) {}
 };
 
+// A layer holding a tensor it does not use (a spare embedding row set, a branch not taken): the
+// input passes through.
+class HoldsUnusedImpl : public torch::nn::Module {
+ public:
+  explicit HoldsUnusedImpl(const at::Tensor& spare) {
+    this->spare = register_parameter("spare", spare);
+  }
+  at::Tensor forward(const at::Tensor& x) { return x; }
+  at::Tensor spare;
+};
+TORCH_MODULE(HoldsUnused);
+
+// One tensor of ones, registered in a layer of each stage (a tie across the stages) and used by
+// neither, trained with the rest by AdamW with weight decay, which steps only parameters with a
+// gradient, as in PyTorch.
+class UnusedTie : public MseRegression {
+ public:
+  UnusedTie() : MseRegression(layers_with_unused_tie(), 0.1) {}
+  OptimizerConfig configure_optimizers() override {
+    return std::make_unique<torch::optim::AdamW>(
+        parameters(), torch::optim::AdamWOptions(0.05).weight_decay(0.1));
+  }
+  static torch::nn::Sequential layers_with_unused_tie() {
+    const auto spare = torch::ones({2, 2});
+    return torch::nn::Sequential(HoldsUnused(spare), torch::nn::Linear(4, 8), torch::nn::Tanh(),
+                                 HoldsUnused(spare), torch::nn::Linear(8, 6));
+  }
+};
+
 std::unique_ptr<Module> make_model(const std::string& name) {
+  if (name == "unused_tie") return std::make_unique<UnusedTie>();
   if (name == "halved_in_place") return std::make_unique<HalvedInPlace>();
   if (name == "dropouts") return std::make_unique<TwoDropouts>();
   if (name == "masked") return std::make_unique<MaskedRegression>();
@@ -189,6 +219,8 @@ void train(const UserRun& run) {
   auto pipe_options = PipeOptions().deferred_batch_norm(run.deferred_batch_norm);
   // One dropout on each stage.
   if (run.model == "dropouts" && run.strategy == "pipe") pipe_options.balance({1, 2});
+  // One copy of the tie on each stage.
+  if (run.model == "unused_tie" && run.strategy == "pipe") pipe_options.balance({2, 3});
   Trainer trainer(run.trainer_options(pipe_options)
                       .accumulate_grad_batches(run.accumulate)
                       .zero_stage(run.zero_stage)
@@ -481,6 +513,27 @@ TEST_F(UserModels, DropoutMasksOfDifferentStagesAreDrawnApart) {
     ASSERT_EQ(kept.size(), 2u);
     for (double k : kept) EXPECT_NEAR(k, 0.25, 0.06);
   }
+}
+
+// A tie no copy used in a step got a gradient of zeros from the tied parameters' reduction, and
+// AdamW stepped it (its weight decay shrank the ones), in one process and across stages alike;
+// PyTorch's AdamW skips a parameter without a gradient. It stays as it was, and the rest trains
+// as single.
+TEST_F(UserModels, ATieNoStageUsesIsNotStepped) {
+  auto single = run("unused_tie", "single");
+  train(single);
+  auto pipe = run("unused_tie", "pipe");
+  pipe.strategy = "pipe";
+  pipe.devices = 2;
+  train_in_ranks(pipe, 2);
+  for (const auto* r : {&single, &pipe}) {
+    SCOPED_TRACE(r->root);
+    const auto weights = r->final_weights();
+    ASSERT_TRUE(weights.count("0.spare"));
+    EXPECT_TRUE(torch::equal(weights.at("0.spare"), torch::ones({2, 2}))) << weights.at("0.spare");
+  }
+  expect_same_train_losses(single.root, pipe.root);
+  expect_same_weights(single.final_weights(), pipe.final_weights(), 1e-5);
 }
 
 // A first layer that changes its input in place: under recomputation it ran again on the input it
