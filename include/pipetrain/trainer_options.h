@@ -25,8 +25,10 @@ class BatchLimit {
   static BatchLimit parse(const std::string& text);
   BatchLimit() = default;
 
-  // The number of batches out of `available`.
-  int64_t of(int64_t available) const;
+  // The number of batches out of `available`. Throws std::invalid_argument naming `option` (the
+  // limit's name, for the message) for a fraction above 0 that comes to none of them, as
+  // Lightning refuses it: the loop would run no batch without a word.
+  int64_t of(int64_t available, const std::string& option = "the batch limit") const;
   bool is_fraction() const { return is_fraction_; }
   double value() const { return value_; }
   std::string to_string() const;

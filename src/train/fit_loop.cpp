@@ -46,13 +46,15 @@ namespace {
 FitData fit_data(const Trainer& trainer, const DataLoader& train, const DataLoader* val,
                  FitMemory* memory) {
   const TrainerOptions& options = trainer.options();
-  FitData data{
-      train,
-      val,
-      options.limit_train_batches().of(train.num_batches(trainer.replicas())),
-      val ? options.limit_val_batches().of(val->num_evaluation_batches(trainer.replicas())) : 0,
-      0,
-      memory};
+  FitData data{train,
+               val,
+               options.limit_train_batches().of(train.num_batches(trainer.replicas()),
+                                                "limit_train_batches"),
+               val ? options.limit_val_batches().of(val->num_evaluation_batches(trainer.replicas()),
+                                                    "limit_val_batches")
+                   : 0,
+               0,
+               memory};
   const auto& interval = options.val_check_interval();
   data.val_check_batches =
       interval.is_fraction()

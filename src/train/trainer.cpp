@@ -123,7 +123,8 @@ TrainerOptions resolve(TrainerOptions options) {
 std::map<std::string, double> evaluate(Trainer& trainer, Module& module, const DataLoader& loader,
                                        const BatchLimit& limit, bool test,
                                        const std::vector<std::unique_ptr<Logger>>& loggers) {
-  const int64_t batches = limit.of(loader.num_evaluation_batches(trainer.replicas()));
+  const int64_t batches = limit.of(loader.num_evaluation_batches(trainer.replicas()),
+                                   test ? "limit_test_batches" : "limit_val_batches");
   const auto metrics =
       EvaluationLoop(trainer, module, loader, batches, test, /*record=*/true).run();
   for (auto& logger : loggers) logger->save();
@@ -265,7 +266,8 @@ void Trainer::fit(Module& module, const DataLoader& train_loader, const DataLoad
   // them stands at the epoch's end, not inside an accumulation window.
   training_data_ =
       TrainingData{train_loader.batch_size(),
-                   options_.limit_train_batches().of(train_loader.num_batches(replicas())),
+                   options_.limit_train_batches().of(train_loader.num_batches(replicas()),
+                                                     "limit_train_batches"),
                    DataPosition{0, train_loader.options().seed(), train_loader.options().shuffle(),
                                 train_loader.dataset_size()}};
   FitLoop(*this, module, train_loader, val_loader).run(ckpt_path);
@@ -437,9 +439,9 @@ std::vector<at::Tensor> Trainer::predict(Module& module, const DataLoader& loade
                                          const std::string& ckpt_path) {
   setup(module);
   if (!ckpt_path.empty()) restore(module, resolve_checkpoint(ckpt_path), /*full=*/false);
-  return PredictionLoop(
-             *this, module, loader,
-             options_.limit_predict_batches().of(loader.num_evaluation_batches(replicas())))
+  return PredictionLoop(*this, module, loader,
+                        options_.limit_predict_batches().of(
+                            loader.num_evaluation_batches(replicas()), "limit_predict_batches"))
       .run();
 }
 

@@ -50,9 +50,18 @@ BatchLimit BatchLimit::parse(const std::string& text) {
   return is_fraction ? fraction(f) : count(n);
 }
 
-int64_t BatchLimit::of(int64_t available) const {
+int64_t BatchLimit::of(int64_t available, const std::string& option) const {
   if (!is_fraction_) return std::min(available, static_cast<int64_t>(value_));
-  return static_cast<int64_t>(std::floor(value_ * static_cast<double>(available)));
+  const auto batches = static_cast<int64_t>(std::floor(value_ * static_cast<double>(available)));
+  if (batches == 0 && value_ > 0.0 && available > 0) {
+    std::ostringstream least;
+    least << 1.0 / static_cast<double>(available);
+    throw std::invalid_argument(option + " " + to_string() + " of the " +
+                                std::to_string(available) +
+                                " batches there are is none of them: give at least " + least.str() +
+                                ", a count of batches, or 0.0 to skip them");
+  }
+  return batches;
 }
 
 std::string BatchLimit::to_string() const {

@@ -330,6 +330,30 @@ TEST(TrainerUserDefects, AValidationIntervalLongerThanTheEpochIsRefused) {
                  "val_check_interval 7 is more than the epoch's 6 training batches");
 }
 
+// A fraction of the batches that comes to none of them (0.1 of 6) trained 1000 empty epochs, or
+// skipped validation, without a word: refused, naming the option and the least fraction that
+// keeps a batch, as Lightning refuses it. A fraction of 0.0 still skips on purpose.
+TEST(TrainerUserDefects, ABatchFractionThatLeavesNoBatchIsRefused) {
+  const TempDir dir;
+  const auto loader = shuffled_data();  // 6 batches an epoch
+  Trainer training(quiet_options(dir / "train").limit_train_batches(BatchLimit::fraction(0.1)));
+  Regression model;
+  expect_refused([&] { training.fit(model, loader); },
+                 "limit_train_batches 0.1 of the 6 batches there are is none of them");
+
+  Trainer validating(quiet_options(dir / "val").limit_val_batches(BatchLimit::fraction(0.1)));
+  ValidatedRegression validated;
+  expect_refused([&] { validating.fit(validated, loader, &loader); },
+                 "limit_val_batches 0.1 of the 6 batches there are is none of them");
+  expect_refused([&] { validating.validate(validated, loader); }, "limit_val_batches 0.1");
+
+  Trainer skipping(
+      quiet_options(dir / "skip").max_epochs(1).limit_val_batches(BatchLimit::fraction(0.0)));
+  ValidatedRegression skipped;
+  EXPECT_NO_THROW(skipping.fit(skipped, loader, &loader));
+  EXPECT_EQ(skipped.losses.size(), 6u);
+}
+
 // Logs from a Callback's epoch end through the module, as Lightning's callbacks call
 // pl_module.log().
 class LogsThroughTheModule : public Callback {
