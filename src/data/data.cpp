@@ -77,6 +77,19 @@ Batch collate(const std::vector<Example>& examples, const std::vector<int64_t>& 
                              [](const Example& example) { return &example.data; });
   }
   if (!wanted.target) return batch;
+  // The batch has the first example's target and fields: one only later examples have would be
+  // dropped from it.
+  for (size_t i = 1; i < examples.size(); ++i) {
+    const auto refuse = [&](const std::string& what) {
+      throw std::invalid_argument("example " + std::to_string(indices[i]) + " of the dataset has " +
+                                  what + ", but example " + std::to_string(indices[0]) +
+                                  " has none: give every example the same fields");
+    };
+    if (examples[i].target.defined() && !examples[0].target.defined()) refuse("a target");
+    for (const auto& [name, tensor] : examples[i].fields) {
+      if (examples[0].fields.count(name) == 0) refuse("field '" + name + "'");
+    }
+  }
   if (examples[0].target.defined()) {
     batch.target = stack_field(examples, indices, "a target",
                                [](const Example& example) { return &example.target; });

@@ -138,6 +138,38 @@ TEST(Dataset, ExamplesOfDifferentShapesOrAFailingReadAreNamed) {
       << failed;
 }
 
+// Examples at odd indices have a target and a 'mask' the others lack.
+class OddOnesHaveMore : public Dataset {
+ public:
+  int64_t size() const override { return 8; }
+  Example get(int64_t index) const override {
+    if (index % 2 == 0) return {torch::zeros({2}), at::Tensor(), {}};
+    return {torch::zeros({2}), torch::ones({1}), {{"mask", torch::ones({2})}}};
+  }
+};
+
+// A target or field that the batch's first example lacks and a later one has was dropped from
+// the batch without a word (the other way round was refused): refused too, naming both examples.
+TEST(Dataset, AFieldOrTargetOnlyLaterExamplesHaveIsRefusedNotDropped) {
+  DataLoader loader(std::make_shared<OddOnesHaveMore>(), DataLoaderOptions().batch_size(4));
+  const std::string message = error_of<std::runtime_error>([&] { loader.batch(0, 0); });
+  EXPECT_NE(message.find("example 1 of the dataset has a target, but example 0 has none"),
+            std::string::npos)
+      << message;
+  class OddMasks : public OddOnesHaveMore {
+    Example get(int64_t index) const override {
+      Example example = OddOnesHaveMore::get(index);
+      example.target = torch::ones({1});
+      return example;
+    }
+  };
+  DataLoader masks(std::make_shared<OddMasks>(), DataLoaderOptions().batch_size(4));
+  const std::string mask = error_of<std::runtime_error>([&] { masks.batch(0, 0); });
+  EXPECT_NE(mask.find("example 1 of the dataset has field 'mask', but example 0 has none"),
+            std::string::npos)
+      << mask;
+}
+
 // A dataset whose get_batch returns the wrong number of rows is caught, not trained on.
 class Short : public Dataset {
  public:
