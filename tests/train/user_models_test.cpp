@@ -42,6 +42,19 @@ class MaskedRegression : public SgdModule {
   }
 };
 
+// The same regression with the mask as a field of the batch beside data and target (Lightning's
+// dict batch): the Trainer must hand each micro-batch and replica the mask rows of its data rows.
+class MaskedRegressionWithAMaskField : public SgdModule {
+ public:
+  MaskedRegressionWithAMaskField() : SgdModule(tanh_mlp({4, 16, 16, 3}), 0.1) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    const auto& mask = batch.field("mask");
+    auto loss = sum_over(((forward(batch.data) - batch.target).pow(2) * mask).sum(), mask.sum());
+    log("train_loss", loss);
+    return loss;
+  }
+};
+
 // The same regression described layer by layer, as a user describes a model too large for one
 // process: each process builds only the layers of its stages (layer_spec.h).
 class MaskedRegressionBuiltPerRank : public Module {
@@ -197,6 +210,7 @@ std::unique_ptr<Module> make_model(const std::string& name) {
   if (name == "halved_in_place") return std::make_unique<HalvedInPlace>();
   if (name == "dropouts") return std::make_unique<TwoDropouts>();
   if (name == "masked") return std::make_unique<MaskedRegression>();
+  if (name == "masked_field") return std::make_unique<MaskedRegressionWithAMaskField>();
   if (name == "masked_per_rank") return std::make_unique<MaskedRegressionBuiltPerRank>();
   if (name == "masked_momentum") return std::make_unique<MaskedRegressionWithMomentum>();
   if (name == "preprocessing") return std::make_unique<PreprocessingInTheStep>();
@@ -209,6 +223,9 @@ std::unique_ptr<Module> make_model(const std::string& name) {
 TensorDataset data_for(const std::string& model) {
   if (model == "dropouts") return {torch::ones({64, 16}), torch::zeros({64, 16})};
   auto d = masked_data();
+  if (model == "masked_field") {
+    return {d.inputs, d.targets.slice(1, 0, 3), {{"mask", d.targets.slice(1, 3, 6)}}};
+  }
   if (model.rfind("masked", 0) == 0) return d;
   return {d.inputs, d.targets.slice(1, 0, 3).repeat({1, 2})};
 }
@@ -293,6 +310,32 @@ TEST_F(UserModels, SumOverNormalisesByTheGlobalCountUnderPipeDdpAndAccumulation)
   train(accumulated);
 
   for (const auto* other : {&pipe, &ddp, &accumulated}) {
+    SCOPED_TRACE(other->root);
+    expect_same_train_losses(single.root, other->root);
+    expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
+  }
+}
+
+// A mask carried as a field of the batch reaches each micro-batch and replica with its rows: pipe
+// and ddp train as single, and single as the mask inside the target trains.
+TEST_F(UserModels, AFieldOfTheBatchFollowsItsRowsUnderPipeAndDdp) {
+  auto in_target = run("masked", "in-target");
+  train(in_target);
+  auto single = run("masked_field", "single");
+  train(single);
+  expect_same_train_losses(in_target.root, single.root);
+
+  auto pipe = run("masked_field", "pipe");
+  pipe.strategy = "pipe";
+  pipe.devices = 2;
+  pipe.chunks = 4;
+  train_in_ranks(pipe, 2);
+  auto ddp = run("masked_field", "ddp");
+  ddp.strategy = "ddp";
+  ddp.devices = 2;
+  ddp.batch_size = 8;
+  train_in_ranks(ddp, 2);
+  for (const auto* other : {&pipe, &ddp}) {
     SCOPED_TRACE(other->root);
     expect_same_train_losses(single.root, other->root);
     expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
