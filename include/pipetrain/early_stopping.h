@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "pipetrain/callback.h"
@@ -23,9 +24,11 @@ struct EarlyStoppingOptions {
   TORCH_ARG(std::string, mode) = "min";
   // Stop at once when the metric is NaN or infinite.
   TORCH_ARG(bool, check_finite) = true;
-  // Check at the end of each training epoch rather than after each validation run (needed to
-  // monitor a training metric when there is no validation).
-  TORCH_ARG(bool, check_on_train_epoch_end) = false;
+  // Check at the end of each training epoch rather than after each validation run. Unset, as
+  // Lightning's: at the training epoch's end where validation runs (if at all) once at the end of
+  // every epoch (val_check_interval 1.0, check_val_every_n_epoch 1), after it otherwise; so a
+  // training metric is checked in a fit without validation.
+  TORCH_ARG(std::optional<bool>, check_on_train_epoch_end) = std::nullopt;
 };
 
 class EarlyStopping : public Callback {
@@ -61,7 +64,8 @@ class EarlyStopping : public Callback {
   int64_t stopped_epoch_ = 0;
   double best_score_;
   bool fitting_ = false;
-  bool reported_ = false;  // the reason to stop is printed once per fit
+  bool check_on_train_epoch_end_ = false;  // the option, resolved for the running fit
+  bool reported_ = false;                  // the reason to stop is printed once per fit
 };
 
 }  // namespace pipetrain

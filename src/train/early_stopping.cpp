@@ -73,19 +73,24 @@ void EarlyStopping::load_state_dict(const std::map<std::string, std::string>& st
   options_.patience(parse_state_int("EarlyStopping", "patience", required(state, "patience")));
 }
 
-void EarlyStopping::on_fit_start(Trainer&, Module&) {
+void EarlyStopping::on_fit_start(Trainer& trainer, Module&) {
   fitting_ = true;
+  // Lightning's default compares val_check_interval with 1.0, which an interval of 1 batch
+  // equals too.
+  const TrainerOptions& options = trainer.options();
+  check_on_train_epoch_end_ = options_.check_on_train_epoch_end().value_or(
+      options.val_check_interval().value() == 1.0 && options.check_val_every_n_epoch() == 1);
   reported_ = false;
 }
 
 void EarlyStopping::on_fit_end(Trainer&, Module&) { fitting_ = false; }
 
 void EarlyStopping::on_train_epoch_end(Trainer& trainer, Module&) {
-  if (options_.check_on_train_epoch_end()) check(trainer);
+  if (check_on_train_epoch_end_) check(trainer);
 }
 
 void EarlyStopping::on_validation_end(Trainer& trainer, Module&) {
-  if (!options_.check_on_train_epoch_end()) check(trainer);
+  if (!check_on_train_epoch_end_) check(trainer);
 }
 
 void EarlyStopping::check(Trainer& trainer) {

@@ -663,5 +663,29 @@ TEST(TrainerUserDefects, RecomputedMicroBatchesUnderBf16MixedTrainAsWithoutRecom
   }
 }
 
+// A training score that never improves after the first epoch.
+class ConstantScore : public Regression {
+ public:
+  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override {
+    log("score", 1.0);
+    return Regression::training_step(batch, batch_idx);
+  }
+};
+
+// EarlyStopping checks at the end of each training epoch unless told otherwise, as Lightning's
+// does where validation (if any) runs once at each epoch's end: monitoring a training metric of a
+// fit without validation stops it (it never checked, and trained to max_epochs without a word).
+TEST(TrainerUserDefects, EarlyStoppingChecksATrainingMetricWithoutValidation) {
+  const TempDir dir;
+  auto stopper =
+      std::make_shared<EarlyStopping>(EarlyStoppingOptions().monitor("score").patience(1));
+  Trainer trainer(quiet_options(dir / "run").max_epochs(10).callbacks({stopper}));
+  ConstantScore model;
+  trainer.fit(model, shuffled_data());
+  // Epoch 0 sets the best score, epoch 1 does not improve on it: patience 1 is used up.
+  EXPECT_EQ(trainer.current_epoch(), 2);
+  EXPECT_EQ(stopper->stopped_epoch(), 1);
+}
+
 }  // namespace
 }  // namespace pipetrain::testing::trainer_user_defects_test
