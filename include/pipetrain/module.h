@@ -46,6 +46,9 @@ struct LogOptions {
 struct ReducedMetric {
   double value = 0;
   bool prog_bar = false;
+  // The name log() was given where the row names the value with a suffix ("x" of "x_step"),
+  // else empty: callback_metrics holds the value under both names, as Lightning's.
+  std::string logged_name;
 };
 using ReducedMetrics = std::map<std::string, ReducedMetric>;
 
@@ -72,6 +75,8 @@ class LoggedMetrics {
   LoggedMetrics step_view(bool training) const;
   LoggedMetrics epoch_view(bool training) const;
   const std::map<std::string, LogOptions>& options() const { return options_; }
+  // In a view: the name log() was given, for each entry the view names with a suffix.
+  const std::map<std::string, std::string>& logged_names() const { return logged_names_; }
   bool empty() const { return sums_.empty(); }
 
  private:
@@ -83,6 +88,7 @@ class LoggedMetrics {
   void accumulate(const std::string& name, const Sum& sum, const LogOptions& options);
   std::map<std::string, Sum> sums_;
   std::map<std::string, LogOptions> options_;
+  std::map<std::string, std::string> logged_names_;
 };
 
 class Module {

@@ -92,7 +92,8 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   // The latest value of every logged metric, reduced (the same on every rank): after each
   // training batch, what the training steps logged over the accumulation window so far; after an
-  // epoch or a validation run, its values.
+  // epoch or a validation run, its values. A value logged both per step and per epoch is there
+  // as "x_step" or "x_epoch" and, as in Lightning, as "x": the latest of the two.
   const std::map<std::string, double>& callback_metrics() const;
   // <default_root_dir>/lightning_logs/version_<N> of this run (every rank knows it).
   const std::string& log_dir() const { return log_dir_; }

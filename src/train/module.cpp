@@ -70,7 +70,11 @@ std::map<std::string, std::pair<double, double>> LoggedMetrics::totals() const {
 
 ReducedMetrics LoggedMetrics::reduce() const {
   ReducedMetrics reduced;
-  for (const auto& [name, mean] : means()) reduced[name] = {mean, options_.at(name).prog_bar()};
+  for (const auto& [name, mean] : means()) {
+    const auto logged = logged_names_.find(name);
+    reduced[name] = {mean, options_.at(name).prog_bar(),
+                     logged == logged_names_.end() ? std::string() : logged->second};
+  }
   return reduced;
 }
 
@@ -86,21 +90,25 @@ bool logs_in(Row row, const LogOptions& options, bool training) {
 }
 
 // Copies into `view_*` the entries of `sums` that `row` shows; one shown in both rows is named
-// with the row's suffix ("_step", "_epoch"), as Lightning tells them apart.
+// with the row's suffix ("_step", "_epoch"), as Lightning tells them apart, its own name kept in
+// `view_logged_names`.
 // A template because `Sum` is LoggedMetrics' private type, named only by its members.
 template <class Sum>
 void copy_row(Row row, bool training, const std::map<std::string, Sum>& sums,
               const std::map<std::string, LogOptions>& options,
               std::map<std::string, Sum>* view_sums,
-              std::map<std::string, LogOptions>* view_options) {
+              std::map<std::string, LogOptions>* view_options,
+              std::map<std::string, std::string>* view_logged_names) {
   const Row other = row == Row::kStep ? Row::kEpoch : Row::kStep;
   const char* suffix = row == Row::kStep ? "_step" : "_epoch";
   for (const auto& [name, sum] : sums) {
     const auto& logged = options.at(name);
     if (!logs_in(row, logged, training)) continue;
-    const auto key = logs_in(other, logged, training) ? name + suffix : name;
+    const bool forked = logs_in(other, logged, training);
+    const auto key = forked ? name + suffix : name;
     (*view_sums)[key] = sum;
     (*view_options)[key] = logged;
+    if (forked) (*view_logged_names)[key] = name;
   }
 }
 
@@ -108,13 +116,14 @@ void copy_row(Row row, bool training, const std::map<std::string, Sum>& sums,
 
 LoggedMetrics LoggedMetrics::step_view(bool training) const {
   LoggedMetrics view;
-  copy_row(Row::kStep, training, sums_, options_, &view.sums_, &view.options_);
+  copy_row(Row::kStep, training, sums_, options_, &view.sums_, &view.options_, &view.logged_names_);
   return view;
 }
 
 LoggedMetrics LoggedMetrics::epoch_view(bool training) const {
   LoggedMetrics view;
-  copy_row(Row::kEpoch, training, sums_, options_, &view.sums_, &view.options_);
+  copy_row(Row::kEpoch, training, sums_, options_, &view.sums_, &view.options_,
+           &view.logged_names_);
   return view;
 }
 

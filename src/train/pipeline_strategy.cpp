@@ -650,25 +650,33 @@ class PipelineStrategy : public Strategy {
     for (const auto& [name, total] : totals) {
       const double weighted = sums[i++].item<double>(), samples = sums[i++].item<double>();
       const auto logged = metrics.options().find(name);
-      reduced[name] = {weighted / samples,
-                       logged != metrics.options().end() && logged->second.prog_bar()};
+      const auto logged_name = metrics.logged_names().find(name);
+      reduced[name] = {
+          weighted / samples, logged != metrics.options().end() && logged->second.prog_bar(),
+          logged_name == metrics.logged_names().end() ? std::string() : logged_name->second};
     }
     return reduced;
   }
 
   // The last stage's metrics on every stage of the pipeline (callbacks on every rank decide
-  // alike; rank 0 logs them): their names and prog_bar flags as lines of text, their values as
-  // one float64 tensor, exact.
+  // alike; rank 0 logs them): their names, prog_bar flags and logged names as lines of
+  // tab-separated fields (log() refuses tabs and line breaks in names), their values as one
+  // float64 tensor, exact.
   ReducedMetrics share_along_pipeline(const ReducedMetrics& metrics) const {
     const int64_t root = pipe_->rank_of_stage(pipe_->stages() - 1);
     std::string names;
-    for (const auto& [name, metric] : metrics)
-      names += name + (metric.prog_bar ? "\t1\n" : "\t0\n");
+    for (const auto& [name, metric] : metrics) {
+      names += name + (metric.prog_bar ? "\t1\t" : "\t0\t") + metric.logged_name + '\n';
+    }
     std::istringstream lines(pipeline_->broadcast(names, root));
-    std::vector<std::pair<std::string, bool>> order;
+    std::vector<std::pair<std::string, ReducedMetric>> order;
     for (std::string line; std::getline(lines, line);) {
-      const auto tab = line.rfind('\t');
-      order.emplace_back(line.substr(0, tab), line.substr(tab + 1) == "1");
+      std::istringstream fields(line);
+      std::string name, prog_bar, logged_name;
+      std::getline(fields, name, '\t');
+      std::getline(fields, prog_bar, '\t');
+      std::getline(fields, logged_name);
+      order.emplace_back(name, ReducedMetric{0, prog_bar == "1", logged_name});
     }
     ReducedMetrics shared;
     if (order.empty()) return shared;
@@ -681,7 +689,10 @@ class PipelineStrategy : public Strategy {
     pipeline_->broadcast_into(values, root);
     values = values.cpu();
     const auto value = values.accessor<double, 1>();
-    for (size_t i = 0; i < order.size(); ++i) shared[order[i].first] = {value[i], order[i].second};
+    for (size_t i = 0; i < order.size(); ++i) {
+      order[i].second.value = value[i];
+      shared[order[i].first] = order[i].second;
+    }
     return shared;
   }
 

@@ -328,6 +328,7 @@ void Trainer::remember(const ReducedMetrics& metrics) const {
   step_metrics();  // values still unreduced are older than these
   for (const auto& [name, metric] : metrics) {
     callback_metrics_[name] = metric.value;
+    if (!metric.logged_name.empty()) callback_metrics_[metric.logged_name] = metric.value;
     if (metric.prog_bar) progress_metrics_[name] = metric.value;
   }
 }

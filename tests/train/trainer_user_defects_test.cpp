@@ -687,5 +687,39 @@ TEST(TrainerUserDefects, EarlyStoppingChecksATrainingMetricWithoutValidation) {
   EXPECT_EQ(stopper->stopped_epoch(), 1);
 }
 
+// Logs "score" per step and per epoch: 3 in every batch of epoch 0, 1 in epoch 1, 2 after.
+class ScoredPerStepAndEpoch : public Regression {
+ public:
+  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override {
+    const int64_t epoch = batches++ / (kRows / kBatchSize);
+    log("score",
+        epoch == 0   ? 3.0
+        : epoch == 1 ? 1.0
+                     : 2.0,
+        LogOptions().on_step(true).on_epoch(true));
+    return Regression::training_step(batch, batch_idx);
+  }
+  int64_t batches = 0;
+};
+
+// A value logged both per step and per epoch is in callback_metrics under its own name too, as
+// Lightning's: the step's value after a batch, the epoch's after the epoch. Only "score_step" and
+// "score_epoch" were there, so ModelCheckpoint(monitor="score") found nothing and saved no best
+// file, with a warning alone.
+TEST(TrainerUserDefects, AValueLoggedPerStepAndPerEpochIsMonitoredByItsName) {
+  const TempDir dir;
+  auto checkpoint = std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions().dirpath(dir / "checkpoints").monitor("score"));
+  auto recorder = std::make_shared<EpochEndRecorder>();
+  Trainer trainer(quiet_options(dir / "run").max_epochs(3).callbacks({recorder, checkpoint}));
+  ScoredPerStepAndEpoch model;
+  trainer.fit(model, shuffled_data());
+  ASSERT_EQ(recorder->metrics.size(), 3u);
+  EXPECT_EQ(recorder->metrics[1].count("score"), 1u);
+  EXPECT_EQ(recorder->metrics[1].count("score") ? recorder->metrics[1].at("score") : -1, 1.0);
+  EXPECT_EQ(checkpoint->best_model_path(), dir / "checkpoints/epoch=1-step=12.ckpt");
+  EXPECT_EQ(checkpoint->best_model_score(), std::optional<double>(1.0));
+}
+
 }  // namespace
 }  // namespace pipetrain::testing::trainer_user_defects_test
