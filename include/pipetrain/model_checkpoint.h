@@ -6,10 +6,13 @@
 // When it saves:
 // - every_n_train_steps > 0: at on_train_batch_end when it divides global_step (top k and last);
 //   at the end of an epoch or a validation run it then only refreshes last.ckpt.
-// - otherwise, on epochs where (epoch + 1) % every_n_epochs == 0: at on_validation_end, or, while
-//   no validation has run in this fit (no validation loader, or none yet), at on_train_epoch_end.
-//   Once validation has run, train epoch ends no longer save, so that a score is never read from
-//   a previous validation's stale metric.
+// - otherwise, on epochs where (epoch + 1) % every_n_epochs == 0: at on_train_epoch_end where
+//   validation runs once at the end of every epoch (val_check_interval 1.0,
+//   check_val_every_n_epoch 1; it has run by then), so that a training epoch's values are the
+//   epoch's own, as in Lightning; at on_validation_end where it runs otherwise; and at
+//   on_train_epoch_end while no validation has run in this fit (no validation loader, or none
+//   yet). Once validation has run, train epoch ends of other epochs no longer save, so that a
+//   score is never read from a previous validation's stale metric.
 // Never twice at one global step, never before the first step, never outside fit, never under
 // fast_dev_run. Files are <dirpath>/epoch=E-step=S.ckpt and <dirpath>/last.ckpt; one whose name
 // already exists (a rerun into the same dirpath) is overwritten.
@@ -84,6 +87,9 @@ class ModelCheckpoint : public Callback {
     double score;
   };
   bool should_skip(const Trainer& trainer) const;
+  // Validation runs once at the end of every epoch, before on_train_epoch_end: epoch saves wait
+  // for the training epoch's values.
+  bool validates_at_every_epoch_end(const Trainer& trainer) const;
   // The end of an epoch or of a validation run: top k on every_n_epochs, and last.
   void save_on_epoch_trigger(Trainer& trainer);
   void save_top_k(Trainer& trainer);

@@ -721,5 +721,35 @@ TEST(TrainerUserDefects, AValueLoggedPerStepAndPerEpochIsMonitoredByItsName) {
   EXPECT_EQ(checkpoint->best_model_score(), std::optional<double>(1.0));
 }
 
+// Logs "score" per epoch alone: 3 in epoch 0, 1 in epoch 1, 2 after.
+class ScoredPerEpoch : public Regression {
+ public:
+  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override {
+    const int64_t epoch = batches++ / (kRows / kBatchSize);
+    log("score",
+        epoch == 0   ? 3.0
+        : epoch == 1 ? 1.0
+                     : 2.0,
+        LogOptions().on_epoch(true).on_step(false));
+    return Regression::training_step(batch, batch_idx);
+  }
+  int64_t batches = 0;
+};
+
+// Where validation runs once at the end of every epoch, ModelCheckpoint saves at the training
+// epoch's end, after it, as Lightning's does: a training epoch's value is then the epoch's own.
+// It saved at the validation's end, before the epoch's values existed, and refused the fit.
+TEST(TrainerUserDefects, ModelCheckpointRanksByATrainingEpochValueWithValidation) {
+  const TempDir dir;
+  auto checkpoint = std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions().dirpath(dir / "checkpoints").monitor("score"));
+  Trainer trainer(quiet_options(dir / "run").max_epochs(3).callbacks({checkpoint}));
+  ScoredPerEpoch model;
+  const auto loader = shuffled_data();
+  trainer.fit(model, loader, &loader);
+  EXPECT_EQ(checkpoint->best_model_path(), dir / "checkpoints/epoch=1-step=12.ckpt");
+  EXPECT_EQ(checkpoint->best_model_score(), std::optional<double>(1.0));
+}
+
 }  // namespace
 }  // namespace pipetrain::testing::trainer_user_defects_test
