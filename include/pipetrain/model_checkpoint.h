@@ -87,9 +87,6 @@ class ModelCheckpoint : public Callback {
     double score;
   };
   bool should_skip(const Trainer& trainer) const;
-  // Validation runs once at the end of every epoch, before on_train_epoch_end: epoch saves wait
-  // for the training epoch's values.
-  bool validates_at_every_epoch_end(const Trainer& trainer) const;
   // The end of an epoch or of a validation run: top k on every_n_epochs, and last.
   void save_on_epoch_trigger(Trainer& trainer);
   void save_top_k(Trainer& trainer);

@@ -31,18 +31,26 @@ int64_t recompute_below(CheckpointMode mode, int64_t chunks) {
   return 0;
 }
 
+namespace {
+
+at::Tensor state_of(at::Generator generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_state(at::Generator generator, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+}  // namespace
+
 RngState RngState::capture(const c10::Device& device) {
   RngState state;
-  {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    state.cpu_state_ = generator.get_state();
-  }
+  state.cpu_state_ = state_of(at::detail::getDefaultCPUGenerator());
   if (device.is_cuda()) {
     state.device_ = device;
-    auto generator = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    state.device_state_ = generator.get_state();
+    state.device_state_ = state_of(at::globalContext().defaultGenerator(device));
   }
   return state;
 }
@@ -54,16 +62,9 @@ RngState RngState::from(at::Tensor cpu_state) {
 }
 
 void RngState::restore() const {
-  {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(cpu_state_);
-  }
-  if (device_state_.defined()) {
-    auto generator = at::globalContext().defaultGenerator(device_);
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(device_state_);
-  }
+  set_state(at::detail::getDefaultCPUGenerator(), cpu_state_);
+  if (device_state_.defined())
+    set_state(at::globalContext().defaultGenerator(device_), device_state_);
 }
 
 }  // namespace pipetrain

@@ -161,6 +161,14 @@ void start_from_first_copy(const TiedParameter& tie, const std::vector<at::Tenso
   }
 }
 
+// Whether any of `stages` used its copies of a tie, each saying whether it did (`used_here`): a
+// collective, whose sum a stage reads (a host wait) only where it did not.
+bool used_on_any_stage(const World& stages, bool used_here) {
+  const auto used =
+      stages.all_reduce_sum_on_device(torch::full({1}, used_here ? 1.0 : 0.0, torch::kFloat64));
+  return used_here || used.item<double>() > 0;
+}
+
 }  // namespace
 
 TiedGradients::TiedGradients(std::vector<TiedParameter> ties, const torch::nn::Sequential& whole,
@@ -224,13 +232,7 @@ void TiedGradients::reduce() {
     // another stage used it is read only where no copy here did (a host wait), never in a step
     // that used it here.
     const bool used_here = sum.defined();
-    if (local.stages) {
-      const auto used = local.stages->all_reduce_sum_on_device(
-          torch::full({1}, used_here ? 1.0 : 0.0, torch::kFloat64));
-      if (!used_here && used.item<double>() == 0) continue;
-    } else if (!used_here) {
-      continue;
-    }
+    if (!(local.stages ? used_on_any_stage(*local.stages, used_here) : used_here)) continue;
     if (!used_here) sum = torch::zeros_like(local.tensors.front());
     if (local.stages) {
       // In place: with one tensor here, sum is its gradient.

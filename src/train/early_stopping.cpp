@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "callback_state.h"
+#include "epoch_end_validation.h"
 #include "pipetrain/trainer.h"
 
 namespace pipetrain {
@@ -75,11 +76,8 @@ void EarlyStopping::load_state_dict(const std::map<std::string, std::string>& st
 
 void EarlyStopping::on_fit_start(Trainer& trainer, Module&) {
   fitting_ = true;
-  // Lightning's default compares val_check_interval with 1.0, which an interval of 1 batch
-  // equals too.
-  const TrainerOptions& options = trainer.options();
-  check_on_train_epoch_end_ = options_.check_on_train_epoch_end().value_or(
-      options.val_check_interval().value() == 1.0 && options.check_val_every_n_epoch() == 1);
+  check_on_train_epoch_end_ =
+      options_.check_on_train_epoch_end().value_or(validates_at_every_epoch_end(trainer.options()));
   reported_ = false;
 }
 

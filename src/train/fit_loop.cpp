@@ -9,10 +9,10 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <unordered_set>
 
 #include "batch_stream.h"
 #include "evaluation_loop.h"
+#include "pipeline/tied_parameters.h"
 #include "pipeline/trace.h"
 #include "pipetrain/callback.h"
 #include "pipetrain/checkpoint_path.h"
@@ -294,13 +294,11 @@ void FitLoop::reset(const std::string& ckpt_path) {
   t.optimizer_ = std::move(config.optimizer);
   t.lr_scheduler_ = std::move(config.lr_scheduler);
   t.scheduler_interval_ = config.interval;
-  t.optimized_parameters_.clear();
-  std::unordered_set<const c10::TensorImpl*> seen;
+  std::vector<at::Tensor> optimized;
   for (const auto& group : t.optimizer_->param_groups()) {
-    for (const auto& p : group.params()) {
-      if (seen.insert(p.unsafeGetTensorImpl()).second) t.optimized_parameters_.push_back(p);
-    }
+    optimized.insert(optimized.end(), group.params().begin(), group.params().end());
   }
+  t.optimized_parameters_ = distinct_tensors(optimized);
   t.strategy_->setup_optimizer(*t.optimizer_);
   // What each rank will hold, said (and held against max_memory) before any step.
   memory_.mine = memory_figures(module_, *t.optimizer_);

@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "callback_state.h"
+#include "epoch_end_validation.h"
 #include "pipetrain/trainer.h"
 
 namespace pipetrain {
@@ -183,7 +184,8 @@ void ModelCheckpoint::on_train_batch_end(Trainer& trainer, Module&, const TrainB
 void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, Module&) {
   // Once validation has run, it triggers epoch saves unless it runs at every epoch's end (see
   // the header).
-  if ((validated_in_fit_ && !validates_at_every_epoch_end(trainer)) || should_skip(trainer)) {
+  if ((validated_in_fit_ && !validates_at_every_epoch_end(trainer.options())) ||
+      should_skip(trainer)) {
     return;
   }
   save_on_epoch_trigger(trainer);
@@ -192,15 +194,8 @@ void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, Module&) {
 void ModelCheckpoint::on_validation_end(Trainer& trainer, Module&) {
   if (!fitting_) return;  // trainer.validate(): nothing to save
   validated_in_fit_ = true;
-  if (validates_at_every_epoch_end(trainer) || should_skip(trainer)) return;
+  if (validates_at_every_epoch_end(trainer.options()) || should_skip(trainer)) return;
   save_on_epoch_trigger(trainer);
-}
-
-bool ModelCheckpoint::validates_at_every_epoch_end(const Trainer& trainer) const {
-  // Lightning's test compares val_check_interval with 1.0, which an interval of 1 batch equals
-  // too.
-  return trainer.options().val_check_interval().value() == 1.0 &&
-         trainer.options().check_val_every_n_epoch() == 1;
 }
 
 bool ModelCheckpoint::should_skip(const Trainer& trainer) const {

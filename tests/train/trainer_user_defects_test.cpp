@@ -687,18 +687,16 @@ TEST(TrainerUserDefects, EarlyStoppingChecksATrainingMetricWithoutValidation) {
   EXPECT_EQ(stopper->stopped_epoch(), 1);
 }
 
-// Logs "score" per step and per epoch: 3 in every batch of epoch 0, 1 in epoch 1, 2 after.
-class ScoredPerStepAndEpoch : public Regression {
+// Logs "score" as `options` say: 3 in every batch of epoch 0, 1 in epoch 1, 2 after.
+class ScoredByEpoch : public Regression {
  public:
+  explicit ScoredByEpoch(LogOptions options) : options(std::move(options)) {}
   at::Tensor training_step(const Batch& batch, int64_t batch_idx) override {
     const int64_t epoch = batches++ / (kRows / kBatchSize);
-    log("score",
-        epoch == 0   ? 3.0
-        : epoch == 1 ? 1.0
-                     : 2.0,
-        LogOptions().on_step(true).on_epoch(true));
+    log("score", epoch == 0 ? 3.0 : epoch == 1 ? 1.0 : 2.0, options);
     return Regression::training_step(batch, batch_idx);
   }
+  LogOptions options;
   int64_t batches = 0;
 };
 
@@ -712,7 +710,7 @@ TEST(TrainerUserDefects, AValueLoggedPerStepAndPerEpochIsMonitoredByItsName) {
       ModelCheckpointOptions().dirpath(dir / "checkpoints").monitor("score"));
   auto recorder = std::make_shared<EpochEndRecorder>();
   Trainer trainer(quiet_options(dir / "run").max_epochs(3).callbacks({recorder, checkpoint}));
-  ScoredPerStepAndEpoch model;
+  ScoredByEpoch model(LogOptions().on_step(true).on_epoch(true));
   trainer.fit(model, shuffled_data());
   ASSERT_EQ(recorder->metrics.size(), 3u);
   EXPECT_EQ(recorder->metrics[1].count("score"), 1u);
@@ -720,21 +718,6 @@ TEST(TrainerUserDefects, AValueLoggedPerStepAndPerEpochIsMonitoredByItsName) {
   EXPECT_EQ(checkpoint->best_model_path(), dir / "checkpoints/epoch=1-step=12.ckpt");
   EXPECT_EQ(checkpoint->best_model_score(), std::optional<double>(1.0));
 }
-
-// Logs "score" per epoch alone: 3 in epoch 0, 1 in epoch 1, 2 after.
-class ScoredPerEpoch : public Regression {
- public:
-  at::Tensor training_step(const Batch& batch, int64_t batch_idx) override {
-    const int64_t epoch = batches++ / (kRows / kBatchSize);
-    log("score",
-        epoch == 0   ? 3.0
-        : epoch == 1 ? 1.0
-                     : 2.0,
-        LogOptions().on_epoch(true).on_step(false));
-    return Regression::training_step(batch, batch_idx);
-  }
-  int64_t batches = 0;
-};
 
 // Where validation runs once at the end of every epoch, ModelCheckpoint saves at the training
 // epoch's end, after it, as Lightning's does: a training epoch's value is then the epoch's own.
@@ -744,7 +727,7 @@ TEST(TrainerUserDefects, ModelCheckpointRanksByATrainingEpochValueWithValidation
   auto checkpoint = std::make_shared<ModelCheckpoint>(
       ModelCheckpointOptions().dirpath(dir / "checkpoints").monitor("score"));
   Trainer trainer(quiet_options(dir / "run").max_epochs(3).callbacks({checkpoint}));
-  ScoredPerEpoch model;
+  ScoredByEpoch model(LogOptions().on_epoch(true).on_step(false));  // per epoch alone
   const auto loader = shuffled_data();
   trainer.fit(model, loader, &loader);
   EXPECT_EQ(checkpoint->best_model_path(), dir / "checkpoints/epoch=1-step=12.ckpt");

@@ -285,6 +285,24 @@ class UserModels : public ::testing::Test {
     r.root = dir + "/" + name;
     return r;
   }
+  // `model` trained as a pipe of 2 stages and 4 micro-batches.
+  UserRun trained_by_pipe(const std::string& model) const {
+    auto pipe = run(model, "pipe");
+    pipe.strategy = "pipe";
+    pipe.devices = 2;
+    pipe.chunks = 4;
+    train_in_ranks(pipe, 2);
+    return pipe;
+  }
+  // `model` trained by 2 replicas of 8 rows each, the global batch of single's 16.
+  UserRun trained_by_ddp(const std::string& model) const {
+    auto ddp = run(model, "ddp");
+    ddp.strategy = "ddp";
+    ddp.devices = 2;
+    ddp.batch_size = 8;
+    train_in_ranks(ddp, 2);
+    return ddp;
+  }
   std::string dir = make_temp_dir("user-models");
 };
 
@@ -294,16 +312,8 @@ TEST_F(UserModels, SumOverNormalisesByTheGlobalCountUnderPipeDdpAndAccumulation)
   const auto expected = read_csv_column(metrics_csv(single.root), "train_loss");
   ASSERT_EQ(expected.size(), 8u);
 
-  auto pipe = run("masked", "pipe");
-  pipe.strategy = "pipe";
-  pipe.devices = 2;
-  pipe.chunks = 4;
-  train_in_ranks(pipe, 2);
-  auto ddp = run("masked", "ddp");
-  ddp.strategy = "ddp";
-  ddp.devices = 2;
-  ddp.batch_size = 8;
-  train_in_ranks(ddp, 2);
+  auto pipe = trained_by_pipe("masked");
+  auto ddp = trained_by_ddp("masked");
   auto accumulated = run("masked", "accumulated");
   accumulated.batch_size = 8;
   accumulated.accumulate = 2;
@@ -325,16 +335,8 @@ TEST_F(UserModels, AFieldOfTheBatchFollowsItsRowsUnderPipeAndDdp) {
   train(single);
   expect_same_train_losses(in_target.root, single.root);
 
-  auto pipe = run("masked_field", "pipe");
-  pipe.strategy = "pipe";
-  pipe.devices = 2;
-  pipe.chunks = 4;
-  train_in_ranks(pipe, 2);
-  auto ddp = run("masked_field", "ddp");
-  ddp.strategy = "ddp";
-  ddp.devices = 2;
-  ddp.batch_size = 8;
-  train_in_ranks(ddp, 2);
+  auto pipe = trained_by_pipe("masked_field");
+  auto ddp = trained_by_ddp("masked_field");
   for (const auto* other : {&pipe, &ddp}) {
     SCOPED_TRACE(other->root);
     expect_same_train_losses(single.root, other->root);
@@ -347,16 +349,8 @@ TEST_F(UserModels, AFieldOfTheBatchFollowsItsRowsUnderPipeAndDdp) {
 TEST_F(UserModels, AModelBuiltPerRankTrainsUnderPipeAndDdpAsSingle) {
   auto single = run("masked_per_rank", "single");
   train(single);
-  auto pipe = run("masked_per_rank", "pipe");
-  pipe.strategy = "pipe";
-  pipe.devices = 2;
-  pipe.chunks = 4;
-  train_in_ranks(pipe, 2);
-  auto ddp = run("masked_per_rank", "ddp");
-  ddp.strategy = "ddp";
-  ddp.devices = 2;
-  ddp.batch_size = 8;
-  train_in_ranks(ddp, 2);
+  auto pipe = trained_by_pipe("masked_per_rank");
+  auto ddp = trained_by_ddp("masked_per_rank");
   for (const auto* other : {&pipe, &ddp}) {
     SCOPED_TRACE(other->root);
     expect_same_train_losses(single.root, other->root);
