@@ -32,7 +32,9 @@ LMHeadImpl::LMHeadImpl(int64_t n_embd, int64_t vocab_size)
 }
 
 LMHeadImpl::LMHeadImpl(const Embedding& tied)
-    : weight(register_parameter("weight", tied->weight)), tied_(true) {}
+    // The embedding's own requires_grad: a frozen embedding stays frozen.
+    : weight(register_parameter("weight", tied->weight, tied->weight.requires_grad())),
+      tied_(true) {}
 
 // at::linear, not pipetrain::linear: a tied weight's gradient has two sources on possibly two
 // stages, which the pipe sums through autograd's gradient hooks, and fused accumulation fires none.

@@ -319,6 +319,18 @@ TEST(Decoder, AnUntiedCheckpointIsRefusedByATiedDecoder) {
   EXPECT_TRUE(torch::equal(tied->named_parameters()["5.weight"], own.at("0.weight")));
 }
 
+// A head tied to an embedding the user froze once registered the shared tensor as trainable,
+// unfreezing the embedding too: it keeps the tensor's own flag, either way.
+TEST(Decoder, AHeadTiedToAFrozenEmbeddingKeepsItFrozen) {
+  for (const bool frozen : {true, false}) {
+    nn::Embedding embedding(nn::EmbeddingOptions(40, 8));
+    embedding->weight.set_requires_grad(!frozen);
+    nn::LMHead head(embedding);
+    EXPECT_TRUE(head->weight.is_same(embedding->weight));
+    EXPECT_EQ(embedding->weight.requires_grad(), !frozen);
+  }
+}
+
 TEST(Decoder, PresetsHaveThePublishedShapes) {
   const auto llama = nn::decoder_preset("llama3.2-1b");
   EXPECT_EQ(llama.n_layer, 16);
