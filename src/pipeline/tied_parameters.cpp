@@ -24,6 +24,25 @@ bool holds(const std::vector<at::Tensor>& tensors, const at::Tensor& tensor) {
   return false;
 }
 
+// ", whose layer 2 has weight, bias" where `name` ("2.weigth") names a layer of `sequential`.
+std::string parameters_of_its_layer(const torch::nn::Sequential& sequential,
+                                    const std::string& name) {
+  const auto dot = name.find('.');
+  if (dot == 0 || dot == std::string::npos || name.find_first_not_of("0123456789") != dot) {
+    return "";
+  }
+  const int64_t layer = std::stoll(name.substr(0, dot));
+  if (layer >= static_cast<int64_t>(sequential->size())) {
+    return " (the Sequential has " + std::to_string(sequential->size()) + " layers)";
+  }
+  std::string own;
+  for (const auto& item : (sequential->begin() + layer)->ptr()->named_parameters()) {
+    own += (own.empty() ? "" : ", ") + item.key();
+  }
+  return ", whose layer " + std::to_string(layer) + " has " +
+         (own.empty() ? std::string("no parameters") : own);
+}
+
 // Groups of indices, merged as ties are found (union-find).
 class Groups {
  public:
@@ -64,10 +83,11 @@ std::vector<TiedParameter> find_tied_parameters(
     for (const auto& name : group) {
       if (index_of.count(name)) continue;
       if (!held_elsewhere(sequential, name)) {
-        throw std::invalid_argument(
-            "PipeOptions::tied_parameters names '" + name +
-            "', which the model does not have: name parameters by their place in the whole "
-            "Sequential, e.g. '0.weight'");
+        throw std::invalid_argument("a tie (LayerSpec::tie, PipeOptions::tied_parameters) names '" +
+                                    name + "', which the model does not have" +
+                                    parameters_of_its_layer(sequential, name) +
+                                    ": name parameters by their place in the whole Sequential, "
+                                    "e.g. '0.weight'");
       }
       index_of[name] = names.size();
       names.push_back(name);
@@ -132,6 +152,7 @@ std::vector<at::Tensor> distinct_tensors(const std::vector<at::Tensor>& tensors)
 }
 
 struct TiedGradients::Local {
+  const TiedParameter* tie = nullptr;
   std::vector<at::Tensor> tensors;  // this stage's distinct tensors of the tie, in name order
   bool holds_first_name = false;    // then tensors[0] is the one a whole-model sum counts
   std::shared_ptr<World> stages;    // the stages sharing it; null when this stage alone holds it
@@ -169,6 +190,18 @@ bool used_on_any_stage(const World& stages, bool used_here) {
   return used_here || used.item<double>() > 0;
 }
 
+const char* const kFreezeAlike =
+    "set requires_grad alike on every name of the tie (freeze all of them or none)";
+
+// Why the copies of `tie` cannot train as one parameter: some `what`, others `others`.
+std::string copies_disagree(const TiedParameter& tie, const std::string& what,
+                            const std::string& others, const std::string& what_to_do) {
+  std::string names;
+  for (const auto& name : tie.names) names += (names.empty() ? "" : ", ") + name;
+  return "the tied parameter " + names + " trains as one parameter, but some of its copies " +
+         what + " and others " + others + ", so they would train apart: " + what_to_do;
+}
+
 }  // namespace
 
 TiedGradients::TiedGradients(std::vector<TiedParameter> ties, const torch::nn::Sequential& whole,
@@ -190,6 +223,7 @@ TiedGradients::TiedGradients(std::vector<TiedParameter> ties, const torch::nn::S
     }
     if (std::find(tie.stages.begin(), tie.stages.end(), stage) == tie.stages.end()) continue;
     Local local;
+    local.tie = &tie;
     local.holds_first_name = mine.contains(tie.names.front());
     for (const auto& name : tie.names) {
       if (mine.contains(name) && !holds(local.tensors, mine[name])) {
@@ -221,7 +255,15 @@ void TiedGradients::reduce() {
   torch::NoGradGuard no_grad;
   for (auto& local : local_) {
     // A frozen parameter has no gradient to share, and gets none: an optimizer would step it.
-    if (!local.tensors.front().requires_grad()) continue;
+    // Frozen here but used elsewhere (frozen after the first step's check), the copies would part:
+    // the stage that sees it says so, and the others' sum fails when it stops.
+    if (!local.tensors.front().requires_grad()) {
+      if (local.stages && used_on_any_stage(*local.stages, false)) {
+        throw std::invalid_argument(copies_disagree(*local.tie, "are frozen (requires_grad false)",
+                                                    "use gradients", kFreezeAlike));
+      }
+      continue;
+    }
     at::Tensor sum;
     for (const auto& t : local.tensors) {
       if (!t.grad().defined()) continue;
@@ -250,6 +292,30 @@ void TiedGradients::reduce() {
       } else if (!t.grad().is_same(sum)) {
         t.grad().copy_(sum);
       }
+    }
+  }
+}
+
+void TiedGradients::check_trained_alike(const std::vector<at::Tensor>& optimized) const {
+  for (const auto& local : local_) {
+    double trained = 0;
+    double given = 0;
+    for (const auto& t : local.tensors) {
+      trained += t.requires_grad() ? 1 : 0;
+      given += holds(optimized, t) ? 1 : 0;
+    }
+    std::vector<double> counts{static_cast<double>(local.tensors.size()), trained, given};
+    if (local.stages) counts = local.stages->all_reduce_sum(torch::tensor(counts, torch::kFloat64));
+    const double copies = counts[0];
+    if (counts[1] != 0 && counts[1] != copies) {
+      throw std::invalid_argument(
+          copies_disagree(*local.tie, "are frozen (requires_grad false)", "are not", kFreezeAlike));
+    }
+    if (counts[1] != 0 && counts[2] != 0 && counts[2] != copies) {
+      throw std::invalid_argument(
+          copies_disagree(*local.tie, "are given to the optimizer", "are not",
+                          "give configure_optimizers' optimizer every copy or none: build it from "
+                          "parameters(), which holds this process's copies"));
     }
   }
 }

@@ -59,6 +59,11 @@ class TiedGradients {
   // names and stages. A collective among the stages sharing a tie; call it once per optimizer
   // step, after the last backward (and after data-parallel averaging).
   void reduce();
+  // Throws std::invalid_argument, on every stage sharing a tie, where its copies would not train
+  // as one parameter: some frozen (requires_grad false) and others not, or, where they train, some
+  // given to the optimizer (`optimized`) and others not. A collective among the stages sharing
+  // each tie: call it on every stage once the optimizer is built, before the first step.
+  void check_trained_alike(const std::vector<at::Tensor>& optimized) const;
   // True when this stage holds `parameter` as a copy of a tie whose first name lives on an
   // earlier stage, or as a declared twin of a tensor it also holds: a sum over the whole model
   // (a gradient norm) must skip it.

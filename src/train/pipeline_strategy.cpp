@@ -329,6 +329,11 @@ class PipelineStrategy : public Strategy {
   }
 
   void setup_optimizer(torch::optim::Optimizer& optimizer) override {
+    std::vector<at::Tensor> optimized;
+    for (const auto& group : optimizer.param_groups()) {
+      optimized.insert(optimized.end(), group.params().begin(), group.params().end());
+    }
+    pipe_->tied_parameters().check_trained_alike(optimized);
     if (zero_) zero_->shard(optimizer);
   }
 

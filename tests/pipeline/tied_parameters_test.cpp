@@ -158,6 +158,18 @@ TEST(FindTiedParameters, DeclaredTiesJoinTensorsOfTheirOwnAndBadNamesAreRefused)
                std::invalid_argument);
   EXPECT_THROW(find_tied_parameters(twins, {1, 2}, {{"0.weight", "2.bias"}}),
                std::invalid_argument);
+  // A misspelt name, from a LayerSpec::tie as from the options: the message names the tie's
+  // sources and what the layer does have.
+  try {
+    find_tied_parameters(twins, {3}, {{"0.weigth", "2.weight"}});
+    ADD_FAILURE() << "a misspelt tie was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("a tie (LayerSpec::tie, PipeOptions::tied_parameters) names '0.weigth'"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("whose layer 0 has weight, bias"), std::string::npos) << message;
+  }
 }
 
 TEST(FindTiedParameters, SingleStepsATiedWeightOnce) {
