@@ -6,7 +6,8 @@
 //                        so a checkpoint saved by any layout loads into any other, each process
 //                        reading only the tensors it needs
 //   trainer_state.json   epoch, step and loop position, scheduler steps, layout, callback state
-//   rank-<r>.pt          rank r's optimizer state and random generator state (same layout only)
+//   rank-<r>.pt          rank r's optimizer state and random generators' state: the CPU's and
+//                        its CUDA device's (restored under the same layout only)
 // The folder is written under a temporary name and renamed into place (an atomic exchange when
 // it already exists), so a crash mid-save never leaves a broken checkpoint at the final name.
 #pragma once

@@ -55,9 +55,13 @@ RngState RngState::capture(const c10::Device& device) {
   return state;
 }
 
-RngState RngState::from(at::Tensor cpu_state) {
+RngState RngState::from(at::Tensor cpu_state, const c10::Device& device, at::Tensor device_state) {
   RngState state;
   state.cpu_state_ = std::move(cpu_state);
+  if (device.is_cuda() && device_state.defined()) {
+    state.device_ = device;
+    state.device_state_ = std::move(device_state);
+  }
   return state;
 }
 

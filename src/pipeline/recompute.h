@@ -28,8 +28,12 @@ int64_t recompute_below(CheckpointMode mode, int64_t chunks);
 class RngState {
  public:
   static RngState capture(const c10::Device& device = c10::Device(c10::kCPU));
-  static RngState from(at::Tensor cpu_state);
+  // The state of the CPU generator and, where `device` is a CUDA device, of its generator too.
+  static RngState from(at::Tensor cpu_state, const c10::Device& device = c10::Device(c10::kCPU),
+                       at::Tensor device_state = {});
   const at::Tensor& cpu_state() const { return cpu_state_; }
+  // The CUDA device's generator's state; undefined where captured on the CPU alone.
+  const at::Tensor& device_state() const { return device_state_; }
   // Sets the generators to this state.
   void restore() const;
   // Runs `fn` with the generators as captured, then puts them back as they were before.

@@ -135,7 +135,12 @@ void Trainer::save_checkpoint(const std::string& path) {
           optimizer_archive);
       archive.write("optimizer", optimizer_archive);
     }
-    archive.write("cpu_rng_state", RngState::capture().cpu_state());
+    // Every generator the run draws from: dropout on a GPU draws from the device's.
+    const RngState generators = RngState::capture(world_->device());
+    archive.write("cpu_rng_state", generators.cpu_state());
+    if (generators.device_state().defined()) {
+      archive.write("cuda_rng_state", generators.device_state());
+    }
     // Into memory: torch's file writer aborts the process when a write fails.
     std::ostringstream bytes;
     archive.save_to(bytes);
@@ -191,7 +196,9 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   }
   at::Tensor rng_state;
   if (same_layout && own.try_read("cpu_rng_state", rng_state)) {
-    RngState::from(rng_state).restore();
+    at::Tensor device_rng_state;
+    if (world_->device().is_cuda()) own.try_read("cuda_rng_state", device_rng_state);
+    RngState::from(rng_state, world_->device(), device_rng_state).restore();
   }
   if (state.lr_scheduler_steps >= 0) {
     check_same_schedule(state, path);

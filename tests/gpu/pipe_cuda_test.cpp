@@ -496,6 +496,53 @@ TEST(CudaTrainer, Bf16MixedKeepsFp32MasterWeightsOnTheGpuAndLearns) {
   EXPECT_LT(trainer.callback_metrics().at("train_loss"), 0.5);
 }
 
+// The regression with a dropout between its layers, which on a GPU draws from the CUDA generator.
+class DropoutRegression : public SgdModule {
+ public:
+  DropoutRegression()
+      : SgdModule(torch::nn::Sequential(torch::nn::Linear(3, 32), torch::nn::Dropout(0.5),
+                                        torch::nn::Linear(32, 1)),
+                  0.05) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    return torch::mse_loss(forward(batch.data), batch.target);
+  }
+};
+
+// A checkpoint kept the CPU generator alone: a fit resumed on a GPU drew its dropout masks from a
+// freshly seeded CUDA generator, other masks than the uninterrupted fit's. Resumed at step 3 of 6,
+// it ends with the uninterrupted fit's weights exactly.
+TEST(CudaTrainer, AResumedFitDrawsTheDropoutMasksOfAnUninterruptedOne) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto root = make_temp_dir("cuda-dropout-resume");
+  torch::manual_seed(1);
+  const auto x = torch::randn({64, 3});
+  const DataLoader loader({x, x.sum(1, true)}, DataLoaderOptions().batch_size(16));
+  auto fit = [&](int64_t steps, const std::string& resume, const std::string& save) {
+    Trainer trainer(TrainerOptions()
+                        .accelerator("cuda")
+                        .max_steps(steps)
+                        .loggers({})
+                        .enable_checkpointing(false)
+                        .enable_progress_bar(false));
+    DropoutRegression model;
+    trainer.fit(model, loader, nullptr, resume);
+    if (!save.empty()) trainer.save_checkpoint(save);
+    std::vector<at::Tensor> weights;
+    for (const auto& p : model.parameters()) weights.push_back(p.detach().cpu());
+    return weights;
+  };
+  const auto uninterrupted = fit(6, "", "");
+  fit(3, "", root + "/step-3.ckpt");
+  const auto resumed = fit(6, root + "/step-3.ckpt", "");
+  ASSERT_EQ(resumed.size(), uninterrupted.size());
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    EXPECT_TRUE(torch::equal(resumed[i], uninterrupted[i]))
+        << "parameter " << i << " differs by "
+        << (resumed[i] - uninterrupted[i]).abs().max().item<double>();
+  }
+  std::filesystem::remove_all(root);
+}
+
 // Batches prepared ahead (pinned, copied on a side stream) train exactly as batches read when the
 // step asks for them, also with extra fields and a dataset already on the GPU.
 TEST(CudaTrainer, PrefetchedBatchesTrainAsBatchesReadInTheStep) {
