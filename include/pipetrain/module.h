@@ -35,7 +35,8 @@ struct OptimizerConfig {
 };
 
 // Where a logged value goes. Unset on_step/on_epoch take Lightning's defaults: training steps log
-// per step, evaluation steps per epoch.
+// per step, evaluation steps per epoch. An evaluation value logged per step gets a row a batch, at
+// the count of that loop's batches so far (as Lightning's).
 struct LogOptions {
   TORCH_ARG(bool, prog_bar) = false;
   TORCH_ARG(std::optional<bool>, on_step) = std::nullopt;

@@ -53,6 +53,7 @@ void EvaluationLoop::reset() {
 void EvaluationLoop::advance() {
   Trainer& t = trainer_;
   const Batch batch = t.next_batch(*stream_);
+  LoggedMetrics batch_metrics;
   try {
     PrecisionGuard precision(t.options_.precision(), t.world_->device().type());
     t.strategy_->evaluation_step(
@@ -60,11 +61,13 @@ void EvaluationLoop::advance() {
         [&](const Batch& b, int64_t i) {
           test_ ? module_.test_step(b, i) : module_.validation_step(b, i);
         },
-        metrics_);
+        batch_metrics);
   } catch (const std::exception& e) {
     t.world_->publish_error(error_message(e));
     throw;
   }
+  metrics_.merge(batch_metrics);
+  if (record_) step_values_.push_back(batch_metrics.step_view(false));
   ++batch_idx_;
   if (t.progress_) t.progress_->update(batch_idx_, {});
 }
@@ -81,6 +84,7 @@ std::map<std::string, double> EvaluationLoop::on_run_end() {
   }
   auto values = values_of(reduced);
   if (!record_) return values;  // Lightning logs nothing from the sanity check
+  log_step_values();
   call_hooks(t.options_.callbacks(),
              test_ ? &Callback::on_test_epoch_end : &Callback::on_validation_epoch_end, t, module_);
   t.remember(reduced);
@@ -90,6 +94,24 @@ std::map<std::string, double> EvaluationLoop::on_run_end() {
     t.log_metrics(row, std::max<int64_t>(t.fit_progress_.global_step - 1, 0));
   }
   return values;
+}
+
+// Values logged per step (on_step(true)) go to the loggers as Lightning logs them, a row a batch
+// ("val_loss_step" where the value is logged per epoch too) at the count of evaluation batches of
+// this kind so far. Each batch's reduction is a collective, so it runs after the epoch, where every
+// rank learns in one collective whether there is anything to reduce: the last stage alone knows.
+void EvaluationLoop::log_step_values() {
+  Trainer& t = trainer_;
+  bool any = false;
+  for (const auto& values : step_values_) any = any || !values.empty();
+  if (!t.world_->any(any)) return;
+  int64_t& logged = test_ ? t.logged_test_batches_ : t.logged_validation_batches_;
+  for (const auto& values : step_values_) {
+    const auto reduced = t.strategy_->reduce_metrics(values);
+    t.remember(reduced);
+    if (!reduced.empty()) t.log_metrics(values_of(reduced), logged);
+    ++logged;
+  }
 }
 
 // --- prediction

@@ -32,6 +32,8 @@ class EvaluationLoop {
   bool done() const { return batch_idx_ >= batches_; }
   void advance();  // one batch
   std::map<std::string, double> on_run_end();
+  // Logs each batch's per-step values, where any rank has some.
+  void log_step_values();
 
   Trainer& trainer_;
   Module& module_;
@@ -41,6 +43,7 @@ class EvaluationLoop {
   int64_t batch_idx_ = 0;
   std::unique_ptr<BatchStream> stream_;
   LoggedMetrics metrics_;
+  std::vector<LoggedMetrics> step_values_;  // each batch's values logged per step
 };
 
 // `batches` batches of predict_step; their outputs on rank 0, in input order.

@@ -96,6 +96,41 @@ TEST_F(TrainerLoops, ValidatesEveryEpochAfterASanityCheckAndLogsEpochValues) {
   EXPECT_TRUE(trainer.callback_metrics().count("val_loss"));
 }
 
+// Logs each evaluation batch's mean target per step: per step and per epoch in validation, per
+// step alone in test.
+class StepValuesInEvaluation : public Recorder {
+ public:
+  void validation_step(const Batch& batch, int64_t) override {
+    log("val_target", batch.target.mean(), LogOptions().on_step(true));
+  }
+  void test_step(const Batch& batch, int64_t) override {
+    log("test_target", batch.target.mean(), LogOptions().on_step(true).on_epoch(false));
+  }
+};
+
+// Validation and test values logged with on_step(true) were dropped without a word: each batch
+// gets a row, as Lightning logs them, beside the epoch's value where it is logged per epoch too.
+TEST_F(TrainerLoops, EvaluationValuesLoggedPerStepGetARowABatch) {
+  Trainer trainer(options().max_epochs(2));
+  StepValuesInEvaluation model;
+  trainer.fit(model, train, &val);
+  trainer.test(model, val);
+  std::vector<double> batch_means;
+  for (int64_t b = 0; b < 3; ++b) {
+    batch_means.push_back(data(12).targets.slice(0, 4 * b, 4 * b + 4).mean().item<double>());
+  }
+  const auto csv = trainer.log_dir() + "/metrics.csv";
+  const auto per_step = testing::read_csv_column(csv, "val_target_step");
+  ASSERT_EQ(per_step.size(), 6u);  // two validations of 3 batches, not the sanity check
+  for (size_t i = 0; i < per_step.size(); ++i) {
+    EXPECT_NEAR(per_step[i], batch_means[i % 3], 1e-6) << "row " << i;
+  }
+  EXPECT_EQ(testing::read_csv_column(csv, "val_target_epoch").size(), 2u);
+  const auto tested = testing::read_csv_column(csv, "test_target");
+  ASSERT_EQ(tested.size(), 3u);
+  for (size_t i = 0; i < tested.size(); ++i) EXPECT_NEAR(tested[i], batch_means[i], 1e-6);
+}
+
 TEST_F(TrainerLoops, LimitsAndValCheckInterval) {
   Trainer trainer(options()
                       .max_epochs(1)
