@@ -205,7 +205,41 @@ class UnusedTie : public MseRegression {
   }
 };
 
+// A tie described layer by layer (LayerSpec::tie), as a head tied to its embedding: the third
+// layer's weight is the first's, a copy on each stage where the stages part them. The optimizer is
+// given every parameter but `left_out`, and `frozen` is frozen first ("": none).
+class TiedPerRank : public Module {
+ public:
+  TiedPerRank(std::string left_out, std::string frozen)
+      : Module(std::vector<LayerSpec>{
+            layer([] { return torch::nn::Linear(4, 4); }), layer([] { return torch::nn::Tanh(); }),
+            layer([] { return torch::nn::Linear(4, 4); }).tie("weight", "0.weight"),
+            layer([] { return torch::nn::Tanh(); }),
+            layer([] { return torch::nn::Linear(4, 6); })}),
+        left_out_(std::move(left_out)),
+        frozen_(std::move(frozen)) {}
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    auto loss = torch::mse_loss(forward(batch.data), batch.target);
+    log("train_loss", loss);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    std::vector<at::Tensor> given;
+    for (const auto& item : layers()->named_parameters()) {
+      if (item.key() == frozen_) item.value().set_requires_grad(false);
+      if (item.key() != left_out_) given.push_back(item.value());
+    }
+    return std::make_unique<torch::optim::SGD>(given, torch::optim::SGDOptions(0.1));
+  }
+
+ private:
+  std::string left_out_, frozen_;
+};
+
 std::unique_ptr<Module> make_model(const std::string& name) {
+  if (name == "tied_per_rank") return std::make_unique<TiedPerRank>("", "");
+  if (name == "tie_left_out") return std::make_unique<TiedPerRank>("0.weight", "");
+  if (name == "tie_frozen_once") return std::make_unique<TiedPerRank>("", "0.weight");
   if (name == "unused_tie") return std::make_unique<UnusedTie>();
   if (name == "halved_in_place") return std::make_unique<HalvedInPlace>();
   if (name == "dropouts") return std::make_unique<TwoDropouts>();
@@ -237,7 +271,9 @@ void train(const UserRun& run) {
   // One dropout on each stage.
   if (run.model == "dropouts" && run.strategy == "pipe") pipe_options.balance({1, 2});
   // One copy of the tie on each stage.
-  if (run.model == "unused_tie" && run.strategy == "pipe") pipe_options.balance({2, 3});
+  if ((run.model == "unused_tie" || run.model.rfind("tie", 0) == 0) && run.strategy == "pipe") {
+    pipe_options.balance({2, 3});
+  }
   Trainer trainer(run.trainer_options(pipe_options)
                       .accumulate_grad_batches(run.accumulate)
                       .zero_stage(run.zero_stage)
@@ -285,23 +321,35 @@ class UserModels : public ::testing::Test {
     r.root = dir + "/" + name;
     return r;
   }
+  // `model` under `strategy` on 2 processes, to train.
+  UserRun on_two(const std::string& model, const std::string& name,
+                 const std::string& strategy) const {
+    auto r = run(model, name);
+    r.strategy = strategy;
+    r.devices = 2;
+    return r;
+  }
   // `model` trained as a pipe of 2 stages and 4 micro-batches.
   UserRun trained_by_pipe(const std::string& model) const {
-    auto pipe = run(model, "pipe");
-    pipe.strategy = "pipe";
-    pipe.devices = 2;
+    auto pipe = on_two(model, "pipe", "pipe");
     pipe.chunks = 4;
     train_in_ranks(pipe, 2);
     return pipe;
   }
   // `model` trained by 2 replicas of 8 rows each, the global batch of single's 16.
   UserRun trained_by_ddp(const std::string& model) const {
-    auto ddp = run(model, "ddp");
-    ddp.strategy = "ddp";
-    ddp.devices = 2;
+    auto ddp = on_two(model, "ddp", "ddp");
     ddp.batch_size = 8;
     train_in_ranks(ddp, 2);
     return ddp;
+  }
+  // Each of `others` logged `single`'s training losses and ends with its weights.
+  static void expect_trained_as(const UserRun& single, const std::vector<const UserRun*>& others) {
+    for (const auto* other : others) {
+      SCOPED_TRACE(other->root);
+      expect_same_train_losses(single.root, other->root);
+      expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
+    }
   }
   std::string dir = make_temp_dir("user-models");
 };
@@ -319,11 +367,7 @@ TEST_F(UserModels, SumOverNormalisesByTheGlobalCountUnderPipeDdpAndAccumulation)
   accumulated.accumulate = 2;
   train(accumulated);
 
-  for (const auto* other : {&pipe, &ddp, &accumulated}) {
-    SCOPED_TRACE(other->root);
-    expect_same_train_losses(single.root, other->root);
-    expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
-  }
+  expect_trained_as(single, {&pipe, &ddp, &accumulated});
 }
 
 // A mask carried as a field of the batch reaches each micro-batch and replica with its rows: pipe
@@ -337,11 +381,7 @@ TEST_F(UserModels, AFieldOfTheBatchFollowsItsRowsUnderPipeAndDdp) {
 
   auto pipe = trained_by_pipe("masked_field");
   auto ddp = trained_by_ddp("masked_field");
-  for (const auto* other : {&pipe, &ddp}) {
-    SCOPED_TRACE(other->root);
-    expect_same_train_losses(single.root, other->root);
-    expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
-  }
+  expect_trained_as(single, {&pipe, &ddp});
 }
 
 // Built per rank, each process builds and holds its own layers alone (train() checks it), and pipe
@@ -351,11 +391,7 @@ TEST_F(UserModels, AModelBuiltPerRankTrainsUnderPipeAndDdpAsSingle) {
   train(single);
   auto pipe = trained_by_pipe("masked_per_rank");
   auto ddp = trained_by_ddp("masked_per_rank");
-  for (const auto* other : {&pipe, &ddp}) {
-    SCOPED_TRACE(other->root);
-    expect_same_train_losses(single.root, other->root);
-    expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
-  }
+  expect_trained_as(single, {&pipe, &ddp});
   const auto first = load_safetensors(pipe.rank_tensors(0));
   const auto second = load_safetensors(pipe.rank_tensors(1));
   EXPECT_TRUE(first.count("0.weight"));
@@ -370,14 +406,11 @@ TEST_F(UserModels, AModelBuiltPerRankTrainsUnderPipeAndDdpAsSingle) {
 TEST_F(UserModels, ZeroStageOneOnAModelOfOnesOwnTrainsAsSingle) {
   auto single = run("masked_momentum", "single");
   train(single);
-  auto zero = run("masked_momentum", "zero");
-  zero.strategy = "ddp";
-  zero.devices = 2;
+  auto zero = on_two("masked_momentum", "zero", "ddp");
   zero.batch_size = 8;
   zero.zero_stage = 1;
   train_in_ranks(zero, 2);
-  expect_same_train_losses(single.root, zero.root);
-  expect_same_weights(single.final_weights(), zero.final_weights(), 1e-5);
+  expect_trained_as(single, {&zero});
 }
 
 // The plan.json a planned run wrote beside its logs.
@@ -408,8 +441,7 @@ TEST_F(UserModels, ThePlannersPlanTrainsAsSingleAndRunsAgainFromItsFile) {
     planned_run->devices = 2;
     planned_run->plan = "auto";
     train_in_ranks(*planned_run, 2);
-    expect_same_train_losses(single.root, planned_run->root);
-    expect_same_weights(single.final_weights(), planned_run->final_weights(), 1e-5);
+    expect_trained_as(single, {planned_run});
   }
   EXPECT_NE(plan_of(interleaved).find("\"virtual_stages\": 2"), std::string::npos)
       << plan_of(interleaved);
@@ -417,9 +449,7 @@ TEST_F(UserModels, ThePlannersPlanTrainsAsSingleAndRunsAgainFromItsFile) {
 
   const std::string plan_file = planned.root + "/lightning_logs/version_0/plan.json";
   ASSERT_TRUE(fs::exists(plan_file));
-  auto again = run("masked_per_rank", "again");
-  again.strategy = "pipe";
-  again.devices = 2;
+  auto again = on_two("masked_per_rank", "again", "pipe");
   again.plan = plan_file;
   train_in_ranks(again, 2);
   expect_same_train_losses(single.root, again.root);
@@ -442,9 +472,7 @@ TEST_F(UserModels, ForwardOnAnythingButTheStepsBatchIsRefusedUnderEveryStrategy)
   EXPECT_NE(error.find("layer at the front of the Sequential"), std::string::npos) << error;
   for (const std::string strategy : {"pipe", "ddp"}) {
     SCOPED_TRACE(strategy);
-    auto parallel = run("preprocessing", strategy);
-    parallel.strategy = strategy;
-    parallel.devices = 2;
+    auto parallel = on_two("preprocessing", strategy, strategy);
     parallel.chunks = strategy == "pipe" ? 2 : 1;
     fs::create_directories(parallel.root);
     EXPECT_NE(run_ranks(2, "user_model_worker", to_env(parallel)), 0);
@@ -457,9 +485,7 @@ TEST_F(UserModels, BatchNormTrainsAlikeInEveryCheckpointModeAndSchedule) {
   for (const std::string schedule : {"gpipe", "1f1b", "zbh1", "zbh2"}) {
     std::map<std::string, UserRun> runs;
     for (const std::string mode : {"never", "except_last", "always"}) {
-      auto pipe = run("normalised", schedule + "-" + mode);
-      pipe.strategy = "pipe";
-      pipe.devices = 2;
+      auto pipe = on_two("normalised", schedule + "-" + mode, "pipe");
       pipe.chunks = 4;
       pipe.checkpoint = mode;
       pipe.schedule = schedule;
@@ -486,9 +512,7 @@ TEST_F(UserModels, DeferredBatchNormKeepsTheWholeBatchsRunningStatistics) {
   const auto expected = load_safetensors(single.rank_tensors(0));
   for (const bool deferred : {true, false}) {
     SCOPED_TRACE(deferred ? "deferred" : "per micro-batch");
-    auto pipe = run("input_normalised", deferred ? "deferred" : "immediate");
-    pipe.strategy = "pipe";
-    pipe.devices = 2;
+    auto pipe = on_two("input_normalised", deferred ? "deferred" : "immediate", "pipe");
     pipe.chunks = 4;
     pipe.checkpoint = "always";
     pipe.schedule = "1f1b";
@@ -559,9 +583,7 @@ TEST_F(UserModels, DropoutMasksOfDifferentStagesAreDrawnApart) {
 TEST_F(UserModels, ATieNoStageUsesIsNotStepped) {
   auto single = run("unused_tie", "single");
   train(single);
-  auto pipe = run("unused_tie", "pipe");
-  pipe.strategy = "pipe";
-  pipe.devices = 2;
+  auto pipe = on_two("unused_tie", "pipe", "pipe");
   train_in_ranks(pipe, 2);
   for (const auto* r : {&single, &pipe}) {
     SCOPED_TRACE(r->root);
@@ -569,8 +591,43 @@ TEST_F(UserModels, ATieNoStageUsesIsNotStepped) {
     ASSERT_TRUE(weights.count("0.spare"));
     EXPECT_TRUE(torch::equal(weights.at("0.spare"), torch::ones({2, 2}))) << weights.at("0.spare");
   }
-  expect_same_train_losses(single.root, pipe.root);
-  expect_same_weights(single.final_weights(), pipe.final_weights(), 1e-5);
+  expect_trained_as(single, {&pipe});
+}
+
+// A tie described layer by layer trains as single under pipe, its copies as one parameter. An
+// optimizer given one copy and not the other (the first stage's) once trained the last stage's
+// copy alone, and the checkpoint kept the untrained one; a copy frozen and another not hung the
+// pipe's sum of the tie's gradients for the whole timeout. Both are refused before the first
+// step, naming the tie, in one process as across stages.
+TEST_F(UserModels, TiedCopiesTrainAsOneParameterOrAreRefused) {
+  auto single = run("tied_per_rank", "single");
+  train(single);
+  auto pipe = on_two("tied_per_rank", "pipe", "pipe");
+  pipe.chunks = 2;
+  train_in_ranks(pipe, 2);
+  expect_trained_as(single, {&pipe});
+
+  const std::map<std::string, std::string> refusals{
+      {"tie_left_out", "some of its copies are given to the optimizer and others are not"},
+      {"tie_frozen_once",
+       "some of its copies are frozen (requires_grad false) and others are not"}};
+  for (const auto& [model, why] : refusals) {
+    SCOPED_TRACE(model);
+    auto alone = run(model, model + "-single");
+    fs::create_directories(alone.root);
+    const auto error = error_of<std::invalid_argument>([&] { train(alone); });
+    EXPECT_NE(error.find("the tied parameter 0.weight, 2.weight trains as one parameter"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find(why), std::string::npos) << error;
+    auto staged = on_two(model, model + "-pipe", "pipe");
+    fs::create_directories(staged.root);
+    EXPECT_NE(run_ranks(2, "user_model_worker", to_env(staged)), 0);
+    for (int64_t rank : {0, 1}) {
+      const std::string message = staged.recorded_error(rank);
+      EXPECT_NE(message.find(why), std::string::npos) << "rank " << rank << ": " << message;
+    }
+  }
 }
 
 // A first layer that changes its input in place: under recomputation it ran again on the input it
@@ -582,21 +639,16 @@ TEST_F(UserModels, ALayerChangingItsInputInPlaceTrainsAsSingleInEveryCheckpointM
   train(single);
   for (const std::string mode : {"except_last", "always", "never"}) {
     SCOPED_TRACE(mode);
-    auto pipe = run("halved_in_place", "pipe-" + mode);
-    pipe.strategy = "pipe";
-    pipe.devices = 2;
+    auto pipe = on_two("halved_in_place", "pipe-" + mode, "pipe");
     pipe.chunks = 4;
     pipe.checkpoint = mode;
     train_in_ranks(pipe, 2);
-    expect_same_train_losses(single.root, pipe.root);
-    expect_same_weights(single.final_weights(), pipe.final_weights(), 1e-5);
+    expect_trained_as(single, {&pipe});
   }
 }
 
 TEST_F(UserModels, DdpReplicasHoldReplicaZerosBatchNormStatistics) {
-  auto ddp = run("normalised", "ddp");
-  ddp.strategy = "ddp";
-  ddp.devices = 2;
+  auto ddp = on_two("normalised", "ddp", "ddp");
   ddp.batch_size = 8;
   train_in_ranks(ddp, 2);
   expect_same_weights(ddp.rank_tensors(0), ddp.rank_tensors(1), 0);
