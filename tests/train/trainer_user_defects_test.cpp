@@ -111,6 +111,19 @@ void expect_refused(const std::function<void()>& run, const std::string& words) 
   }
 }
 
+// The resumed fit trained the straight fit's batches from batch `from` on, bit for bit, and ends
+// with its weights.
+void expect_resumed_as_straight(const Regression& straight, const Regression& resumed,
+                                size_t from) {
+  const std::vector<double> tail(straight.losses.begin() + static_cast<std::ptrdiff_t>(from),
+                                 straight.losses.end());
+  EXPECT_EQ(resumed.losses, tail);
+  const auto expected = straight.layers()->parameters();
+  const auto actual = resumed.layers()->parameters();
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
+}
+
 // A Regression fit 5 steps (built after its Trainer, which seeds the generator: the same initial
 // weights in every test), then saved, once fit() has returned, as `dir`/after-fit.ckpt.
 std::unique_ptr<Regression> fit_five_steps_and_save(const TempDir& dir, const DataLoader& loader) {
@@ -140,13 +153,9 @@ TEST(TrainerUserDefects, CheckpointSavedAfterFitResumesAsIfFitHadNeverStopped) {
   resumed_run.fit(resumed, loader, nullptr, dir / "after-fit.ckpt");
   EXPECT_EQ(resumed_run.global_step(), 8);
 
-  auto losses = first->losses;
-  losses.insert(losses.end(), resumed.losses.begin(), resumed.losses.end());
-  EXPECT_EQ(losses, straight.losses);
-  const auto expected = straight.layers()->parameters();
-  const auto actual = resumed.layers()->parameters();
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
+  EXPECT_EQ(std::vector<double>(straight.losses.begin(), straight.losses.begin() + 5),
+            first->losses);
+  expect_resumed_as_straight(straight, resumed, 5);
 }
 
 // Regression with a validation loss.
@@ -198,12 +207,7 @@ TEST(TrainerUserDefects, CheckpointSavedInsideAnAccumulationWindowResumesTheWhol
   resumed_run.fit(resumed, loader, &loader, dir / "mid-window.ckpt");
   EXPECT_EQ(resumed_run.global_step(), 6);
   // The resumed run's batches are the straight run's from batch 2 on.
-  const std::vector<double> tail(straight.losses.begin() + 2, straight.losses.end());
-  EXPECT_EQ(resumed.losses, tail);
-  const auto expected = straight.layers()->parameters();
-  const auto actual = resumed.layers()->parameters();
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
+  expect_resumed_as_straight(straight, resumed, 2);
 
   Trainer other_windows(options("other").accumulate_grad_batches(4));
   ValidatedRegression refused;
@@ -233,12 +237,7 @@ TEST(TrainerUserDefects, CheckpointAfterAnEpochCutByLimitTrainBatchesResumesAtTh
   ValidatedRegression resumed;
   resumed_run.fit(resumed, loader, &loader, dir / "epoch-end.ckpt");
   EXPECT_EQ(resumed_run.global_step(), 6);
-  const std::vector<double> tail(straight.losses.begin() + 3, straight.losses.end());
-  EXPECT_EQ(resumed.losses, tail);
-  const auto expected = straight.layers()->parameters();
-  const auto actual = resumed.layers()->parameters();
-  ASSERT_EQ(actual.size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(torch::equal(actual[i], expected[i]));
+  expect_resumed_as_straight(straight, resumed, 3);
 }
 
 // Counts the rows validation saw and logs the count at the epoch's end, as Lightning's users log
