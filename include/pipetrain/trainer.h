@@ -93,7 +93,10 @@ class Trainer {
   // The latest value of every logged metric, reduced (the same on every rank): after each
   // training batch, what the training steps logged over the accumulation window so far; after an
   // epoch or a validation run, its values. A value logged both per step and per epoch is there
-  // as "x_step" or "x_epoch" and, as in Lightning, as "x": the latest of the two.
+  // as "x_step" or "x_epoch" and, as in Lightning, as "x": the latest of the two. Each rank's
+  // memory in MiB: parameter_, gradient_ and optimizer_state_memory_mib/rank_<r> from fit's
+  // start, first_step_peak_memory_mib/rank_<r> after its first step, peak_memory_mib/rank_<r>
+  // from its end.
   const std::map<std::string, double>& callback_metrics() const;
   // <default_root_dir>/lightning_logs/version_<N> of this run (every rank knows it).
   const std::string& log_dir() const { return log_dir_; }

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -43,6 +44,52 @@ bool looks_like_uint32(const unsigned char* bytes, int64_t count) {
   return any_low;
 }
 
+// Whether a file that does not start with llm.c's magic has llm.c's header all the same, under
+// another magic: a token count in the third int32 that is what follows the 1024 bytes at 2 or 4
+// bytes a token, and the 253 int32 after it zero, as llm.c leaves them. Raw tokens are never like
+// that (hundreds of id-0 tokens in a row, after one or two spelling the file's length); read as
+// raw, the header would train as tokens.
+bool looks_like_llmc_header(const unsigned char* bytes, size_t size) {
+  if (size < kLlmcHeaderBytes) return false;
+  int32_t header[256];
+  std::memcpy(header, bytes, sizeof(header));
+  for (size_t i = 3; i < 256; ++i) {
+    if (header[i] != 0) return false;
+  }
+  const auto count = static_cast<size_t>(header[2]);
+  const size_t payload = size - kLlmcHeaderBytes;
+  return header[2] > 0 && (payload == count * 2 || payload == count * 4);
+}
+
+// How many tokens the vocabulary check reads at a time: after each slice its pages are dropped
+// from the process, so resident memory stays at one slice (32 or 64 MiB) whatever the file.
+constexpr int64_t kTokensPerSlice = int64_t{1} << 24;
+
+// The position of the first of `count` tokens whose id is `vocab_size` or more, or -1. The
+// reduction to a slice's largest id is a loop the compiler vectorizes; the position is looked for
+// only in a slice holding one.
+template <typename Token>
+int64_t first_token_outside(const unsigned char* first, int64_t count, int64_t vocab_size) {
+  if (vocab_size > static_cast<int64_t>(std::numeric_limits<Token>::max())) return -1;
+  const auto* tokens = reinterpret_cast<const Token*>(first);
+  const long page = sysconf(_SC_PAGESIZE);
+  for (int64_t begin = 0; begin < count; begin += kTokensPerSlice) {
+    const int64_t end = std::min(count, begin + kTokensPerSlice);
+    Token largest = 0;
+    for (int64_t i = begin; i < end; ++i) largest = std::max(largest, tokens[i]);
+    if (largest >= vocab_size) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (tokens[i] >= vocab_size) return i;
+      }
+    }
+    // Whole pages the slice covered alone (the next slice reads the last one's rest).
+    const auto from = reinterpret_cast<uintptr_t>(tokens + begin) / page * page;
+    const auto to = reinterpret_cast<uintptr_t>(tokens + end) / page * page;
+    if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+  }
+  return -1;
+}
+
 size_t width_of(TokenDtype dtype) { return dtype == TokenDtype::kUint32 ? 4 : 2; }
 std::string name_of(TokenDtype dtype) { return dtype == TokenDtype::kUint32 ? "uint32" : "uint16"; }
 
@@ -55,7 +102,7 @@ const char* const kLlmcShards =
 
 TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t vocab_size,
                            std::optional<TokenDtype> dtype)
-    : path_(path), block_size_(block_size), vocab_size_(vocab_size) {
+    : path_(path), block_size_(block_size) {
   if (block_size < 1) {
     throw std::invalid_argument("block size " + std::to_string(block_size) +
                                 " must be at least 1 (--block-size)");
@@ -124,6 +171,16 @@ TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t 
            (payload % width ? " and " + std::to_string(payload % width) + " bytes more" : "") +
            "): the file is truncated or not an llm.c shard");
     }
+  } else if (looks_like_llmc_header(bytes, mapped_bytes_)) {
+    int32_t header[3];
+    std::memcpy(header, bytes, sizeof(header));
+    fail("starts with what is laid out as llm.c's 1024-byte header (a count of " +
+         std::to_string(header[2]) +
+         " tokens, the bytes that follow it, and zeros) but with magic " +
+         std::to_string(header[0]) + " and version " + std::to_string(header[1]) +
+         ", which llm.c does not write (" + kLlmcShards +
+         "): read as raw tokens its header would train as tokens; write it again with llm.c's "
+         "magic and version, or without the header");
   } else {
     dtype_ = dtype.value_or(TokenDtype::kUint16);
     const size_t width = width_of(dtype_);
@@ -148,6 +205,21 @@ TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t 
   if (num_tokens_ < block_size_ + 1) {
     fail("holds " + std::to_string(num_tokens_) + " tokens, fewer than one window of block size " +
          std::to_string(block_size_) + " + 1: use a longer file or a smaller --block-size");
+  }
+  // Every id is checked now, once: a window read only late in a run (or never, in a short one)
+  // would otherwise let a bad file pass.
+  madvise(mapping_, mapped_bytes_, MADV_SEQUENTIAL);
+  const int64_t outside = dtype_ == TokenDtype::kUint32
+                              ? first_token_outside<uint32_t>(tokens_, num_tokens_, vocab_size)
+                              : first_token_outside<uint16_t>(tokens_, num_tokens_, vocab_size);
+  madvise(mapping_, mapped_bytes_, MADV_NORMAL);  // windows are read in shuffled order
+  if (outside >= 0) {
+    const int64_t id = dtype_ == TokenDtype::kUint32
+                           ? reinterpret_cast<const uint32_t*>(tokens_)[outside]
+                           : reinterpret_cast<const uint16_t*>(tokens_)[outside];
+    fail("holds token id " + std::to_string(id) + " at position " + std::to_string(outside) +
+         ", not below the vocabulary size " + std::to_string(vocab_size) +
+         " (--vocab-size): give the vocabulary the file was tokenized with");
   }
 }
 
@@ -181,14 +253,6 @@ Batch TokenDataset::get_batch(const std::vector<int64_t>& indices,
     } else {
       const auto* tokens = reinterpret_cast<const uint16_t*>(window);
       for (int64_t t = 0; t < width; ++t) row_out[t] = tokens[t];
-    }
-    for (int64_t t = 0; t < width; ++t) {
-      if (row_out[t] >= vocab_size_) {
-        throw std::invalid_argument(
-            "token file " + path_ + " holds token id " + std::to_string(row_out[t]) +
-            " at position " + std::to_string(index * block_size_ + t) +
-            ", not below the vocabulary size " + std::to_string(vocab_size_) + " (--vocab-size)");
-      }
     }
     // The bytes are copied out: drop this window's pages from the process (the page cache keeps
     // them), so an epoch over a large file does not leave all of it resident.

@@ -218,6 +218,7 @@ void TrainingEpochLoop::check_first_step_memory(int64_t step_peak) {
   memory.measured = true;
   memory.mine.first_step_peak = step_peak;
   const auto ranks = gather_memory_figures(*t.world_, memory.mine);
+  for (const auto& [name, mib] : memory_metrics(ranks)) t.callback_metrics_[name] = mib;
   bool every_rank_measured = true;
   for (const auto& rank : ranks) every_rank_measured &= rank.first_step_peak >= 0;
   if (!every_rank_measured) {
@@ -303,6 +304,8 @@ void FitLoop::reset(const std::string& ckpt_path) {
   // What each rank will hold, said (and held against max_memory) before any step.
   memory_.mine = memory_figures(module_, *t.optimizer_);
   const auto memory = gather_memory_figures(*t.world_, memory_.mine);
+  // Callbacks read the figures in callback_metrics from on_fit_start on.
+  for (const auto& [name, mib] : memory_metrics(memory)) t.callback_metrics_[name] = mib;
   t.print(memory_table(memory));
   check_memory_limit(memory, options.max_memory());
   if (t.scheduler_interval_ != "step" && t.scheduler_interval_ != "epoch") {
@@ -355,6 +358,7 @@ void FitLoop::advance() { TrainingEpochLoop(trainer_, module_, data_).run(); }
 void FitLoop::on_run_end() {
   Trainer& t = trainer_;
   const TrainerOptions& options = t.options_;
+  log_peak_memory();  // before on_fit_end, whose callbacks find it in callback_metrics
   // A fit stopped mid-epoch (max_steps, max_time, a signal, request_stop) has not run the epoch's
   // end, where checkpoints are saved: ModelCheckpoint saves last.ckpt here, and after a signal
   // the Trainer saves one itself if nothing did, so a restarted job continues where it stopped.
@@ -368,7 +372,6 @@ void FitLoop::on_run_end() {
             std::to_string(t.fit_progress_.global_step) +
             "; resume with --ckpt-path last (ckpt_path=\"last\")");
   }
-  log_peak_memory();
   if (t.plan_ && t.planned_steps_ > 0) {
     char line[160];
     std::snprintf(line, sizeof line,
@@ -402,6 +405,7 @@ void FitLoop::log_peak_memory() {
   for (size_t rank = 0; rank < all.size(); ++rank) {
     const double mib = all[rank] / (1 << 20);
     values["peak_memory_mib/rank_" + std::to_string(rank)] = mib;
+    t.callback_metrics_["peak_memory_mib/rank_" + std::to_string(rank)] = mib;
     line += " " + std::to_string(rank) + ": " + std::to_string(static_cast<int64_t>(mib));
   }
   t.log_metrics(values, std::max<int64_t>(0, t.fit_progress_.global_step - 1));

@@ -84,7 +84,8 @@ class FitLoop {
   bool done() const;
   void advance();  // one epoch
   void on_run_end();
-  // Every rank's measured peak, logged (peak_memory_mib/rank_<r>) and printed by rank 0.
+  // Every rank's measured peak, logged (peak_memory_mib/rank_<r>) and kept in callback_metrics
+  // on every rank, and printed by rank 0.
   void log_peak_memory();
 
   Trainer& trainer_;

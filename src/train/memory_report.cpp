@@ -68,6 +68,8 @@ MemoryFigures memory_figures(const Module& module, const torch::optim::Optimizer
     const int64_t tensors = state_tensors_per_parameter(group.options());
     if (tensors < 0) figures.optimizer_state_known = false;
     for (const auto& p : group.params()) {
+      // A frozen parameter gets no gradient, so the optimizer keeps no state for it.
+      if (!p.requires_grad()) continue;
       if (stepped.insert(p.unsafeGetTensorImpl()).second) {
         figures.optimizer_state += tensors * static_cast<int64_t>(p.nbytes());
       }
@@ -113,6 +115,20 @@ std::string memory_table(const std::vector<MemoryFigures>& ranks) {
   }
   table.pop_back();
   return table;
+}
+
+std::map<std::string, double> memory_metrics(const std::vector<MemoryFigures>& ranks) {
+  std::map<std::string, double> metrics;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const MemoryFigures& f = ranks[r];
+    const std::string rank = "_memory_mib/rank_" + std::to_string(r);
+    const auto in_mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+    metrics["parameter" + rank] = in_mib(f.parameters);
+    metrics["gradient" + rank] = in_mib(f.gradients);
+    if (f.optimizer_state_known) metrics["optimizer_state" + rank] = in_mib(f.optimizer_state);
+    if (f.first_step_peak >= 0) metrics["first_step_peak" + rank] = in_mib(f.first_step_peak);
+  }
+  return metrics;
 }
 
 void check_memory_limit(const std::vector<MemoryFigures>& ranks, int64_t max_memory) {

@@ -8,6 +8,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct MemoryFigures {
   int64_t parameters = 0;             // weights and buffers of the rank's layers
   int64_t gradients = 0;              // one per trainable parameter
   int64_t optimizer_state = 0;        // what the optimizer keeps for the parameters it steps
+                                      // (the trainable ones: a frozen one gets no state)
   bool optimizer_state_known = true;  // false for an optimizer whose state is not counted
   // The first training step's peak above the weights (StepMemoryMeter); -1 until measured.
   int64_t first_step_peak = -1;
@@ -48,6 +50,11 @@ std::vector<MemoryFigures> gather_memory_figures(const World& world, const Memor
 
 // The table rank 0 prints at the start of fit and after the first step: one row per rank, in MiB.
 std::string memory_table(const std::vector<MemoryFigures>& ranks);
+
+// The table's figures in MiB, for callback_metrics: parameter_memory_mib/rank_<r>,
+// gradient_memory_mib/rank_<r>, optimizer_state_memory_mib/rank_<r> (where known) and
+// first_step_peak_memory_mib/rank_<r> (once measured), beside fit's peak_memory_mib/rank_<r>.
+std::map<std::string, double> memory_metrics(const std::vector<MemoryFigures>& ranks);
 
 // Throws std::invalid_argument, naming the rank, its figures and what would make it fit, when a
 // rank's total is more than `max_memory` bytes (0: no limit), or its optimizer's state is not

@@ -154,7 +154,7 @@ TEST_F(TokenData, BadFilesAndMisplacedFlagsAreUsageErrors) {
       << odd.output;
 
   auto small_vocabulary = run_command(fit(dir + "/vocab", 2, {"--vocab-size", "50"}));
-  EXPECT_EQ(small_vocabulary.exit_code, 1) << small_vocabulary.output;
+  EXPECT_EQ(small_vocabulary.exit_code, 2) << small_vocabulary.output;
   EXPECT_NE(small_vocabulary.output.find("not below the vocabulary size 50 (--vocab-size)"),
             std::string::npos)
       << small_vocabulary.output;

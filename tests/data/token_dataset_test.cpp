@@ -13,7 +13,6 @@
 #include <sstream>
 
 #include "support/command.h"
-#include "support/errors.h"
 #include "support/multiprocess.h"
 
 namespace pipetrain::testing::token_dataset_test {
@@ -86,9 +85,10 @@ TEST_F(TokenFiles, WrittenFilesReadBackInPython) {
   }
 }
 
-std::string construction_error(const std::string& file, int64_t block, int64_t vocab) {
+std::string construction_error(const std::string& file, int64_t block, int64_t vocab,
+                               std::optional<TokenDtype> dtype = std::nullopt) {
   try {
-    TokenDataset dataset(file, block, vocab);
+    TokenDataset dataset(file, block, vocab, dtype);
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
@@ -196,24 +196,14 @@ TEST_F(TokenFiles, AWidthThatDisagreesWithTheFileIsRefused) {
   write_bytes(path("llama3.bin"), uint32_bytes(wide_tokens(20), true));
   const std::string narrow = construction_error(path("llama3.bin"), 8, 128256);
   EXPECT_EQ(narrow, "") << narrow;
-  std::string asked;
-  try {
-    TokenDataset dataset(path("llama3.bin"), 8, 128256, TokenDtype::kUint16);
-  } catch (const std::invalid_argument& e) {
-    asked = e.what();
-  }
+  const std::string asked = construction_error(path("llama3.bin"), 8, 128256, TokenDtype::kUint16);
   EXPECT_NE(asked.find("token file " + path("llama3.bin") +
                        " is an llm.c shard of uint32 tokens (magic 20240801, version 7), not "
                        "uint16 ones as asked"),
             std::string::npos)
       << asked;
   write_bytes(path("odd32.bin"), std::string(42, '\1'));
-  std::string odd;
-  try {
-    TokenDataset dataset(path("odd32.bin"), 8, 128256, TokenDtype::kUint32);
-  } catch (const std::invalid_argument& e) {
-    odd = e.what();
-  }
+  const std::string odd = construction_error(path("odd32.bin"), 8, 128256, TokenDtype::kUint32);
   EXPECT_NE(odd.find("has 42 bytes, not a multiple of 4, so it is not uint32 tokens"),
             std::string::npos)
       << odd;
@@ -242,35 +232,83 @@ TEST_F(TokenFiles, ThirtyTwoBitTokensOpenedAsSixteenBitOnesAreRefused) {
   EXPECT_EQ(construction_error(path("raw16.bin"), 8, 256), "");
 }
 
-TEST_F(TokenFiles, AThirtyTwoBitTokenOutsideTheVocabularyIsNamedWithItsPosition) {
-  std::vector<uint32_t> tokens(100, 70000);
-  tokens[45] = 128256;
-  write_token_file(path("wide.bin"), tokens, TokenFileFormat::kLlmc);
-  const TokenDataset dataset(path("wide.bin"), 10, 128256);
-  EXPECT_NO_THROW(dataset.get_batch({0, 1, 2, 3}, {}));
-  const auto error = error_of<std::invalid_argument>([&] { dataset.get_batch({1, 4}, {}); });
-  EXPECT_NE(error.find("token file " + path("wide.bin") +
-                       " holds token id 128256 at position 45, not below the vocabulary size "
-                       "128256 (--vocab-size)"),
-            std::string::npos)
-      << error;
-  // A uint16 vocabulary's model on these tokens stops at the first.
-  const TokenDataset small(path("wide.bin"), 10, 65536);
-  const auto first = error_of<std::invalid_argument>([&] { small.get_batch({0}, {}); });
-  EXPECT_NE(first.find("holds token id 70000 at position 0"), std::string::npos) << first;
-}
-
-TEST_F(TokenFiles, ATokenOutsideTheVocabularyIsNamedWithItsPosition) {
+// Every id is checked when the file is opened, not when its window is read: a run too short to
+// reach a bad window (or a shuffle that reaches it late) would end without noticing it.
+TEST_F(TokenFiles, ATokenOutsideTheVocabularyIsRefusedWhenTheFileIsOpened) {
   std::vector<uint16_t> tokens(100, 3);
-  tokens[45] = 300;
+  tokens[95] = 300;
   write_token_file(path("bytes.bin"), tokens);
-  const TokenDataset dataset(path("bytes.bin"), 10, 256);
-  EXPECT_NO_THROW(dataset.get_batch({0, 1, 2, 3}, {}));
-  const auto error = error_of<std::invalid_argument>([&] { dataset.get_batch({1, 4}, {}); });
-  EXPECT_NE(error.find("holds token id 300 at position 45, not below the vocabulary size 256 "
+  const std::string error = construction_error(path("bytes.bin"), 10, 256);
+  EXPECT_NE(error.find("token file " + path("bytes.bin") +
+                       " holds token id 300 at position 95, not below the vocabulary size 256 "
                        "(--vocab-size)"),
             std::string::npos)
       << error;
+  // The last token, a target alone, is checked as well.
+  tokens[95] = 3;
+  tokens[99] = 256;
+  write_token_file(path("last.bin"), tokens, TokenFileFormat::kLlmc);
+  EXPECT_NE(construction_error(path("last.bin"), 10, 256).find("holds token id 256 at position 99"),
+            std::string::npos);
+  EXPECT_EQ(construction_error(path("last.bin"), 10, 257), "");
+}
+
+TEST_F(TokenFiles, AThirtyTwoBitTokenOutsideTheVocabularyIsRefusedWhenTheFileIsOpened) {
+  std::vector<uint32_t> tokens(100, 70000);
+  tokens[45] = 128256;
+  write_token_file(path("wide.bin"), tokens, TokenFileFormat::kLlmc);
+  EXPECT_NE(construction_error(path("wide.bin"), 10, 128256)
+                .find("token file " + path("wide.bin") +
+                      " holds token id 128256 at position 45, not below the vocabulary size "
+                      "128256 (--vocab-size)"),
+            std::string::npos);
+  // A uint16 vocabulary's model on these tokens stops at the first.
+  const std::string first = construction_error(path("wide.bin"), 10, 65536);
+  EXPECT_NE(first.find("holds token id 70000 at position 0"), std::string::npos) << first;
+}
+
+// The file is read in slices: an id past the first slice (16M tokens) is found at its position.
+TEST_F(TokenFiles, ATokenOutsideTheVocabularyPastTheFirstSliceIsFound) {
+  constexpr int64_t kSlice = int64_t{1} << 24;
+  std::vector<uint16_t> tokens(static_cast<size_t>(kSlice + 1000), 7);
+  tokens[static_cast<size_t>(kSlice + 5)] = 50257;
+  write_token_file(path("long.bin"), tokens);
+  const std::string error = construction_error(path("long.bin"), 64, 50257);
+  EXPECT_NE(error.find("holds token id 50257 at position " + std::to_string(kSlice + 5)),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(construction_error(path("long.bin"), 64, 50258), "");
+}
+
+// llm.c's header under another magic (a writer's typo, another tool's version) would read as raw
+// tokens, header included: a uint16 shard would train on the magic's halves and the zeros, and a
+// uint32 one on each id followed by 0. Its layout gives it away, and it is refused.
+TEST_F(TokenFiles, AnLlmcHeaderUnderAnotherMagicIsRefused) {
+  std::vector<uint16_t> narrow(300, 5);
+  write_token_file(path("gpt2.bin"), narrow, TokenFileFormat::kLlmc);
+  std::string bytes = file_bytes(path("gpt2.bin"));
+  const int32_t typo = 20240521;
+  std::memcpy(bytes.data(), &typo, sizeof(typo));
+  write_bytes(path("gpt2-typo.bin"), bytes);
+  const std::string gpt2 = construction_error(path("gpt2-typo.bin"), 8, 65536);
+  EXPECT_NE(gpt2.find("token file " + path("gpt2-typo.bin") +
+                      " starts with what is laid out as llm.c's 1024-byte header (a count of 300 "
+                      "tokens, the bytes that follow it, and zeros) but with magic 20240521 and "
+                      "version 1, which llm.c does not write"),
+            std::string::npos)
+      << gpt2;
+  // A Llama 3 shard whose magic was lost, opened as uint32 tokens as it would have to be.
+  std::string wide = uint32_bytes(wide_tokens(300), true);
+  std::memset(wide.data(), 0, sizeof(int32_t));
+  write_bytes(path("llama3-zeroed.bin"), wide);
+  const std::string llama =
+      construction_error(path("llama3-zeroed.bin"), 8, 128256, TokenDtype::kUint32);
+  EXPECT_NE(llama.find("but with magic 0 and version 7, which llm.c does not write"),
+            std::string::npos)
+      << llama;
+  // Raw tokens that start with zeros are not taken for a header: their count field is 0 too.
+  write_token_file(path("zeros.bin"), std::vector<uint16_t>(2000, 0));
+  EXPECT_EQ(construction_error(path("zeros.bin"), 8, 256), "");
 }
 
 }  // namespace

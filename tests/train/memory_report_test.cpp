@@ -1,12 +1,19 @@
 // What fit says about memory: the figures of a rank's layers and optimizer, the limit held against
-// them, and the first step's peak as the meter counts it (exact tensor bytes).
+// them, the first step's peak as the meter counts it (exact tensor bytes), and all of it in
+// callback_metrics.
 #include "train/memory_report.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
+#include "pipetrain/callback.h"
 #include "pipetrain/module.h"
+#include "pipetrain/trainer.h"
 #include "support/errors.h"
+#include "support/multiprocess.h"
+#include "support/small_models.h"
 
 namespace pipetrain::testing::memory_report_test {
 namespace {
@@ -51,6 +58,71 @@ TEST(MemoryReport, FiguresCountTheStateEachOptimizerKeeps) {
   // An optimizer holding part of the parameters (as ZeRO leaves it) keeps state for that part.
   torch::optim::AdamW part(std::vector<at::Tensor>{parameters[0]});
   EXPECT_EQ(memory_figures(module, part).optimizer_state, 2 * 8 * 16 * 4);
+}
+
+// An optimizer given every parameter steps only those with gradients: a frozen one gets neither a
+// gradient nor state.
+TEST(MemoryReport, AFrozenParameterHasNoGradientNorOptimizerState) {
+  TwoLinears module;
+  const auto parameters = module.layers()->parameters();
+  parameters[0].requires_grad_(false);  // the first Linear's 16 x 8 weight
+  torch::optim::AdamW optimizer(parameters);
+  const auto figures = memory_figures(module, optimizer);
+  constexpr int64_t kTrainable = kParameterBytes - 8 * 16 * 4;
+  EXPECT_EQ(figures.parameters, kParameterBytes);
+  EXPECT_EQ(figures.gradients, kTrainable);
+  EXPECT_EQ(figures.optimizer_state, 2 * kTrainable);
+}
+
+// What trainer.callback_metrics() held when each hook ran.
+class MemoryMetricsRecorder : public Callback {
+ public:
+  void on_fit_start(Trainer& trainer, Module&) override { at_start = trainer.callback_metrics(); }
+  void on_train_batch_end(Trainer& trainer, Module&, const TrainBatchOutputs&, const Batch&,
+                          int64_t batch_idx) override {
+    if (batch_idx == 0) after_first_step = trainer.callback_metrics();
+  }
+  void on_fit_end(Trainer& trainer, Module&) override { at_end = trainer.callback_metrics(); }
+  std::map<std::string, double> at_start, after_first_step, at_end;
+};
+
+// The table fit prints is in callback_metrics for callbacks and code, per rank in MiB: the figures
+// from fit's start, the first step's peak after it, the measured peak from fit's end.
+TEST(MemoryReport, FitGivesEveryFigureToCallbackMetrics) {
+  const std::string root = make_temp_dir("memory-metrics");
+  auto recorder = std::make_shared<MemoryMetricsRecorder>();
+  Trainer trainer(TrainerOptions()
+                      .max_steps(2)
+                      .loggers({})
+                      .enable_progress_bar(false)
+                      .enable_checkpointing(false)
+                      .callbacks({recorder})
+                      .default_root_dir(root));
+  MseRegression model(tanh_mlp({8, 16, 4}), 0.1, /*momentum=*/0.9);
+  model.layers()->parameters()[0].requires_grad_(false);  // frozen: no gradient, no momentum
+  torch::manual_seed(0);
+  const auto x = torch::randn({16, 8});
+  DataLoader loader(TensorDataset(x, x.slice(1, 0, 4)), DataLoaderOptions().batch_size(8));
+  trainer.fit(model, loader);
+
+  constexpr double kMiB = 1 << 20;
+  constexpr int64_t kTrainable = kParameterBytes - 8 * 16 * 4;
+  const auto& start = recorder->at_start;
+  EXPECT_DOUBLE_EQ(start.at("parameter_memory_mib/rank_0"), kParameterBytes / kMiB);
+  EXPECT_DOUBLE_EQ(start.at("gradient_memory_mib/rank_0"), kTrainable / kMiB);
+  EXPECT_DOUBLE_EQ(start.at("optimizer_state_memory_mib/rank_0"), kTrainable / kMiB);
+  EXPECT_EQ(start.count("first_step_peak_memory_mib/rank_0"), 0u);
+  EXPECT_EQ(start.count("peak_memory_mib/rank_0"), 0u);
+  EXPECT_GT(recorder->after_first_step.at("first_step_peak_memory_mib/rank_0"), 0);
+  EXPECT_EQ(recorder->after_first_step.count("peak_memory_mib/rank_0"), 0u);
+  EXPECT_GT(recorder->at_end.at("peak_memory_mib/rank_0"), 0);
+  for (const std::string name :
+       {"parameter", "gradient", "optimizer_state", "first_step_peak", "peak"}) {
+    EXPECT_EQ(trainer.callback_metrics().at(name + "_memory_mib/rank_0"),
+              recorder->at_end.at(name + "_memory_mib/rank_0"))
+        << name;
+  }
+  std::filesystem::remove_all(root);
 }
 
 TEST(MemoryReport, TheLimitNamesTheRankItsFiguresAndWhatWouldFit) {
