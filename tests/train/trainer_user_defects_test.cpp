@@ -182,6 +182,26 @@ class SaveAtFirstValidation : public Callback {
   std::string path_;
 };
 
+// Fits 6 steps under `options`, saving at the first validation's end (after batch `saved_after`)
+// as `dir`/`name`, then resumes a new Trainer from it: it trains the straight fit's batches from
+// batch `resumes_at` on and ends as it does.
+void expect_saved_at_first_validation_resumes(
+    const TempDir& dir, const std::function<TrainerOptions(const std::string&)>& options,
+    const std::string& name, int64_t saved_after, size_t resumes_at) {
+  const auto loader = shuffled_data();
+  auto saver = std::make_shared<SaveAtFirstValidation>(dir / name);
+  Trainer straight_run(options("straight").callbacks({saver}));
+  ValidatedRegression straight;
+  straight_run.fit(straight, loader, &loader);
+  ASSERT_EQ(saver->saved_batch, saved_after);
+
+  Trainer resumed_run(options("resumed"));
+  ValidatedRegression resumed;
+  resumed_run.fit(resumed, loader, &loader, dir / name);
+  EXPECT_EQ(resumed_run.global_step(), 6);
+  expect_resumed_as_straight(straight, resumed, resumes_at);
+}
+
 // A checkpoint saved inside an accumulation window (a validation every 3 batches, windows of 2)
 // holds the weights from before the window and not the gradients it had accumulated: the resumed
 // fit runs the whole window again and ends with the weights of an uninterrupted fit (it once
@@ -196,18 +216,8 @@ TEST(TrainerUserDefects, CheckpointSavedInsideAnAccumulationWindowResumesTheWhol
         .accumulate_grad_batches(2)
         .val_check_interval(BatchLimit::count(3));
   };
-  auto saver = std::make_shared<SaveAtFirstValidation>(dir / "mid-window.ckpt");
-  Trainer straight_run(options("straight").callbacks({saver}));
-  ValidatedRegression straight;
-  straight_run.fit(straight, loader, &loader);
-  ASSERT_EQ(saver->saved_batch, 3);  // after batches 0-2: inside the window of batches 2 and 3
-
-  Trainer resumed_run(options("resumed"));
-  ValidatedRegression resumed;
-  resumed_run.fit(resumed, loader, &loader, dir / "mid-window.ckpt");
-  EXPECT_EQ(resumed_run.global_step(), 6);
-  // The resumed run's batches are the straight run's from batch 2 on.
-  expect_resumed_as_straight(straight, resumed, 2);
+  // Saved after batches 0-2, inside the window of batches 2 and 3: resumed from batch 2.
+  expect_saved_at_first_validation_resumes(dir, options, "mid-window.ckpt", 3, 2);
 
   Trainer other_windows(options("other").accumulate_grad_batches(4));
   ValidatedRegression refused;
@@ -219,25 +229,15 @@ TEST(TrainerUserDefects, CheckpointSavedInsideAnAccumulationWindowResumesTheWhol
 // batch; a checkpoint saved at the validation after it once resumed at that window's first
 // batch, as if inside a window, and trained it (and stepped) a second time.
 TEST(TrainerUserDefects, CheckpointAfterAnEpochCutByLimitTrainBatchesResumesAtTheNextEpoch) {
-  const TempDir dir;
-  const auto loader = shuffled_data();  // 6 batches an epoch, 3 of them trained
+  const TempDir dir;  // 6 batches an epoch (shuffled_data), 3 of them trained
   const auto options = [&](const std::string& root) {
     return quiet_options(dir / root)
         .max_steps(6)
         .accumulate_grad_batches(2)
         .limit_train_batches(BatchLimit::count(3));
   };
-  auto saver = std::make_shared<SaveAtFirstValidation>(dir / "epoch-end.ckpt");
-  Trainer straight_run(options("straight").callbacks({saver}));
-  ValidatedRegression straight;
-  straight_run.fit(straight, loader, &loader);
-  ASSERT_EQ(saver->saved_batch, 3);  // after the epoch's 3 batches, before its end
-
-  Trainer resumed_run(options("resumed"));
-  ValidatedRegression resumed;
-  resumed_run.fit(resumed, loader, &loader, dir / "epoch-end.ckpt");
-  EXPECT_EQ(resumed_run.global_step(), 6);
-  expect_resumed_as_straight(straight, resumed, 3);
+  // Saved after the epoch's 3 batches, before its end: resumed from the next epoch's first.
+  expect_saved_at_first_validation_resumes(dir, options, "epoch-end.ckpt", 3, 3);
 }
 
 // Counts the rows validation saw and logs the count at the epoch's end, as Lightning's users log

@@ -14,6 +14,7 @@
 #include "support/command.h"
 #include "support/fit_run.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 #include "support/trainer_run.h"
 
 namespace pipetrain::testing::zero_and_replicas_test {
@@ -125,19 +126,12 @@ class FlaggedOffsetImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FlaggedOffset);
 
-class FlaggedRegression : public Module {
+class FlaggedRegression : public MseRegression {
  public:
   FlaggedRegression()
-      : Module(torch::nn::Sequential(FlaggedOffset(), torch::nn::Linear(4, 8), torch::nn::Tanh(),
-                                     torch::nn::Linear(8, 2))) {}
-  at::Tensor training_step(const Batch& batch, int64_t) override {
-    auto loss = torch::mse_loss(forward(batch.data), batch.target);
-    log("train_loss", loss);
-    return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1));
-  }
+      : MseRegression(torch::nn::Sequential(FlaggedOffset(), torch::nn::Linear(4, 8),
+                                            torch::nn::Tanh(), torch::nn::Linear(8, 2)),
+                      0.1) {}
 };
 
 // 64 rows, 4 of them flagged: global batch 0 (rows 0-15) has its flagged row in the first
