@@ -297,7 +297,7 @@ pid_t spawn_child(const std::string& path, const std::vector<char*>& argv,
 // `scope` ends the failure line, so that on one of several nodes nobody mistakes "the other
 // ranks" for the whole job.
 int supervise(std::vector<Child>& children, const SignalScope& signals,
-              std::chrono::milliseconds grace_period, const std::string& scope) {
+              const LaunchOptions& options, const std::string& scope) {
   size_t running = 0;
   for (const Child& child : children) running += child.running ? 1 : 0;
   int first_failure = 0;
@@ -306,6 +306,7 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
   bool stopping = false;
   bool killed = false;
   Clock::time_point kill_deadline;
+  std::chrono::milliseconds grace_period{0};
 
   auto signal_running = [&](int signo) {
     for (const Child& child : children) {
@@ -313,11 +314,15 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
       if (child.running) kill(child.pid, signo);
     }
   };
-  auto begin_stopping = [&](int signo) {
+  // A failed rank leaves the others nothing to finish (their pipeline is broken): they get
+  // grace_period to flush. A signal from outside (a scheduler's preemption notice) finds them
+  // healthy: they finish their step and save last.ckpt, which takes up to signal_grace_period.
+  auto begin_stopping = [&](int signo, std::chrono::milliseconds grace) {
     signal_running(signo);
     if (!stopping) {
       stopping = true;
-      kill_deadline = Clock::now() + grace_period;
+      grace_period = grace;
+      kill_deadline = Clock::now() + grace;
     }
   };
 
@@ -328,7 +333,7 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
       if (handled_signal_count == 0) {
         print_line("pipetrain: received " + signal_name(stop_signal) + "; forwarding it to the " +
                    count_ranks(running) + " still running");
-        begin_stopping(stop_signal);
+        begin_stopping(stop_signal, options.signal_grace_period);
       } else if (!killed) {
         // Someone pressing Ctrl-C twice wants out now, not after the grace period.
         print_line("pipetrain: received " + signal_name(stop_signal) + " again; killing the " +
@@ -366,12 +371,14 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
       }
       child.running = false;
       --running;
-      if (code == 0 || first_failure != 0) continue;
+      // A rank ending after a signal reached the launcher (exit 143 when it saved, 137 when killed
+      // for taking too long) is the signal's doing, not a failure of its own.
+      if (code == 0 || first_failure != 0 || stop_signal != 0) continue;
       first_failure = code;
       if (!stopping) {
         print_line("pipetrain: rank " + std::to_string(child.rank) + " " + what +
                    "; stopping the other " + count_ranks(running) + scope);
-        begin_stopping(SIGTERM);
+        begin_stopping(SIGTERM, options.grace_period);
       }
     }
     if (running == 0) break;
@@ -564,10 +571,13 @@ int find_free_port() {
 
 int launch_local_processes(const LaunchOptions& options) {
   validate_options(options);
-  if (options.grace_period.count() < 0) {
-    throw std::invalid_argument(
-        "pipetrain: LaunchOptions::grace_period=" + std::to_string(options.grace_period.count()) +
-        " ms must not be negative");
+  for (const auto& [name, grace] :
+       {std::pair{"grace_period", options.grace_period},
+        std::pair{"signal_grace_period", options.signal_grace_period}}) {
+    if (grace.count() < 0) {
+      throw std::invalid_argument(std::string("pipetrain: LaunchOptions::") + name + "=" +
+                                  std::to_string(grace.count()) + " ms must not be negative");
+    }
   }
   const bool rerun_self = options.argv.empty();
   const std::vector<std::string> arguments = rerun_self ? current_command_line() : options.argv;
@@ -638,8 +648,7 @@ int launch_local_processes(const LaunchOptions& options) {
         spawn_child(program, argv_pointers, env_pointers[local_rank], exec_error_prefix);
     children.push_back({pid, first_rank + static_cast<int64_t>(local_rank), true});
   }
-  return supervise(children, signals, options.grace_period,
-                   options.nnodes > 1 ? " on this node" : "");
+  return supervise(children, signals, options, options.nnodes > 1 ? " on this node" : "");
 }
 
 std::string signal_name(int signo) {

@@ -405,6 +405,51 @@ TEST(LaunchLocalProcessesTest, ForwardsSigtermToChildrenAndRestoresHandlers) {
   EXPECT_EQ(current.sa_handler, SIG_DFL);
 }
 
+// Sends SIGTERM to this process (the launcher) once every rank of `nprocs` has touched
+// "$DIR/ready_$RANK", i.e. installed its trap under the launcher's handlers.
+std::thread sigterm_when_ready(const TempDir& dir, int nprocs) {
+  return std::thread([&dir, nprocs] {
+    for (int rank = 0; rank < nprocs; ++rank) {
+      if (!wait_for_file(dir.path() / ("ready_" + std::to_string(rank)), std::chrono::seconds(10)))
+        return;
+    }
+    kill(getpid(), SIGTERM);
+  });
+}
+
+// A scheduler's SIGTERM to the launcher: the ranks finish their step and save, which may take far
+// longer than the grace a failure leaves the survivors, and the launch exits 143 (requeue).
+TEST(LaunchLocalProcessesTest, SigtermWaitsForTheRanksToSaveAndExits143) {
+  TempDir dir;
+  const std::string save_then_exit = "sleep 1; touch \"$DIR/saved_$RANK\"; exit 143";
+  LaunchOptions options = shell_launch(2, sleep_until_sigterm(save_then_exit, "ready_$RANK"), dir);
+  options.grace_period = std::chrono::milliseconds(100);  // a failure's, not a signal's
+  std::thread signaller = sigterm_when_ready(dir, 2);
+  const LaunchResult result = launch_capturing_stderr(options);
+  signaller.join();
+
+  EXPECT_EQ(result.code, 128 + SIGTERM) << result.err;
+  EXPECT_TRUE(fs::exists(dir.path() / "saved_0")) << result.err;
+  EXPECT_TRUE(fs::exists(dir.path() / "saved_1")) << result.err;
+  EXPECT_FALSE(contains(result.err, "SIGKILL")) << result.err;
+}
+
+// Ranks still running signal_grace_period after the signal are killed, and the launch still
+// exits 128 + the signal, not 137: the run was interrupted, not broken.
+TEST(LaunchLocalProcessesTest, RanksOutlastingTheSignalGraceAreKilledAndTheLaunchExits143) {
+  TempDir dir;
+  const std::string ignore_sigterm = "trap '' TERM\ntouch \"$DIR/ready_$RANK\"\nexec sleep 60\n";
+  LaunchOptions options = shell_launch(2, ignore_sigterm, dir);
+  options.signal_grace_period = std::chrono::milliseconds(300);
+  std::thread signaller = sigterm_when_ready(dir, 2);
+  const LaunchResult result = launch_capturing_stderr(options);
+  signaller.join();
+
+  EXPECT_EQ(result.code, 128 + SIGTERM) << result.err;
+  EXPECT_LT(result.seconds, 30.0);
+  EXPECT_TRUE(contains(result.err, "sending SIGKILL")) << result.err;
+}
+
 TEST(LaunchLocalProcessesTest, DefaultArgvRerunsThisBinary) {
   TempDir dir;
   LaunchOptions options;
