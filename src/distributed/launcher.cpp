@@ -9,12 +9,14 @@
 #include "pipetrain/launcher.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -72,30 +74,76 @@ void on_signal(int signo) {
   errno = saved_errno;
 }
 
+constexpr char kRendezvousPrefix[] = "pipetrain-rendezvous-";
+// Locked (flock) by the launcher whose directory holds it, for as long as that launcher lives.
+constexpr char kLauncherLock[] = "launcher.lock";
+
+// Removes the rendezvous directories in `tmp` of this user's launchers that died without removing
+// theirs (SIGKILL, a crash): the kernel drops a dead process's flock, so a lock file that can be
+// locked marks a directory nobody will read again. A directory without one is left alone.
+void remove_abandoned_rendezvous(const std::string& tmp) {
+  DIR* entries = opendir(tmp.c_str());
+  if (entries == nullptr) return;
+  while (const dirent* entry = readdir(entries)) {
+    if (std::strncmp(entry->d_name, kRendezvousPrefix, sizeof(kRendezvousPrefix) - 1) != 0) {
+      continue;
+    }
+    const std::string path = tmp + "/" + entry->d_name;
+    struct stat info {};
+    if (lstat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != geteuid()) {
+      continue;
+    }
+    const int lock = open((path + "/" + kLauncherLock).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (lock < 0) continue;
+    if (flock(lock, LOCK_EX | LOCK_NB) == 0) {
+      std::error_code ignored;  // another launcher may be removing it too
+      std::filesystem::remove_all(path, ignored);
+    }
+    close(lock);
+  }
+  closedir(entries);
+}
+
 // A directory only this user can enter, holding the rendezvous file of one launch; removed with
-// whatever the ranks left in it when the launch ends.
+// whatever the ranks left in it when the launch ends, or by a later launch if this one is killed.
 class RendezvousDirectory {
  public:
   RendezvousDirectory() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/pipetrain-rendezvous-XXXXXX";
+    const char* tmp_variable = std::getenv("TMPDIR");
+    const std::string tmp =
+        tmp_variable != nullptr && *tmp_variable != '\0' ? tmp_variable : "/tmp";
+    remove_abandoned_rendezvous(tmp);
+    std::string pattern = tmp + "/" + kRendezvousPrefix + "XXXXXX";
     if (mkdtemp(pattern.data()) == nullptr) {
       throw std::runtime_error("pipetrain: cannot create a rendezvous directory " + pattern + ": " +
                                std::strerror(errno) + "; set TMPDIR to a writable directory");
     }
     path_ = pattern;
+    // Locked before it takes its name, so no other launcher ever finds the lock file unlocked.
+    const std::string unnamed = path_ + "/" + kLauncherLock + ".new";
+    lock_ = open(unnamed.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (lock_ < 0 || flock(lock_, LOCK_EX) != 0 ||
+        rename(unnamed.c_str(), (path_ + "/" + kLauncherLock).c_str()) != 0) {
+      const int error = errno;
+      remove();
+      throw std::runtime_error("pipetrain: cannot lock the rendezvous directory " + path_ + ": " +
+                               std::strerror(error) + "; set TMPDIR to a writable directory");
+    }
   }
   RendezvousDirectory(const RendezvousDirectory&) = delete;
   RendezvousDirectory& operator=(const RendezvousDirectory&) = delete;
-  ~RendezvousDirectory() {
-    std::error_code ignored;  // A directory left behind in the temp dir harms nothing.
-    std::filesystem::remove_all(path_, ignored);
-  }
+  ~RendezvousDirectory() { remove(); }
   std::string file() const { return path_ + "/store"; }
 
  private:
+  void remove() {
+    std::error_code ignored;  // A directory left behind in the temp dir harms nothing.
+    std::filesystem::remove_all(path_, ignored);
+    if (lock_ >= 0) close(lock_);  // only now: nobody else may remove it while it is in use
+  }
+
   std::string path_;
+  int lock_ = -1;
 };
 
 // SIGUSR1 too: SLURM's --signal and cluster managers send it as a preemption notice, and the ranks
