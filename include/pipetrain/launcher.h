@@ -40,9 +40,12 @@ struct LaunchOptions {
   // Added to every child's environment (overriding inherited values, but not the rank
   // variables the launcher sets).
   EnvironmentVariables extra_env;
-  // After one child fails (or the parent is asked to stop), how long the others get between
-  // SIGTERM and SIGKILL to flush logs and checkpoints.
+  // After one child fails, how long the others get between SIGTERM and SIGKILL to flush logs.
   std::chrono::milliseconds grace_period{5000};
+  // After this process receives SIGINT, SIGTERM or SIGUSR1 (forwarded to the children, which
+  // finish their step and save last.ckpt), how long they get before SIGKILL; launch_ranks makes
+  // it TrainerOptions::timeout_seconds. A second signal kills them at once.
+  std::chrono::milliseconds signal_grace_period{300000};
 };
 
 // Runs `options.nprocs` copies of the program on this machine and waits for all of them.
@@ -55,17 +58,19 @@ struct LaunchOptions {
 // RANK=node_rank*nprocs+i, WORLD_SIZE=nnodes*nprocs, LOCAL_RANK=i, LOCAL_WORLD_SIZE=nprocs,
 // GROUP_RANK=node_rank, and OMP_NUM_THREADS=max(1, usable CPUs / nprocs) unless it is already set
 // (so that nprocs processes do not each start a thread per core). Children inherit stdout/stderr
-// and die with the parent (PR_SET_PDEATHSIG). SIGINT/SIGTERM received by the parent are forwarded
-// to the children; a second one kills them at once.
+// and die with the parent (PR_SET_PDEATHSIG). SIGINT/SIGTERM/SIGUSR1 received by the parent are
+// forwarded to the children, which are killed signal_grace_period later if still running; a second
+// one kills them at once.
 //
 // When a child exits non-zero or is killed by a signal, prints one line to stderr, e.g.
 // "pipetrain: rank 1 failed with exit code 3; stopping the other 3 ranks" (the global rank; with
 // nnodes > 1 the line ends in "on this node", because the other nodes' launchers are not told:
 // their ranks fail on their own once the rendezvous or a collective breaks), sends SIGTERM to the
 // ranks still running and SIGKILL after grace_period. Returns 0 if every child exited 0, else the
-// exit code of the first child seen to fail (128 + signal number for a signal; children reaped in
-// the same pass are examined in rank order), else 128 + signal number if the parent was
-// interrupted.
+// exit code of the first child seen to fail before any signal reached the parent (128 + signal
+// number for a signal; children reaped in the same pass are examined in rank order), else 128 +
+// the number of the signal that interrupted the parent (143 for SIGTERM, what a scheduler reads as
+// "requeue"), however its children ended.
 //
 // Installs its own SIGCHLD/SIGINT/SIGTERM handlers for the duration of the call and restores the
 // previous ones before returning; only one call may run at a time in a process. Throws

@@ -9,12 +9,14 @@
 #include "pipetrain/launcher.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -72,30 +74,76 @@ void on_signal(int signo) {
   errno = saved_errno;
 }
 
+constexpr char kRendezvousPrefix[] = "pipetrain-rendezvous-";
+// Locked (flock) by the launcher whose directory holds it, for as long as that launcher lives.
+constexpr char kLauncherLock[] = "launcher.lock";
+
+// Removes the rendezvous directories in `tmp` of this user's launchers that died without removing
+// theirs (SIGKILL, a crash): the kernel drops a dead process's flock, so a lock file that can be
+// locked marks a directory nobody will read again. A directory without one is left alone.
+void remove_abandoned_rendezvous(const std::string& tmp) {
+  DIR* entries = opendir(tmp.c_str());
+  if (entries == nullptr) return;
+  while (const dirent* entry = readdir(entries)) {
+    if (std::strncmp(entry->d_name, kRendezvousPrefix, sizeof(kRendezvousPrefix) - 1) != 0) {
+      continue;
+    }
+    const std::string path = tmp + "/" + entry->d_name;
+    struct stat info {};
+    if (lstat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != geteuid()) {
+      continue;
+    }
+    const int lock = open((path + "/" + kLauncherLock).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (lock < 0) continue;
+    if (flock(lock, LOCK_EX | LOCK_NB) == 0) {
+      std::error_code ignored;  // another launcher may be removing it too
+      std::filesystem::remove_all(path, ignored);
+    }
+    close(lock);
+  }
+  closedir(entries);
+}
+
 // A directory only this user can enter, holding the rendezvous file of one launch; removed with
-// whatever the ranks left in it when the launch ends.
+// whatever the ranks left in it when the launch ends, or by a later launch if this one is killed.
 class RendezvousDirectory {
  public:
   RendezvousDirectory() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/pipetrain-rendezvous-XXXXXX";
+    const char* tmp_variable = std::getenv("TMPDIR");
+    const std::string tmp =
+        tmp_variable != nullptr && *tmp_variable != '\0' ? tmp_variable : "/tmp";
+    remove_abandoned_rendezvous(tmp);
+    std::string pattern = tmp + "/" + kRendezvousPrefix + "XXXXXX";
     if (mkdtemp(pattern.data()) == nullptr) {
       throw std::runtime_error("pipetrain: cannot create a rendezvous directory " + pattern + ": " +
                                std::strerror(errno) + "; set TMPDIR to a writable directory");
     }
     path_ = pattern;
+    // Locked before it takes its name, so no other launcher ever finds the lock file unlocked.
+    const std::string unnamed = path_ + "/" + kLauncherLock + ".new";
+    lock_ = open(unnamed.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (lock_ < 0 || flock(lock_, LOCK_EX) != 0 ||
+        rename(unnamed.c_str(), (path_ + "/" + kLauncherLock).c_str()) != 0) {
+      const int error = errno;
+      remove();
+      throw std::runtime_error("pipetrain: cannot lock the rendezvous directory " + path_ + ": " +
+                               std::strerror(error) + "; set TMPDIR to a writable directory");
+    }
   }
   RendezvousDirectory(const RendezvousDirectory&) = delete;
   RendezvousDirectory& operator=(const RendezvousDirectory&) = delete;
-  ~RendezvousDirectory() {
-    std::error_code ignored;  // A directory left behind in the temp dir harms nothing.
-    std::filesystem::remove_all(path_, ignored);
-  }
+  ~RendezvousDirectory() { remove(); }
   std::string file() const { return path_ + "/store"; }
 
  private:
+  void remove() {
+    std::error_code ignored;  // A directory left behind in the temp dir harms nothing.
+    std::filesystem::remove_all(path_, ignored);
+    if (lock_ >= 0) close(lock_);  // only now: nobody else may remove it while it is in use
+  }
+
   std::string path_;
+  int lock_ = -1;
 };
 
 // SIGUSR1 too: SLURM's --signal and cluster managers send it as a preemption notice, and the ranks
@@ -297,7 +345,7 @@ pid_t spawn_child(const std::string& path, const std::vector<char*>& argv,
 // `scope` ends the failure line, so that on one of several nodes nobody mistakes "the other
 // ranks" for the whole job.
 int supervise(std::vector<Child>& children, const SignalScope& signals,
-              std::chrono::milliseconds grace_period, const std::string& scope) {
+              const LaunchOptions& options, const std::string& scope) {
   size_t running = 0;
   for (const Child& child : children) running += child.running ? 1 : 0;
   int first_failure = 0;
@@ -306,6 +354,7 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
   bool stopping = false;
   bool killed = false;
   Clock::time_point kill_deadline;
+  std::chrono::milliseconds grace_period{0};
 
   auto signal_running = [&](int signo) {
     for (const Child& child : children) {
@@ -313,11 +362,15 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
       if (child.running) kill(child.pid, signo);
     }
   };
-  auto begin_stopping = [&](int signo) {
+  // A failed rank leaves the others nothing to finish (their pipeline is broken): they get
+  // grace_period to flush. A signal from outside (a scheduler's preemption notice) finds them
+  // healthy: they finish their step and save last.ckpt, which takes up to signal_grace_period.
+  auto begin_stopping = [&](int signo, std::chrono::milliseconds grace) {
     signal_running(signo);
     if (!stopping) {
       stopping = true;
-      kill_deadline = Clock::now() + grace_period;
+      grace_period = grace;
+      kill_deadline = Clock::now() + grace;
     }
   };
 
@@ -328,7 +381,7 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
       if (handled_signal_count == 0) {
         print_line("pipetrain: received " + signal_name(stop_signal) + "; forwarding it to the " +
                    count_ranks(running) + " still running");
-        begin_stopping(stop_signal);
+        begin_stopping(stop_signal, options.signal_grace_period);
       } else if (!killed) {
         // Someone pressing Ctrl-C twice wants out now, not after the grace period.
         print_line("pipetrain: received " + signal_name(stop_signal) + " again; killing the " +
@@ -366,12 +419,14 @@ int supervise(std::vector<Child>& children, const SignalScope& signals,
       }
       child.running = false;
       --running;
-      if (code == 0 || first_failure != 0) continue;
+      // A rank ending after a signal reached the launcher (exit 143 when it saved, 137 when killed
+      // for taking too long) is the signal's doing, not a failure of its own.
+      if (code == 0 || first_failure != 0 || stop_signal != 0) continue;
       first_failure = code;
       if (!stopping) {
         print_line("pipetrain: rank " + std::to_string(child.rank) + " " + what +
                    "; stopping the other " + count_ranks(running) + scope);
-        begin_stopping(SIGTERM);
+        begin_stopping(SIGTERM, options.grace_period);
       }
     }
     if (running == 0) break;
@@ -564,10 +619,13 @@ int find_free_port() {
 
 int launch_local_processes(const LaunchOptions& options) {
   validate_options(options);
-  if (options.grace_period.count() < 0) {
-    throw std::invalid_argument(
-        "pipetrain: LaunchOptions::grace_period=" + std::to_string(options.grace_period.count()) +
-        " ms must not be negative");
+  for (const auto& [name, grace] :
+       {std::pair{"grace_period", options.grace_period},
+        std::pair{"signal_grace_period", options.signal_grace_period}}) {
+    if (grace.count() < 0) {
+      throw std::invalid_argument(std::string("pipetrain: LaunchOptions::") + name + "=" +
+                                  std::to_string(grace.count()) + " ms must not be negative");
+    }
   }
   const bool rerun_self = options.argv.empty();
   const std::vector<std::string> arguments = rerun_self ? current_command_line() : options.argv;
@@ -638,8 +696,7 @@ int launch_local_processes(const LaunchOptions& options) {
         spawn_child(program, argv_pointers, env_pointers[local_rank], exec_error_prefix);
     children.push_back({pid, first_rank + static_cast<int64_t>(local_rank), true});
   }
-  return supervise(children, signals, options.grace_period,
-                   options.nnodes > 1 ? " on this node" : "");
+  return supervise(children, signals, options, options.nnodes > 1 ? " on this node" : "");
 }
 
 std::string signal_name(int signo) {

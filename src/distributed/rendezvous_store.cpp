@@ -1,8 +1,10 @@
 #include "rendezvous_store.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -10,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -55,7 +58,39 @@ int loopback_listener(const std::string& address, int port) {
 }
 #endif
 
+// The port of the peer `fd` is connected to over TCP, or -1 (not a socket, not connected).
+int peer_port(int fd) {
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return -1;
+  if (peer.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(peer).sin_port);
+  if (peer.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6&>(peer).sin6_port);
+  }
+  return -1;
+}
+
 }  // namespace
+
+// c10d's TCPStore client reads a reply without a limit (check, compareSet, add; Torch 1.13's get
+// too), so a peer that accepts and never answers (another program on MASTER_PORT, a store whose
+// process stopped) held a rank forever; its calls now fail with "Socket Timeout" instead.
+void limit_store_waits(int port, std::chrono::milliseconds timeout) {
+  if (port <= 0) return;
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return;  // no /proc: the store keeps Torch's own limits
+  timeval limit{};
+  limit.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  limit.tv_usec = static_cast<suseconds_t>(timeout.count() % 1000 * 1000);
+  while (const dirent* entry = readdir(fds)) {
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    const int fd = std::atoi(entry->d_name);
+    if (fd == dirfd(fds) || peer_port(fd) != port) continue;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+  }
+  closedir(fds);
+}
 
 bool is_loopback_address(const std::string& address) {
   return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
@@ -89,6 +124,7 @@ StorePtr join_rendezvous(const ClusterEnvironment& env, int64_t rank,
     }
 #endif
     StorePtr store = c10::make_intrusive<c10d::TCPStore>(env.main_address(), options);
+    limit_store_waits(env.main_port(), timeout);
     if (env.launcher_hosts_store()) {
       store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), store);
     }

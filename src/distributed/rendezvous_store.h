@@ -23,6 +23,10 @@ namespace pipetrain {
 StorePtr join_rendezvous(const ClusterEnvironment& env, int64_t rank,
                          std::chrono::milliseconds timeout);
 
+// Bounds each receive and send on this process's connections to TCP port `port` (the store's) by
+// `timeout`. join_rendezvous sets the run's timeout; the error exchange a shorter one.
+void limit_store_waits(int port, std::chrono::milliseconds timeout);
+
 // The rendezvous as messages name it: "HOST:PORT" or "file PATH".
 std::string describe_rendezvous(const ClusterEnvironment& env);
 

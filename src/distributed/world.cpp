@@ -22,6 +22,26 @@ namespace pipetrain {
 namespace {
 
 constexpr const char* kErrorKey = "pipetrain/first_error";
+// The longest one call of the error exchange waits for the store, which answers a call in
+// milliseconds: a rank whose peer stopped has already waited out the timeout once, in the
+// collective that failed, and must not wait for it again per call before it exits.
+constexpr std::chrono::milliseconds kErrorExchangeLimit{5000};
+
+// Runs `call` on `world`'s store as a part of the error exchange: never throws, false when the
+// store is missing or failed now or before.
+template <typename Call>
+bool exchange_errors(const World& world, Call&& call) {
+  const detail::WorldConnection* connection = world.connection();
+  if (connection == nullptr || !connection->store || *connection->store_failed) return false;
+  limit_store_waits(connection->store_port, std::min(world.timeout(), kErrorExchangeLimit));
+  try {
+    call(*connection->store);
+    return true;
+  } catch (...) {
+    *connection->store_failed = true;
+    return false;
+  }
+}
 
 const ProcessGroupPtr kNoProcessGroup;
 const StorePtr kNoStore;
@@ -82,6 +102,7 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
 
   auto connection = std::make_shared<detail::WorldConnection>();
   connection->store = join_rendezvous(env, world->rank_, timeout);
+  if (env.rendezvous_file().empty()) connection->store_port = static_cast<int>(env.main_port());
   world->connection_ = connection;
   world->wait_for_every_rank(env);
   connection->process_group =
@@ -92,23 +113,37 @@ std::shared_ptr<World> World::connect(const ClusterEnvironment& env,
 void World::wait_for_every_rank(const ClusterEnvironment& env) const {
   const StorePtr& store = pipetrain::store(*this);
   const auto key = [](int64_t rank) { return "pipetrain/arrived/" + std::to_string(rank); };
+  const std::string seconds =
+      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()) +
+      " s (--timeout)";
+  // A store that accepts and then never answers (another program on MASTER_PORT, a stopped
+  // rank 0) fails its calls after the timeout (rendezvous_store.cpp); say what that means.
+  const auto checked = [&](const std::vector<std::string>& keys) {
+    try {
+      return store->check(keys);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(
+          "rank " + std::to_string(rank_) + ": the rendezvous at " + describe_rendezvous(env) +
+          " did not answer within " + seconds + " (" + error_message(e) +
+          "): whatever listens there is not a c10d store that works. Check that MASTER_ADDR and "
+          "MASTER_PORT name rank 0's store (not another program's port) and that rank 0 runs");
+    }
+  };
   store->set(key(rank_), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
   for (int64_t r = 0; r < size_; ++r) keys.push_back(key(r));
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  while (!store->check(keys)) {
+  while (!checked(keys)) {
     if (std::chrono::steady_clock::now() >= deadline) {
       std::string arrived, missing;
       for (int64_t r = 0; r < size_; ++r) {
-        std::string& list = store->check({key(r)}) ? arrived : missing;
+        std::string& list = checked({key(r)}) ? arrived : missing;
         list += (list.empty() ? "" : ", ") + std::to_string(r);
       }
       throw std::runtime_error(
           "rank " + std::to_string(rank_) + ": only ranks " + arrived + " of " +
           std::to_string(size_) + " reached the rendezvous at " + describe_rendezvous(env) +
-          " within " +
-          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout_).count()) +
-          " s (--timeout); ranks " + missing +
+          " within " + seconds + "; ranks " + missing +
           " did not. Check that they were started, with the same MASTER_ADDR, MASTER_PORT and "
           "WORLD_SIZE and a RANK of their own, and that this address is reachable from them");
     }
@@ -146,8 +181,9 @@ std::shared_ptr<World> World::group(const std::vector<int64_t>& ranks,
 
 void World::connect_group() {
   // The run's store stays; the process group is this World's own (none for a group of one).
-  auto connection = std::make_shared<detail::WorldConnection>();
-  connection->store = store(*this);
+  auto connection = std::make_shared<detail::WorldConnection>(
+      connection_ ? *connection_ : detail::WorldConnection());
+  connection->process_group = ProcessGroupPtr();
   if (size_ >= 2) {
     auto prefixed =
         c10::make_intrusive<c10d::PrefixStore>("pipetrain/group" + name_, connection->store);
@@ -284,24 +320,21 @@ at::Tensor World::gather_to_zero(const at::Tensor& tensor, int64_t from) const {
 }
 
 void World::publish_error(const std::string& message) const {
-  if (!store(*this)) return;
-  try {
-    // compareSet with an empty expected value keeps the first error only.
-    const std::string text = "rank " + std::to_string(global_rank(rank_)) + ": " + message;
-    store(*this)->compareSet(kErrorKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
-  } catch (...) {
-  }
+  // compareSet with an empty expected value keeps the first error only.
+  const std::string text = "rank " + std::to_string(global_rank(rank_)) + ": " + message;
+  exchange_errors(*this, [&](c10d::Store& store) {
+    store.compareSet(kErrorKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
+  });
 }
 
 std::string World::published_error() const {
-  if (!store(*this)) return {};
-  try {
-    if (!store(*this)->check({kErrorKey})) return {};
-    const auto bytes = store(*this)->get(kErrorKey);
-    return std::string(bytes.begin(), bytes.end());
-  } catch (...) {
-    return {};
-  }
+  std::string first;
+  exchange_errors(*this, [&](c10d::Store& store) {
+    if (!store.check({kErrorKey})) return;
+    const auto bytes = store.get(kErrorKey);
+    first.assign(bytes.begin(), bytes.end());
+  });
+  return first;
 }
 
 }  // namespace pipetrain

@@ -3,6 +3,9 @@
 // own collectives (p2p, gradient sync, tied gradients, loss counts) reach them through here.
 #pragma once
 
+#include <atomic>
+#include <memory>
+
 #include "pipetrain/world.h"
 #include "util/compat.h"
 
@@ -12,6 +15,10 @@ namespace detail {
 struct WorldConnection {
   StorePtr store;                 // the run's, shared by every group of it
   ProcessGroupPtr process_group;  // this World's ranks alone; null for a group of one
+  int store_port = 0;             // the TCPStore's port; 0 for a file store
+  // Set once a call of the error exchange failed (the store's process closed or stopped): no
+  // later one waits for it again. Shared by every group of the run.
+  std::shared_ptr<std::atomic<bool>> store_failed = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace detail

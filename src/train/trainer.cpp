@@ -197,8 +197,12 @@ std::optional<int> launch_ranks(const TrainerOptions& options) {
                                 std::to_string(options.num_nodes()) +
                                 " nodes cannot share evenly: change --num-nodes");
   }
-  return launch_local_processes(multi_node_launch_options(
-      needed / options.num_nodes(), options.num_nodes(), current_environment()));
+  LaunchOptions launch = multi_node_launch_options(needed / options.num_nodes(),
+                                                   options.num_nodes(), current_environment());
+  // A signal to the launcher reaches the ranks, which finish their step and save last.ckpt: they
+  // get as long as any wait of theirs may take.
+  launch.signal_grace_period = std::chrono::seconds(options.timeout_seconds());
+  return launch_local_processes(launch);
 }
 
 bool Trainer::is_global_zero() const { return world_->is_global_zero(); }

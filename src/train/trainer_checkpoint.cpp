@@ -32,6 +32,47 @@ namespace pipetrain {
 namespace fs = std::filesystem;
 namespace {
 
+// Removes `folder` when the scope it guards ends by an exception; an empty `folder` is kept.
+class RemovedOnFailure {
+ public:
+  explicit RemovedOnFailure(std::string folder)
+      : folder_(std::move(folder)), exceptions_(std::uncaught_exceptions()) {}
+  RemovedOnFailure(const RemovedOnFailure&) = delete;
+  RemovedOnFailure& operator=(const RemovedOnFailure&) = delete;
+  ~RemovedOnFailure() {
+    if (folder_.empty() || std::uncaught_exceptions() == exceptions_) return;
+    std::error_code ignored;
+    fs::remove_all(folder_, ignored);
+  }
+
+ private:
+  std::string folder_;
+  int exceptions_;
+};
+
+// Removes the `.ckpt.partial` folders in `folder`: saves killed before they finished (a finished
+// save renames its folder; a failed one removes it), which nothing reads.
+void remove_unfinished_saves(const fs::path& folder) {
+  const std::string suffix = ".ckpt.partial";
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(folder, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        entry.is_directory(error)) {
+      fs::remove_all(entry.path(), error);
+    }
+  }
+}
+
+// The run folder of a Trainer that has trained, logged and saved nothing yet, which it gives up
+// when the checkpoint it was given cannot be used (every failed attempt left an empty version_N
+// behind); empty for one that has, and on other ranks than the first.
+std::string unused_run_folder(bool global_zero, int64_t saved_step, int64_t global_step,
+                              bool logged, const std::string& log_dir) {
+  return global_zero && saved_step < 0 && global_step == 0 && !logged ? log_dir : std::string();
+}
+
 // This rank's parameters under their names in the whole model ("3.weight"), each once: a tensor
 // several layers share goes by its first name, on every stage that holds it, and so does a copy of
 // a tied parameter (`tied`, Strategy::tied_names), so that its optimizer state is found under any
@@ -151,10 +192,16 @@ void Trainer::save_checkpoint(const std::string& path) {
 }
 
 std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
+  const RemovedOnFailure unused(unused_run_folder(world_->is_global_zero(), last_saved_step_,
+                                                  fit_progress_.global_step,
+                                                  !callback_metrics_.empty(), log_dir_));
   return resolve_checkpoint_path(ckpt_path, options_.default_root_dir());
 }
 
 void Trainer::restore(Module& module, const std::string& path, bool full) {
+  const RemovedOnFailure unused(unused_run_folder(world_->is_global_zero(), last_saved_step_,
+                                                  fit_progress_.global_step,
+                                                  !callback_metrics_.empty(), log_dir_));
   // Everything is read and checked before anything is changed.
   const TrainingState state = read_training_state(path);
   const StoredWeights weights(path);
@@ -212,6 +259,8 @@ void Trainer::restore(Module& module, const std::string& path, bool full) {
   if (state.data && !state.progress.epoch_finished) {
     fit_progress_.batch_idx = resumed_batch(*state.data, path);
   }
+  // The fit goes on from the run that wrote `path`, whose killed saves no one will finish.
+  if (world_->is_global_zero()) remove_unfinished_saves(fs::path(path).parent_path());
 }
 
 // Inside an accumulation window (a checkpoint saved at a validation every N batches, N not a

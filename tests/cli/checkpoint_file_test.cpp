@@ -185,6 +185,28 @@ TEST_F(DamagedCheckpoint, MissingFolder) {
   EXPECT_NE(result.output.find("nope.ckpt does not exist"), std::string::npos) << result.output;
 }
 
+// What nobody reads again is not left behind: the run folder of a resume that failed, and the
+// unfinished folder of a save that was killed, once the run resumes.
+TEST_F(DamagedCheckpoint, AFailedResumeLeavesNoRunFolderAndAResumeRemovesKilledSaves) {
+  const std::string killed_save =
+      root + "/lightning_logs/version_0/checkpoints/epoch=0-step=2.ckpt";
+  fs::create_directories(killed_save + ".partial");
+  std::ofstream(killed_save + ".partial/rank-0.pt") << "half";
+  write_bytes(weights, original.substr(0, original.size() / 2));
+  for (const auto& subcommand : {"fit", "validate"}) {
+    const auto failed = run_command(command(subcommand, root, {"--ckpt-path", ckpt}));
+    EXPECT_EQ(failed.exit_code, 1) << failed.output;
+    EXPECT_FALSE(fs::exists(root + "/lightning_logs/version_1")) << subcommand;
+  }
+  EXPECT_TRUE(fs::exists(killed_save + ".partial"));  // a failed resume changes nothing there
+
+  write_bytes(weights, original);
+  run_ok(command("fit", root, {"--max-steps", "4", "--ckpt-path", "last"}));
+  EXPECT_TRUE(fs::exists(root + "/lightning_logs/version_1/checkpoints/last.ckpt"));
+  EXPECT_FALSE(fs::exists(killed_save + ".partial"));
+  EXPECT_TRUE(fs::exists(ckpt));
+}
+
 TEST(CheckpointFile, GradientClippingAndAccumulationUnderPipeEqualSingle) {
   const auto root = make_temp_dir("clip");
   const std::vector<std::string> common{

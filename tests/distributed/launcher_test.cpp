@@ -92,6 +92,18 @@ const bool kRanAsNodeLauncher = [] {
   std::_Exit(code);
 }();
 
+// The AKilledLaunchersRendezvousIsRemovedByTheNextLaunch test starts this binary as launchers
+// (under a TMPDIR of its own) whose one rank touches "$DIR/started" and sleeps, and kills them.
+constexpr char kKilledLauncherDirVariable[] = "PIPETRAIN_LAUNCHER_TEST_KILLED_DIR";
+const bool kRanAsKilledLauncher = [] {
+  const char* dir = std::getenv(kKilledLauncherDirVariable);
+  if (dir == nullptr) return false;
+  LaunchOptions options;
+  options.argv = {"/bin/sh", "-c", "touch \"$DIR/started\"; exec sleep 60"};
+  options.extra_env["DIR"] = dir;
+  std::_Exit(launch_local_processes(options));
+}();
+
 class TempDir {
  public:
   TempDir() {
@@ -403,6 +415,95 @@ TEST(LaunchLocalProcessesTest, ForwardsSigtermToChildrenAndRestoresHandlers) {
   struct sigaction current {};
   sigaction(SIGTERM, nullptr, &current);
   EXPECT_EQ(current.sa_handler, SIG_DFL);
+}
+
+// Sends SIGTERM to this process (the launcher) once every rank of `nprocs` has touched
+// "$DIR/ready_$RANK", i.e. installed its trap under the launcher's handlers.
+std::thread sigterm_when_ready(const TempDir& dir, int nprocs) {
+  return std::thread([&dir, nprocs] {
+    for (int rank = 0; rank < nprocs; ++rank) {
+      if (!wait_for_file(dir.path() / ("ready_" + std::to_string(rank)), std::chrono::seconds(10)))
+        return;
+    }
+    kill(getpid(), SIGTERM);
+  });
+}
+
+// A scheduler's SIGTERM to the launcher: the ranks finish their step and save, which may take far
+// longer than the grace a failure leaves the survivors, and the launch exits 143 (requeue).
+TEST(LaunchLocalProcessesTest, SigtermWaitsForTheRanksToSaveAndExits143) {
+  TempDir dir;
+  const std::string save_then_exit = "sleep 1; touch \"$DIR/saved_$RANK\"; exit 143";
+  LaunchOptions options = shell_launch(2, sleep_until_sigterm(save_then_exit, "ready_$RANK"), dir);
+  options.grace_period = std::chrono::milliseconds(100);  // a failure's, not a signal's
+  std::thread signaller = sigterm_when_ready(dir, 2);
+  const LaunchResult result = launch_capturing_stderr(options);
+  signaller.join();
+
+  EXPECT_EQ(result.code, 128 + SIGTERM) << result.err;
+  EXPECT_TRUE(fs::exists(dir.path() / "saved_0")) << result.err;
+  EXPECT_TRUE(fs::exists(dir.path() / "saved_1")) << result.err;
+  EXPECT_FALSE(contains(result.err, "SIGKILL")) << result.err;
+}
+
+// Ranks still running signal_grace_period after the signal are killed, and the launch still
+// exits 128 + the signal, not 137: the run was interrupted, not broken.
+TEST(LaunchLocalProcessesTest, RanksOutlastingTheSignalGraceAreKilledAndTheLaunchExits143) {
+  TempDir dir;
+  const std::string ignore_sigterm = "trap '' TERM\ntouch \"$DIR/ready_$RANK\"\nexec sleep 60\n";
+  LaunchOptions options = shell_launch(2, ignore_sigterm, dir);
+  options.signal_grace_period = std::chrono::milliseconds(300);
+  std::thread signaller = sigterm_when_ready(dir, 2);
+  const LaunchResult result = launch_capturing_stderr(options);
+  signaller.join();
+
+  EXPECT_EQ(result.code, 128 + SIGTERM) << result.err;
+  EXPECT_LT(result.seconds, 30.0);
+  EXPECT_TRUE(contains(result.err, "sending SIGKILL")) << result.err;
+}
+
+// The rendezvous directories under TMPDIR.
+std::vector<fs::path> rendezvous_directories(const fs::path& tmp) {
+  std::vector<fs::path> found;
+  for (const auto& entry : fs::directory_iterator(tmp)) {
+    if (entry.path().filename().string().rfind("pipetrain-rendezvous-", 0) == 0) {
+      found.push_back(entry.path());
+    }
+  }
+  return found;
+}
+
+// SIGKILL leaves a launcher no chance to remove its rendezvous directory; the next launch on the
+// machine does, and leaves a live launcher's alone.
+TEST(LaunchLocalProcessesTest, AKilledLaunchersRendezvousIsRemovedByTheNextLaunch) {
+  TempDir tmp;
+  ScopedEnvironmentVariable scoped_tmp("TMPDIR", tmp.path().string());
+  // Two launchers whose ranks sleep: the first is killed, the second lives on.
+  TempDir killed_dir, live_dir;
+  std::vector<fs::path> directories;
+  std::vector<pid_t> launchers;
+  for (const TempDir* dir : {&killed_dir, &live_dir}) {
+    launchers.push_back(spawn_this_binary({{"TMPDIR", tmp.path().string()},
+                                           {"PATH", "/usr/bin:/bin"},
+                                           {kKilledLauncherDirVariable, dir->path().string()}}));
+    ASSERT_TRUE(wait_for_file(dir->path() / "started", std::chrono::seconds(20)));
+    for (const fs::path& found : rendezvous_directories(tmp.path())) {
+      if (std::find(directories.begin(), directories.end(), found) == directories.end()) {
+        directories.push_back(found);
+      }
+    }
+  }
+  ASSERT_EQ(directories.size(), 2u);
+  kill(launchers[0], SIGKILL);
+  EXPECT_EQ(wait_for_exit(launchers[0], std::chrono::seconds(20)), 128 + SIGKILL);
+  ASSERT_TRUE(fs::exists(directories[0]));  // left behind
+
+  EXPECT_EQ(launch_local_processes(shell_launch(1, "exit 0", killed_dir)), 0);
+  EXPECT_FALSE(fs::exists(directories[0]));
+  EXPECT_TRUE(fs::exists(directories[1]));
+  EXPECT_EQ(rendezvous_directories(tmp.path()).size(), 1u);
+  kill(launchers[1], SIGKILL);
+  wait_for_exit(launchers[1], std::chrono::seconds(20));
 }
 
 TEST(LaunchLocalProcessesTest, DefaultArgvRerunsThisBinary) {
