@@ -90,6 +90,14 @@ void write_checkpoint(const CheckpointWriters& writers, const std::string& path,
     fs::create_directories(staged);
   }
   writers.barrier();
+  // A failed write removes the staged folder; the other ranks learn of it through the published
+  // error when their barrier fails.
+  const auto abandon = [&](const std::exception& e) {
+    std::error_code ignored;
+    fs::remove_all(staged, ignored);
+    writers.publish_error(error_message(e));
+    throw;
+  };
   try {
     write_file(checkpoint_rank_path(staged, writers.rank), rank_state());
     if (weights.index >= 0) {
@@ -116,11 +124,7 @@ void write_checkpoint(const CheckpointWriters& writers, const std::string& path,
       write_file(state_path(staged), json.dump(2) + "\n");
     }
   } catch (const std::exception& e) {
-    // The other ranks learn of it through the published error when their barrier fails.
-    std::error_code ignored;
-    fs::remove_all(staged, ignored);
-    writers.publish_error(error_message(e));
-    throw;
+    abandon(e);
   }
   writers.barrier();
   if (writes_shared_files) {
@@ -129,10 +133,7 @@ void write_checkpoint(const CheckpointWriters& writers, const std::string& path,
       if (weights.count > 1) write_weights_index(staged, weights.count);
       move_into_place(staged, target);
     } catch (const std::exception& e) {
-      std::error_code ignored;
-      fs::remove_all(staged, ignored);
-      writers.publish_error(error_message(e));
-      throw;
+      abandon(e);
     }
   }
   writers.barrier();

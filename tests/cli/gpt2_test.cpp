@@ -172,10 +172,8 @@ TEST_F(Gpt2Pipe, ACheckpointOfTwoStagesResumesInOneProcess) {
   resumed.root = dir + "/resumed";
   resumed.resume = pipe.last_checkpoint();
   train(resumed);
-  auto seen = read_csv_column(metrics_csv(pipe.root), "train_loss");
-  const auto rest = read_csv_column(metrics_csv(resumed.root), "train_loss");
-  seen.insert(seen.end(), rest.begin(), rest.end());
-  expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"), seen, 1e-5);
+  expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"),
+                     train_losses_in({metrics_csv(pipe.root), metrics_csv(resumed.root)}), 1e-5);
   expect_same_weights(single.final_weights(), resumed.final_weights(), 1e-5);
 }
 

@@ -62,10 +62,8 @@ TEST_F(TokenData, AResumeMidEpochContinuesWithTheBatchesOfAnUninterruptedRun) {
   const auto resumed = run_command(fit(dir + "/parts", 10, {"--ckpt-path", "last"}));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto expected = read_csv_column(metrics_csv(dir + "/whole"), "train_loss");
-  auto seen = read_csv_column(metrics_csv(dir + "/parts", 0), "train_loss");
-  const auto rest = read_csv_column(metrics_csv(dir + "/parts", 1), "train_loss");
-  seen.insert(seen.end(), rest.begin(), rest.end());
-  EXPECT_EQ(seen, expected);
+  EXPECT_EQ(train_losses_in({metrics_csv(dir + "/parts", 0), metrics_csv(dir + "/parts", 1)}),
+            expected);
 }
 
 TEST_F(TokenData, ThirtyTwoBitShardsOfPrepareDataTrainTheLanguageModel) {

@@ -261,10 +261,7 @@ TEST_F(Datasets, AnAdaptedDatasetResumedMidEpochSeesTheBatchesOfAnUninterruptedR
   resumed.resume = stopped.last_checkpoint();
   train(resumed);
   const auto expected = read_csv_column(whole.losses_csv(), "train_loss");
-  auto seen = read_csv_column(stopped.losses_csv(0), "train_loss");
-  const auto rest = read_csv_column(stopped.losses_csv(1), "train_loss");
-  seen.insert(seen.end(), rest.begin(), rest.end());
-  EXPECT_EQ(seen, expected);
+  EXPECT_EQ(train_losses_in({stopped.losses_csv(0), stopped.losses_csv(1)}), expected);
   expect_same_weights(whole.rank_tensors(0), resumed.rank_tensors(0), 0);
 }
 

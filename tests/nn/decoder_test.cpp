@@ -235,10 +235,8 @@ void expect_three_stages_resume_on_two(const std::string& dir, bool per_rank,
     two.resume = three.last_checkpoint();
     two.per_rank = resumed_per_rank;
     train_in_ranks(two);
-    auto seen = read_csv_column(metrics_csv(three.root), "train_loss");
-    const auto rest = read_csv_column(metrics_csv(two.root), "train_loss");
-    seen.insert(seen.end(), rest.begin(), rest.end());
-    expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"), seen, 1e-5);
+    expect_same_losses(read_csv_column(metrics_csv(single.root), "train_loss"),
+                       train_losses_in({metrics_csv(three.root), metrics_csv(two.root)}), 1e-5);
     expect_same_weights(single.final_weights(), two.final_weights(), 5e-5);
   }
 }

@@ -121,14 +121,9 @@ void expect_same_training(const TiedRun& expected, const TiedRun& actual) {
   expect_same_weights(expected.final_weights(), actual.final_weights(), 1e-5);
 }
 
-class TiedParameters : public ::testing::Test {
+class TiedParameters : public FitRunsTest<TiedRun> {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
-  TiedRun run(const std::string& name) const {
-    TiedRun r;
-    r.root = dir + "/" + name;
-    return r;
-  }
+  TiedRun run(const std::string& name) const { return named_run(name); }
   TiedRun pipe_run(const std::string& name, int64_t stages, int64_t chunks) const {
     TiedRun r = run(name);
     r.strategy = "pipe";
@@ -136,7 +131,6 @@ class TiedParameters : public ::testing::Test {
     r.chunks = chunks;
     return r;
   }
-  std::string dir = make_temp_dir("tied");
 };
 
 TEST(FindTiedParameters, FindsTheSameTensorUnderTwoNamesAndTheStagesHoldingIt) {

@@ -82,6 +82,15 @@ CommandResult run_ok(const std::vector<std::string>& argv) {
   return result;
 }
 
+std::vector<double> train_losses_in(const std::vector<std::string>& paths) {
+  std::vector<double> losses;
+  for (const auto& path : paths) {
+    const auto part = read_csv_column(path, "train_loss");
+    losses.insert(losses.end(), part.begin(), part.end());
+  }
+  return losses;
+}
+
 std::vector<double> read_csv_column(const std::string& path, const std::string& name) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read " + path);

@@ -41,6 +41,10 @@ CommandResult run_ok(const std::vector<std::string>& argv);
 // Column `name` of a Lightning metrics.csv, in row order (rows without a value are skipped).
 std::vector<double> read_csv_column(const std::string& path, const std::string& name);
 
+// The train_loss column of each metrics.csv of `paths`, one after the other: the losses of a fit
+// logged in parts (stopped, then resumed).
+std::vector<double> train_losses_in(const std::vector<std::string>& paths);
+
 #ifdef PIPETRAIN_CLI
 // The pipetrain CLI's command line: `args` (a subcommand and its flags), then `extra`, a test's own
 // flags. (Inline, as are the commands below: PIPETRAIN_CLI is defined for the test executables

@@ -3,7 +3,10 @@
 // environment) and how a failing rank's error comes back (a file).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iomanip>
 #include <map>
@@ -14,6 +17,7 @@
 
 #include "pipetrain/safetensors.h"
 #include "pipetrain/trainer_options.h"
+#include "support/multiprocess.h"
 
 // Visits each named member, `visit(name, member)`, the name as written ("batch_size").
 #define PIPETRAIN_VISIT_FIELDS(visit, ...) \
@@ -141,5 +145,19 @@ void train_from_env(void (*train)(const Run&)) {
   const auto run = from_env<Run>();
   run.record_error_of([&] { train(run); });
 }
+
+// A test whose runs each log and save in a folder of their own under `dir`, removed after it.
+template <typename Run, typename Test = ::testing::Test>
+class FitRunsTest : public Test {
+ protected:
+  void TearDown() override { std::filesystem::remove_all(dir); }
+  // A run of Run's defaults rooted at dir/name.
+  Run named_run(const std::string& name) const {
+    Run r;
+    r.root = dir + "/" + name;
+    return r;
+  }
+  std::string dir = make_temp_dir("fit-runs");
+};
 
 }  // namespace pipetrain::testing

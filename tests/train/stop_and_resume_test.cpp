@@ -117,12 +117,10 @@ std::string read_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-class StopAndResume : public ::testing::TestWithParam<std::string> {
+class StopAndResume : public FitRunsTest<StopRun, ::testing::TestWithParam<std::string>> {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
   StopRun run(const std::string& name) const {
-    StopRun r;
-    r.root = dir + "/" + name;
+    StopRun r = named_run(name);
     r.strategy = GetParam();
     r.devices = GetParam() == "single" ? 1 : 2;
     r.chunks = GetParam() == "pipe" ? 2 : 1;
@@ -135,7 +133,6 @@ class StopAndResume : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(r.start(), 0);
     return read_csv_column(metrics_csv(r.root, 0), "train_loss");
   }
-  std::string dir = make_temp_dir("stop-and-resume");
 };
 
 // Resumed steps, then what comes after, equal the uninterrupted run's.

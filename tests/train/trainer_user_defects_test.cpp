@@ -182,12 +182,15 @@ class SaveAtFirstValidation : public Callback {
   std::string path_;
 };
 
-// Fits 6 steps under `options`, saving at the first validation's end (after batch `saved_after`)
-// as `dir`/`name`, then resumes a new Trainer from it: it trains the straight fit's batches from
-// batch `resumes_at` on and ends as it does.
+// Fits 6 steps in windows of 2 batches under `setting`, saving at the first validation's end
+// (after batch `saved_after`) as `dir`/`name`, then resumes a new Trainer from it: it trains the
+// straight fit's batches from batch `resumes_at` on and ends as it does.
 void expect_saved_at_first_validation_resumes(
-    const TempDir& dir, const std::function<TrainerOptions(const std::string&)>& options,
+    const TempDir& dir, const std::function<TrainerOptions(TrainerOptions)>& setting,
     const std::string& name, int64_t saved_after, size_t resumes_at) {
+  const auto options = [&](const std::string& root) {
+    return setting(quiet_options(dir / root).max_steps(6).accumulate_grad_batches(2));
+  };
   const auto loader = shuffled_data();
   auto saver = std::make_shared<SaveAtFirstValidation>(dir / name);
   Trainer straight_run(options("straight").callbacks({saver}));
@@ -210,16 +213,14 @@ void expect_saved_at_first_validation_resumes(
 TEST(TrainerUserDefects, CheckpointSavedInsideAnAccumulationWindowResumesTheWholeWindow) {
   const TempDir dir;
   const auto loader = shuffled_data();  // 6 batches an epoch
-  const auto options = [&](const std::string& root) {
-    return quiet_options(dir / root)
-        .max_steps(6)
-        .accumulate_grad_batches(2)
-        .val_check_interval(BatchLimit::count(3));
+  const auto every_third_batch = [](TrainerOptions options) {
+    return options.val_check_interval(BatchLimit::count(3));
   };
   // Saved after batches 0-2, inside the window of batches 2 and 3: resumed from batch 2.
-  expect_saved_at_first_validation_resumes(dir, options, "mid-window.ckpt", 3, 2);
+  expect_saved_at_first_validation_resumes(dir, every_third_batch, "mid-window.ckpt", 3, 2);
 
-  Trainer other_windows(options("other").accumulate_grad_batches(4));
+  Trainer other_windows(
+      every_third_batch(quiet_options(dir / "other").max_steps(6).accumulate_grad_batches(4)));
   ValidatedRegression refused;
   expect_refused([&] { other_windows.fit(refused, loader, &loader, dir / "mid-window.ckpt"); },
                  "at batch 2, which does not start an accumulation window of 4 batches");
@@ -230,14 +231,10 @@ TEST(TrainerUserDefects, CheckpointSavedInsideAnAccumulationWindowResumesTheWhol
 // batch, as if inside a window, and trained it (and stepped) a second time.
 TEST(TrainerUserDefects, CheckpointAfterAnEpochCutByLimitTrainBatchesResumesAtTheNextEpoch) {
   const TempDir dir;  // 6 batches an epoch (shuffled_data), 3 of them trained
-  const auto options = [&](const std::string& root) {
-    return quiet_options(dir / root)
-        .max_steps(6)
-        .accumulate_grad_batches(2)
-        .limit_train_batches(BatchLimit::count(3));
-  };
   // Saved after the epoch's 3 batches, before its end: resumed from the next epoch's first.
-  expect_saved_at_first_validation_resumes(dir, options, "epoch-end.ckpt", 3, 3);
+  expect_saved_at_first_validation_resumes(
+      dir, [](TrainerOptions options) { return options.limit_train_batches(BatchLimit::count(3)); },
+      "epoch-end.ckpt", 3, 3);
 }
 
 // Counts the rows validation saw and logs the count at the epoch's end, as Lightning's users log
@@ -438,6 +435,17 @@ TEST(TrainerUserDefects, ClippingCoversTheOptimizersParametersAlone) {
   }
 }
 
+// A fit of 5 steps, saved, resumed to 8 by a `Resumed` model, is refused saying `words`.
+template <typename Resumed>
+void expect_resume_refused(const std::string& words) {
+  const TempDir dir;
+  const auto loader = shuffled_data();
+  fit_five_steps_and_save(dir, loader);
+  Trainer resumed_run(quiet_options(dir / "resumed").max_steps(8));
+  Resumed resumed;
+  expect_refused([&] { resumed_run.fit(resumed, loader, nullptr, dir / "after-fit.ckpt"); }, words);
+}
+
 // Regression whose learning rate halves every 3 steps, not 2.
 class RegressionOfSlowerDecay : public Regression {
  public:
@@ -452,14 +460,8 @@ class RegressionOfSlowerDecay : public Regression {
 // step (the user's own StepLR, changed between the runs) would jump from 0.0125 to 0.025, and is
 // refused, naming both.
 TEST(TrainerUserDefects, AResumeUnderAnotherScheduleIsRefusedNotJumped) {
-  const TempDir dir;
-  const auto loader = shuffled_data();
-  fit_five_steps_and_save(dir, loader);
-
-  Trainer resumed_run(quiet_options(dir / "resumed").max_steps(8));
-  RegressionOfSlowerDecay resumed;
-  expect_refused([&] { resumed_run.fit(resumed, loader, nullptr, dir / "after-fit.ckpt"); },
-                 "with learning rates 0.0125, and this run's schedule gives 0.025 there");
+  expect_resume_refused<RegressionOfSlowerDecay>(
+      "with learning rates 0.0125, and this run's schedule gives 0.025 there");
 }
 
 // Regression at Adam's constant rate: no scheduler.
@@ -474,14 +476,8 @@ class RegressionAtAConstantRate : public Regression {
 // --lr-schedule constant, forgotten on the resume of a decaying run) once trained on at the
 // optimizer's own 0.05 where the run had stopped at 0.0125; it is refused as another schedule is.
 TEST(TrainerUserDefects, AResumeWithoutTheCheckpointsSchedulerIsRefusedNotJumped) {
-  const TempDir dir;
-  const auto loader = shuffled_data();
-  fit_five_steps_and_save(dir, loader);
-
-  Trainer resumed_run(quiet_options(dir / "resumed").max_steps(8));
-  RegressionAtAConstantRate resumed;
-  expect_refused([&] { resumed_run.fit(resumed, loader, nullptr, dir / "after-fit.ckpt"); },
-                 "with learning rates 0.0125, and this run's schedule gives 0.05 there");
+  expect_resume_refused<RegressionAtAConstantRate>(
+      "with learning rates 0.0125, and this run's schedule gives 0.05 there");
 }
 
 // A layer whose weight is another layer's tensor (an output head tied to its embedding).

@@ -312,13 +312,11 @@ void train_in_ranks(const UserRun& run, int ranks) {
   ASSERT_EQ(run_ranks(ranks, "user_model_worker", to_env(run)), 0);
 }
 
-class UserModels : public ::testing::Test {
+class UserModels : public FitRunsTest<UserRun> {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
   UserRun run(const std::string& model, const std::string& name) const {
-    UserRun r;
+    UserRun r = named_run(name);
     r.model = model;
-    r.root = dir + "/" + name;
     return r;
   }
   // `model` under `strategy` on 2 processes, to train.
@@ -351,7 +349,6 @@ class UserModels : public ::testing::Test {
       expect_same_weights(single.final_weights(), other->final_weights(), 1e-5);
     }
   }
-  std::string dir = make_temp_dir("user-models");
 };
 
 TEST_F(UserModels, SumOverNormalisesByTheGlobalCountUnderPipeDdpAndAccumulation) {

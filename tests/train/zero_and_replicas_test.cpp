@@ -70,18 +70,15 @@ void train(const ZeroRun& run) {
 
 PIPETRAIN_WORKER(zero_resume_worker) { train_from_env(train); }
 
-class ZeroResume : public ::testing::Test {
+class ZeroResume : public FitRunsTest<ZeroRun> {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
   ZeroRun run(const std::string& name) const {
-    ZeroRun r;
-    r.root = dir + "/" + name;
+    ZeroRun r = named_run(name);
     r.strategy = "ddp";
     r.devices = 2;
     fs::create_directories(r.root);
     return r;
   }
-  std::string dir = make_temp_dir("zero-and-replicas");
 };
 
 // Both tensors of a tie held by one process, owned by different replicas under ZeRO: the replica
