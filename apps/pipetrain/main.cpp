@@ -36,6 +36,7 @@
 #include "models/models.h"
 #include "models/plan_command.h"
 #include "models/prepare_data.h"
+#include "models/run_config.h"
 
 namespace {
 
@@ -522,7 +523,21 @@ int plan(const Args& a) {
   return 0;
 }
 
-int run(const std::string& command, const Args& given) {
+// The checkpoint `a.ckpt_path` names, or "" where it names none (yet: fit's "last" before the
+// first save; the Trainer reports a path that names nothing).
+std::string checkpoint_of(const Args& a) {
+  if (a.ckpt_path.empty()) return "";
+  try {
+    return pipetrain::resolve_checkpoint_path(a.ckpt_path, a.trainer.default_root_dir());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+int run(const std::string& command, Args given) {
+  // A checkpoint's model is the one its run trained: its shape (heads, RoPE, norms) is the
+  // config.json beside it, which the flags may only repeat. Checked here, before any rank starts.
+  given.model = pipetrain::cli::with_run_shape(given.model, checkpoint_of(given));
   const Args a = resolved(command, given);
   if (command == "plan") return plan(a);
   const auto options = trainer_options(a);
@@ -547,8 +562,10 @@ int run(const std::string& command, const Args& given) {
       if (gpt2) {
         pipetrain::cli::write_hf_gpt2_config(pipetrain::cli::gpt2_config(a.model), dir);
       } else {
-        pipetrain::cli::write_hf_decoder_config(pipetrain::cli::decoder_config(a.model),
-                                                a.model.name, dir, a.model.init_from);
+        // The bos and eos ids of the folder fit started from, kept across resumes.
+        pipetrain::cli::write_hf_decoder_config(
+            pipetrain::cli::decoder_config(a.model), a.model.name, dir,
+            a.model.init_from.empty() ? a.model.shape_from : a.model.init_from);
       }
     }
     const auto train = loader(model.train, a, true);
@@ -587,16 +604,6 @@ int run(const std::string& command, const Args& given) {
   return 0;
 }
 
-// The run folder holding the config.json fit wrote for `checkpoint` (in the folder above its
-// checkpoints/ folder, "last.ckpt/" as a shell completes it too); empty where there is none.
-std::string run_config_dir(const std::string& checkpoint) {
-  std::filesystem::path path = std::filesystem::path(checkpoint).lexically_normal();
-  if (!path.has_filename()) path = path.parent_path();
-  const auto run = path.parent_path().parent_path();
-  if (run.empty() || !std::filesystem::is_regular_file(run / "config.json")) return "";
-  return run.string();
-}
-
 // `pipetrain export`: a checkpoint's weights as the Hugging Face folder of its model.
 void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOptions& model,
                        const std::string& ckpt_path, const std::string& default_root_dir,
@@ -627,7 +634,7 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   }
   // "last" and "best" as the Trainer resolves them for the other subcommands.
   const std::string checkpoint = pipetrain::resolve_checkpoint_path(ckpt_path, default_root_dir);
-  const std::string run_dir = run_config_dir(checkpoint);
+  const std::string run_dir = pipetrain::cli::run_config_dir(checkpoint);
   if (gpt2) {
     int64_t n_head = model.n_head;
     if (!run_dir.empty()) {
@@ -651,9 +658,11 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   // the flags' (a preset, shape flags, or the --init-from folder trained from), as fit was given
   // them, and never a default: RoPE and the norms' epsilon leave no trace in the tensors. A
   // tensor of another shape is refused, naming it.
+  // Where the run's config.json gives the shape, --init-from names the tokenizer alone.
   auto shape = model;
   if (!run_dir.empty()) {
-    shape.init_from = run_dir;
+    shape.shape_from = run_dir;
+    shape.init_from.clear();
   } else if (!pipetrain::cli::names_a_shape(model)) {
     throw std::invalid_argument(
         "no config.json of the run that wrote " + checkpoint +
