@@ -105,6 +105,7 @@ struct Args {
   // --plan's links (bytes per second); kept apart, as --plan may come after them.
   int64_t link_bandwidth = 450'000'000'000, network_bandwidth = 50'000'000'000;
   int64_t device_memory = 0;  // --plan's limit per device; 0: --max-memory's
+  bool model_given = false;   // --model given, rather than a checkpoint's run's config.json's
 };
 
 template <typename T>
@@ -535,9 +536,11 @@ std::string checkpoint_of(const Args& a) {
 }
 
 int run(const std::string& command, Args given) {
-  // A checkpoint's model is the one its run trained: its shape (heads, RoPE, norms) is the
-  // config.json beside it, which the flags may only repeat. Checked here, before any rank starts.
-  given.model = pipetrain::cli::with_run_shape(given.model, checkpoint_of(given));
+  // A checkpoint's model is the one its run trained: its family and shape (heads, RoPE, norms)
+  // are the config.json beside it, which the flags may only repeat. Checked here, before any rank
+  // starts.
+  given.model =
+      pipetrain::cli::with_run_shape(given.model, given.model_given, checkpoint_of(given));
   const Args a = resolved(command, given);
   if (command == "plan") return plan(a);
   const auto options = trainer_options(a);
@@ -604,11 +607,28 @@ int run(const std::string& command, Args given) {
   return 0;
 }
 
+// `pipetrain export`'s flags.
+struct ExportOptions {
+  std::string format = "hf", ckpt_path, output, dtype = "bf16", max_shard_size = "5GB";
+  std::string default_root_dir = pipetrain::TrainerOptions().default_root_dir();
+  pipetrain::cli::ModelOptions model = [] {
+    pipetrain::cli::ModelOptions gpt2;
+    gpt2.name = "gpt2";
+    return gpt2;
+  }();
+  bool model_given = false;  // --model given, rather than the run's config.json's
+};
+
 // `pipetrain export`: a checkpoint's weights as the Hugging Face folder of its model.
-void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOptions& model,
-                       const std::string& ckpt_path, const std::string& default_root_dir,
-                       const std::string& output, const std::string& dtype,
-                       const std::string& max_shard_size) {
+void export_checkpoint(const ExportOptions& e) {
+  // "last" and "best" as the Trainer resolves them for the other subcommands.
+  const std::string checkpoint =
+      pipetrain::resolve_checkpoint_path(e.ckpt_path, e.default_root_dir);
+  // The model its run trained, as the config.json fit keeps beside the checkpoints says.
+  const auto model = pipetrain::cli::with_run_shape(e.model, e.model_given, checkpoint);
+  const std::string& run_dir = model.shape_from;
+  const std::string &format = e.format, &dtype = e.dtype, &max_shard_size = e.max_shard_size,
+                    &output = e.output;
   const bool gpt2 = model.name == "gpt2";
   if (format != "hf" && !(gpt2 && format == "hf-gpt2")) {
     throw std::invalid_argument("--format " + format + ": use hf" +
@@ -632,9 +652,6 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
           "--max-shard-size");
     }
   }
-  // "last" and "best" as the Trainer resolves them for the other subcommands.
-  const std::string checkpoint = pipetrain::resolve_checkpoint_path(ckpt_path, default_root_dir);
-  const std::string run_dir = pipetrain::cli::run_config_dir(checkpoint);
   if (gpt2) {
     int64_t n_head = model.n_head;
     if (!run_dir.empty()) {
@@ -658,18 +675,16 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   // the flags' (a preset, shape flags, or the --init-from folder trained from), as fit was given
   // them, and never a default: RoPE and the norms' epsilon leave no trace in the tensors. A
   // tensor of another shape is refused, naming it.
-  // Where the run's config.json gives the shape, --init-from names the tokenizer alone.
-  auto shape = model;
-  if (!run_dir.empty()) {
-    shape.shape_from = run_dir;
-    shape.init_from.clear();
-  } else if (!pipetrain::cli::names_a_shape(model)) {
+  if (run_dir.empty() && !pipetrain::cli::names_a_shape(model)) {
     throw std::invalid_argument(
         "no config.json of the run that wrote " + checkpoint +
         " was found (fit writes one in the run's folder, above checkpoints/): pass the shape fit "
         "was given (--model-size, the shape flags, or --init-from with the folder it started "
         "from)");
   }
+  // Where the run's config.json gives the shape, --init-from names the tokenizer alone.
+  auto shape = model;
+  if (!run_dir.empty()) shape.init_from.clear();
   const auto config = pipetrain::cli::decoder_config(shape);
   // The tokenizer and its bos/eos ids from --init-from; without it, the ids fit kept from the
   // folder it started from (else transformers would take LlamaConfig's 1 and 2).
@@ -709,12 +724,7 @@ int main(int argc, char** argv) {
     subcommands[name] = app.add_subcommand(name, help);
     add_flags(*subcommands[name], args[name]);
   }
-  struct ExportOptions {
-    std::string format = "hf", ckpt_path, output, dtype = "bf16", max_shard_size = "5GB";
-    std::string default_root_dir = pipetrain::TrainerOptions().default_root_dir();
-    pipetrain::cli::ModelOptions model;
-  } exported;
-  exported.model.name = "gpt2";
+  ExportOptions exported;
   CLI::App* export_command = app.add_subcommand(
       "export",
       "write a checkpoint's weights as a Hugging Face folder (transformers' from_pretrained)");
@@ -783,11 +793,18 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  // Whether --model was given (on the command line, in the environment or in --config), rather
+  // than left at its default for a checkpoint's run to say.
+  const auto model_given = [](CLI::App& sub, const std::string& default_name) {
+    const CLI::Option* option = sub.get_option("--model");
+    return option->count() > 0 || option->get_default_str() != default_name;
+  };
+  exported.model_given = model_given(*export_command, ExportOptions().model.name);
+  for (auto& [name, sub] : subcommands)
+    args[name].model_given = model_given(*sub, Args().model.name);
   try {
     if (export_command->parsed()) {
-      export_checkpoint(exported.format, exported.model, exported.ckpt_path,
-                        exported.default_root_dir, exported.output, exported.dtype,
-                        exported.max_shard_size);
+      export_checkpoint(exported);
       return 0;
     }
     if (prepare_command->parsed()) {

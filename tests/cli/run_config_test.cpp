@@ -87,5 +87,22 @@ TEST_F(RunConfig, AResumeOfAnotherShapeIsRefusedNamingTheKey) {
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
 }
 
+// validate, test, predict and export of a checkpoint need neither --model nor the shape flags; a
+// --model of another family is refused.
+TEST_F(RunConfig, WhatReadsACheckpointTakesTheModelFromItsRun) {
+  for (const std::string subcommand : {"validate", "test", "predict"}) {
+    const auto result = run_command(command(subcommand, {"--ckpt-path", "last"}));
+    EXPECT_EQ(result.exit_code, 0) << subcommand << ":\n" << result.output;
+  }
+  const auto exported =
+      run_command(pipetrain_command({"export", "--ckpt-path", "last", "--default-root-dir",
+                                     dir_ + "/run", "--output", dir_ + "/hf"}));
+  EXPECT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_TRUE(fs::exists(dir_ + "/hf/model.safetensors"));
+  expect_refused(run_command(command("validate", {"--model", "gpt2", "--ckpt-path", "last"})),
+                 {"--model gpt2: ", "last.ckpt is of a llama (model_type in ",
+                  "pass --model llama, or leave --model out"});
+}
+
 }  // namespace
 }  // namespace pipetrain::testing::run_config_test

@@ -37,15 +37,17 @@ std::string read_model_type(const std::string& dir) {
   return json.at("model_type").get<std::string>();
 }
 
-ModelOptions with_run_shape(ModelOptions options, const std::string& checkpoint) {
+ModelOptions with_run_shape(ModelOptions options, bool name_given, const std::string& checkpoint) {
   const std::string run = run_config_dir(checkpoint);
   if (run.empty()) return options;
   const std::string model_type = read_model_type(run);
-  if (model_type != options.name) {
+  if (name_given && model_type != options.name) {
     throw std::invalid_argument("--model " + options.name + ": " + checkpoint + " is of a " +
                                 model_type + " (model_type in " + run +
-                                "/config.json, which its run wrote): pass --model " + model_type);
+                                "/config.json, which its run wrote): pass --model " + model_type +
+                                ", or leave --model out");
   }
+  options.name = model_type;
   options.shape_from = run;
   return options;
 }

@@ -18,9 +18,9 @@ std::string run_config_dir(const std::string& checkpoint);
 std::string read_model_type(const std::string& dir);
 
 // `options` for a model that reads `checkpoint` (a checkpoint's path; "" for none): where its run
-// kept a config.json, the model is that run's: its shape is read from there (shape_from), which
-// shape flags may only repeat. Throws std::invalid_argument when the run trained another family
-// than `options.name`.
-ModelOptions with_run_shape(ModelOptions options, const std::string& checkpoint);
+// kept a config.json, the model is that run's: its family (options.name, unless `name_given`) and
+// its shape, read from there (shape_from), which shape flags may only repeat. Throws
+// std::invalid_argument when `name_given` and the run trained another family.
+ModelOptions with_run_shape(ModelOptions options, bool name_given, const std::string& checkpoint);
 
 }  // namespace pipetrain::cli
