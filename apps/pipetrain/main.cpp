@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <tuple>
 #include <type_traits>
@@ -617,7 +618,40 @@ struct ExportOptions {
     return gpt2;
   }();
   bool model_given = false;  // --model given, rather than the run's config.json's
+  bool overwrite = false;
 };
+
+// An export writes into a folder of its own: a new or empty one, or an earlier export's, whose
+// weight files it replaces. Into `checkpoint` itself it would delete the shards it reads (taken
+// for an earlier export's); into a folder of other files it would replace a config.json and
+// delete model*.safetensors that are not its own: refused, the latter unless `overwrite`.
+void check_export_folder(const std::string& output, const std::string& checkpoint, bool overwrite) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::exists(output, error)) return;
+  if (!fs::is_directory(output, error)) {
+    throw std::invalid_argument("--output " + output +
+                                " is a file: give a folder for the export (a new one)");
+  }
+  if (fs::equivalent(output, checkpoint, error)) {
+    throw std::invalid_argument("--output " + output + " is the checkpoint " + checkpoint +
+                                " itself, which the export would overwrite: give another folder");
+  }
+  if (overwrite) return;
+  std::set<std::string> others;  // sorted, for a message that reads the same every time
+  for (const auto& entry : fs::directory_iterator(output)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && pipetrain::cli::is_export_file(name)) continue;
+    others.insert(name + (entry.is_directory() ? "/" : ""));
+  }
+  if (!others.empty()) {
+    throw std::invalid_argument(
+        "--output " + output + " holds what no export writes (" +
+        join(std::vector<std::string>(others.begin(), others.end()), ", ") +
+        "), whose config.json and weights files the export would replace: give a new or empty "
+        "folder, or pass --overwrite");
+  }
+}
 
 // `pipetrain export`: a checkpoint's weights as the Hugging Face folder of its model.
 void export_checkpoint(const ExportOptions& e) {
@@ -652,6 +686,7 @@ void export_checkpoint(const ExportOptions& e) {
           "--max-shard-size");
     }
   }
+  check_export_folder(output, checkpoint, e.overwrite);
   if (gpt2) {
     int64_t n_head = model.n_head;
     if (!run_dir.empty()) {
@@ -749,6 +784,10 @@ int main(int argc, char** argv) {
                    "folder for config.json and the weights (model.safetensors, or shards and "
                    "their index)")
       ->required();
+  export_command->add_flag(
+      "--overwrite", exported.overwrite,
+      "write into a folder that holds other files than an export's (replacing its config.json "
+      "and weights files)");
   export_command->add_option("--dtype", exported.dtype,
                              "llama, qwen3: the weights' dtype in the folder: bf16 or fp32");
   export_command->add_option("--max-shard-size", exported.max_shard_size,

@@ -379,16 +379,18 @@ std::string shard_name(size_t index, size_t count) {
   return name;
 }
 
+bool is_weight_file(const std::string& name) {
+  static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  return name == kSingleFile || name == kIndexFile || std::regex_match(name, kShard);
+}
+
 // Weight files an earlier export may have left in `dir` that this one did not write: transformers
 // would read a stale model.safetensors before a new index.
 void remove_stale_weight_files(const fs::path& dir, const std::set<std::string>& written) {
-  static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
   std::vector<fs::path> stale;  // listed first: a folder is not changed while it is read
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    const bool weight_file =
-        name == kSingleFile || name == kIndexFile || std::regex_match(name, kShard);
-    if (weight_file && written.count(name) == 0) stale.push_back(entry.path());
+    if (is_weight_file(name) && written.count(name) == 0) stale.push_back(entry.path());
   }
   for (const auto& path : stale) {
     std::error_code error;
@@ -402,6 +404,15 @@ void remove_stale_weight_files(const fs::path& dir, const std::set<std::string>&
 }
 
 }  // namespace
+
+bool is_export_file(const std::string& name) {
+  // The atomic writer's temporary files: "<name>.tmp-<pid>".
+  const auto temporary = name.rfind(".tmp-");
+  if (temporary != std::string::npos) return is_export_file(name.substr(0, temporary));
+  if (name == "config.json" || is_weight_file(name)) return true;
+  return std::find(std::begin(kTokenizerFiles), std::end(kTokenizerFiles), name) !=
+         std::end(kTokenizerFiles);
+}
 
 int64_t parse_max_shard_size(const std::string& text) {
   const auto fail = [&]() -> int64_t {

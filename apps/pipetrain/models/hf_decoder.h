@@ -94,6 +94,11 @@ void export_hf_decoder(const WeightSource& weights, const nn::DecoderConfig& con
                        at::ScalarType dtype = at::kBFloat16,
                        const std::string& tokenizer_from = "");
 
+// Whether a file of this name is one an export writes into its folder (export_hf_decoder's and
+// export_hf_gpt2's: config.json, the weights and their index, the tokenizer's files), or one of
+// their temporary files a killed export left.
+bool is_export_file(const std::string& name);
+
 // `dir`/config.json of a `model_type` decoder of shape `config` (fp32), as export writes it: the
 // command keeps one beside a fit's checkpoints, so that export knows what the weights do not say
 // (RoPE, eps, positions; with `tokenizer_from`, the folder fit started from, its config.json's
