@@ -19,6 +19,7 @@
 
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/nn/decoder.h>
+#include <pipetrain/safetensors.h>
 
 namespace pipetrain::cli {
 
@@ -58,6 +59,16 @@ nn::DecoderConfig read_hf_decoder_config(const std::string& dir, std::string* mo
 std::map<std::string, at::Tensor> read_hf_decoder_weights(
     const std::string& dir, const nn::DecoderConfig& config,
     const std::function<bool(const std::string& pipetrain_name)>& wanted = {});
+
+// The header of a weights file of a Hugging Face folder handed in (--init-from): a damaged one is
+// bad input (std::invalid_argument, naming the file), as a missing one is.
+std::map<std::string, SafetensorsEntry> read_weights_header(const std::string& path);
+
+// What read_hf_decoder_weights checks of every tensor, from the files' headers alone (nothing
+// read, nothing allocated): run before a model of `config` is built, so that a config.json that
+// does not describe its weights (a vocabulary of 1e12) is refused naming the tensor, not met by
+// the allocator.
+void check_hf_decoder_weights(const std::string& dir, const nn::DecoderConfig& config);
 
 // Writes `weights` (pipetrain's names, as in a checkpoint's model.safetensors; a tied head's second
 // name may be there or not) of a decoder of shape `config` into `dir` (created if missing), as

@@ -341,6 +341,7 @@ nn::DecoderConfig decoder_config(const ModelOptions& options) {
         options, decoder_shape(config), "a model",
         [&] { return decoder_shape(decoder_config(flags_alone(options))); },
         [](const std::string& dir) { return decoder_shape(read_hf_decoder_config(dir)); });
+    if (!options.init_from.empty()) check_hf_decoder_weights(options.init_from, config);
   } else {
     const std::string size = !options.model_size.empty() ? options.model_size
                              : options.name == "llama"   ? "llama-150m"
@@ -391,6 +392,7 @@ Gpt2Config gpt2_config(const ModelOptions& options) {
         options, gpt2_shape(stored), "a GPT-2",
         [&] { return gpt2_shape(gpt2_config(flags_alone(options))); },
         [](const std::string& dir) { return gpt2_shape(read_hf_gpt2_config(dir)); });
+    if (!options.init_from.empty()) check_hf_gpt2_weights(options.init_from, stored);
     stored.dropout = options.dropout;
     return stored;
   }
