@@ -22,14 +22,17 @@
 #include <tuple>
 #include <type_traits>
 
+#include <pipetrain/balance.h>
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/checkpoint_path.h>
+#include <pipetrain/cluster_environment.h>
 #include <pipetrain/early_stopping.h>
 #include <pipetrain/error.h>
 #include <pipetrain/lr_monitor.h>
 #include <pipetrain/lr_scheduler.h>
 #include <pipetrain/model_checkpoint.h>
 #include <pipetrain/module.h>
+#include <pipetrain/strategy.h>
 #include <pipetrain/trainer.h>
 
 #include "models/hf_decoder.h"
@@ -507,6 +510,36 @@ Args resolved(const std::string& command, Args a) {
   return a;
 }
 
+// Under pipe and ddp_pipe every stage needs a layer. What cannot be split as asked is refused by
+// the launcher, before any rank starts, rather than by every rank once all have started (a
+// thousand of them for --devices 1000), each saying it.
+void check_pipeline(const pipetrain::TrainerOptions& options,
+                    const pipetrain::cli::ModelOptions& m) {
+  const bool pipe = options.strategy() == "pipe";
+  if (!pipe && options.strategy() != "ddp_pipe") return;
+  // A rank (launched, or started by torchrun or SLURM): its strategy checks the pipeline.
+  if (pipetrain::select_cluster_environment()->world_size() > 1) return;
+  const int64_t ranks = pipe ? options.devices() * options.num_nodes() : options.stages();
+  const int64_t virtual_stages = options.pipe().virtual_stages();
+  const int64_t stages = ranks * virtual_stages;
+  if (stages <= 1) return;
+  // The strategy's own checks of the options first, as the launch makes them.
+  pipetrain::create_strategy(options.strategy(), options);
+  const auto layers = static_cast<int64_t>(pipetrain::cli::make_model(m).module->layers()->size());
+  if (layers < stages) {
+    throw std::invalid_argument(
+        "--model " + m.name + " has " + std::to_string(layers) + " layers, and " +
+        std::to_string(stages) + " stages were asked for (" +
+        (pipe ? "--devices x --num-nodes" : "--stages") +
+        (virtual_stages > 1 ? " x --virtual-stages" : "") +
+        "): every stage needs a layer; ask for at most " + std::to_string(layers) + " stages");
+  }
+  // A plan's balance replaces the flags'.
+  if (!options.plan() && !options.pipe().balance().empty()) {
+    pipetrain::validate_balance(options.pipe().balance(), layers);
+  }
+}
+
 // `pipetrain plan`: one process profiles the layers on the first training batch.
 int plan(const Args& a) {
   auto model = pipetrain::cli::make_model(a.model);
@@ -545,6 +578,7 @@ int run(const std::string& command, Args given) {
   const Args a = resolved(command, given);
   if (command == "plan") return plan(a);
   const auto options = trainer_options(a);
+  check_pipeline(options, a.model);
   if (const auto status = pipetrain::launch_ranks(options)) return *status;
   pipetrain::Trainer trainer(options);
   auto model = pipetrain::cli::make_model(a.model);

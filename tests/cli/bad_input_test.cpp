@@ -124,6 +124,17 @@ TEST(BadInput, MaxMemoryBelowWhatARankNeeds) {
       << enough.output;
 }
 
+// A model that cannot be split as asked is refused by the launcher before any rank starts, said
+// once (each rank would say it, after all of them had started: a thousand for --devices
+// 1000).
+TEST(BadInput, APipelineThatCannotBeBuiltIsRefusedBeforeAnyRankStarts) {
+  const auto too_many = fit({"--model", "boring", "--strategy", "pipe", "--devices", "4"});
+  expect_failure_mentioning(too_many, {"pipetrain: error: --model boring has 3 layers, and 4 "
+                                       "stages were asked for (--devices x --num-nodes)"});
+  EXPECT_EQ(too_many.exit_code, 2);
+  EXPECT_EQ(too_many.output.find("rank"), std::string::npos) << too_many.output;
+}
+
 TEST(BadInput, BalanceSummingToTheWrongLength) {
   expect_failure_mentioning(fit({"--strategy", "pipe", "--devices", "2", "--balance", "3,3"}),
                             {"balance 3,3 sums to 6", "15 layers"});
