@@ -542,6 +542,16 @@ void check_pipeline(const pipetrain::TrainerOptions& options,
 
 // `pipetrain plan`: one process profiles the layers on the first training batch.
 int plan(const Args& a) {
+  // As fit checks them (the Trainer's options), before the devices divide the threads.
+  for (const auto& [flag, value, minimum] :
+       {std::tuple{"devices (--devices)", a.trainer.devices(), 1},
+        std::tuple{"num_nodes (--num-nodes)", a.trainer.num_nodes(), 1},
+        std::tuple{"stages (--stages)", a.trainer.stages(), 0}}) {
+    if (value < minimum) {
+      throw std::invalid_argument(std::string(flag) + " must be at least " +
+                                  std::to_string(minimum) + " (got " + std::to_string(value) + ")");
+    }
+  }
   auto model = pipetrain::cli::make_model(a.model);
   pipetrain::cli::PlanRequest request;
   request.devices = a.trainer.devices();

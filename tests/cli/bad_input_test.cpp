@@ -135,6 +135,20 @@ TEST(BadInput, APipelineThatCannotBeBuiltIsRefusedBeforeAnyRankStarts) {
   EXPECT_EQ(too_many.output.find("rank"), std::string::npos) << too_many.output;
 }
 
+// pipetrain plan checks the counts fit checks.
+TEST(BadInput, PlanCountsOutOfRange) {
+  for (const auto& [flags, expected] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--devices", "0"}, "devices (--devices) must be at least 1 (got 0)"},
+           {{"--num-nodes", "0"}, "num_nodes (--num-nodes) must be at least 1 (got 0)"},
+           {{"--stages", "-1"}, "stages (--stages) must be at least 0 (got -1)"}}) {
+    auto argv = pipetrain_command({"plan", "--model", "mlp"}, flags);
+    const auto result = run_command(argv, {}, kLimit);
+    expect_failure_mentioning(result, {expected});
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+  }
+}
+
 TEST(BadInput, BalanceSummingToTheWrongLength) {
   expect_failure_mentioning(fit({"--strategy", "pipe", "--devices", "2", "--balance", "3,3"}),
                             {"balance 3,3 sums to 6", "15 layers"});
