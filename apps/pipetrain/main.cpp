@@ -78,12 +78,39 @@ int64_t parse_bytes(const std::string& flag, const std::string& text) {
                                                     {"gb", 1e9},
                                                     {"tb", 1e12}};
   const auto found = kUnits.find(unit);
-  if (end == 0 || found == kUnits.end() || number < 0) {
+  if (end == 0 || found == kUnits.end() || !(number >= 0)) {
     throw std::invalid_argument(flag + " " + text +
                                 ": give a number of bytes, optionally with a unit: KiB, MiB, GiB, "
                                 "TiB (1024s) or KB, MB, GB, TB (1000s), e.g. 40GiB");
   }
-  return static_cast<int64_t>(number * found->second);
+  // Past 2^63 a count of bytes does not fit (and inf would be taken as no limit).
+  const double bytes = number * found->second;
+  if (!(bytes < 9223372036854775808.0)) {
+    throw std::invalid_argument(flag + " " + text +
+                                " is more bytes than any machine holds (at most 8 EiB, 2^63 - 1)");
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+// The longest wait or run a flag may ask for, in seconds (about 31 years): beyond it, a deadline
+// in nanoseconds from now would not fit in 64 bits.
+constexpr int64_t kMaxSeconds = 1'000'000'000;
+
+// Flags of seconds the flag reader passes (NaN, infinities, a timeout of 1e16 s) that no clock
+// can count: refused before a rank starts, rather than met by Gloo or a comparison that never
+// stops.
+void check_seconds(const pipetrain::TrainerOptions& t) {
+  std::ostringstream max_time;
+  max_time << t.max_time();
+  for (const auto& [flag, value, text, zero] :
+       {std::tuple{"--timeout", static_cast<double>(t.timeout_seconds()),
+                   std::to_string(t.timeout_seconds()), ""},
+        std::tuple{"--max-time", t.max_time(), max_time.str(), "; 0: no limit"}}) {
+    if (!(value <= static_cast<double>(kMaxSeconds))) {
+      throw std::invalid_argument(std::string(flag) + " " + text + ": give at most " +
+                                  std::to_string(kMaxSeconds) + " seconds (about 31 years)" + zero);
+    }
+  }
 }
 
 // Exit status of a run the command or its input got wrong (a flag, a value, a model that cannot
@@ -585,6 +612,7 @@ int run(const std::string& command, Args given) {
   // starts.
   given.model =
       pipetrain::cli::with_run_shape(given.model, given.model_given, checkpoint_of(given));
+  check_seconds(given.trainer);
   const Args a = resolved(command, given);
   if (command == "plan") return plan(a);
   const auto options = trainer_options(a);

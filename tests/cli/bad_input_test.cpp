@@ -48,6 +48,15 @@ TEST(BadInput, OutOfRangeValuesNameTheirFlag) {
       {{"--devices", "0"}, "devices (--devices) must be at least 1"},
       {{"--limit-train-batches", "1.5"}, "between 0.0 and 1.0"},
       {{"--max-memory", "40GiBs"}, "--max-memory 40GiBs: give a number of bytes"},
+      {{"--max-memory", "nan"}, "--max-memory nan: give a number of bytes"},
+      {{"--max-memory", "1e19"}, "--max-memory 1e19 is more bytes than any machine holds"},
+      {{"--max-memory", "1e30"}, "--max-memory 1e30 is more bytes than any machine holds"},
+      {{"--max-memory", "inf"}, "--max-memory inf is more bytes than any machine holds"},
+      {{"--device-memory", "1e30"}, "--device-memory 1e30 is more bytes than any machine holds"},
+      {{"--timeout", "10000000000000000"},
+       "--timeout 10000000000000000: give at most 1000000000 seconds"},
+      {{"--max-time", "nan"}, "--max-time nan: give at most 1000000000 seconds"},
+      {{"--max-time", "inf"}, "--max-time inf: give at most 1000000000 seconds"},
   };
   for (const auto& [flags, expected] : cases) {
     SCOPED_TRACE(flags[0]);
