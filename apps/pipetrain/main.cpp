@@ -32,6 +32,7 @@
 #include <pipetrain/lr_scheduler.h>
 #include <pipetrain/model_checkpoint.h>
 #include <pipetrain/module.h>
+#include <pipetrain/pipe.h>
 #include <pipetrain/strategy.h>
 #include <pipetrain/trainer.h>
 
@@ -309,6 +310,10 @@ void add_flags(CLI::App& app, Args& a) {
          [&t](const std::string& text) {
            if (text.empty()) {
              t.plan(std::nullopt);
+           } else if (text != "auto" && std::filesystem::is_directory(text)) {
+             throw std::invalid_argument("--plan " + text +
+                                         " is a folder: give the plan.json in it (--plan auto "
+                                         "writes one in the run's folder), or auto");
            } else {
              t.plan(text == "auto" ? pipetrain::PlanOptions()
                                    : pipetrain::PlanOptions().file(text));
@@ -537,7 +542,8 @@ Args resolved(const std::string& command, Args a) {
   return a;
 }
 
-// Under pipe and ddp_pipe every stage needs a layer. What cannot be split as asked is refused by
+// Under pipe and ddp_pipe every stage needs a layer, and the pipeline's options (its schedule,
+// a schedule file, a plan file) must describe one. What cannot be built as asked is refused by
 // the launcher, before any rank starts, rather than by every rank once all have started (a
 // thousand of them for --devices 1000), each saying it.
 void check_pipeline(const pipetrain::TrainerOptions& options,
@@ -561,10 +567,15 @@ void check_pipeline(const pipetrain::TrainerOptions& options,
         (virtual_stages > 1 ? " x --virtual-stages" : "") +
         "): every stage needs a layer; ask for at most " + std::to_string(layers) + " stages");
   }
-  // A plan's balance replaces the flags'.
-  if (!options.plan() && !options.pipe().balance().empty()) {
+  if (options.plan()) {
+    // The plan's balance, chunks and schedule replace the flags'.
+    if (!options.plan()->file().empty()) pipetrain::cli::check_plan_file(options.plan()->file());
+    return;
+  }
+  if (!options.pipe().balance().empty()) {
     pipetrain::validate_balance(options.pipe().balance(), layers);
   }
+  pipetrain::stage_ranks(options.pipe(), ranks);  // reads a schedule file
 }
 
 // `pipetrain plan`: one process profiles the layers on the first training batch.

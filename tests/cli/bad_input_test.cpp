@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "pipetrain/cluster_environment.h"
@@ -15,6 +17,8 @@
 
 namespace pipetrain::testing::bad_input_test {
 namespace {
+
+namespace fs = std::filesystem;
 
 constexpr auto kLimit = std::chrono::seconds(60);
 
@@ -133,8 +137,8 @@ TEST(BadInput, MaxMemoryBelowWhatARankNeeds) {
       << enough.output;
 }
 
-// A model that cannot be split as asked is refused by the launcher before any rank starts, said
-// once (each rank would say it, after all of them had started: a thousand for --devices
+// What cannot be split or scheduled as asked is refused by the launcher before any rank starts,
+// said once (each rank would say it, after all of them had started: a thousand for --devices
 // 1000).
 TEST(BadInput, APipelineThatCannotBeBuiltIsRefusedBeforeAnyRankStarts) {
   const auto too_many = fit({"--model", "boring", "--strategy", "pipe", "--devices", "4"});
@@ -142,6 +146,26 @@ TEST(BadInput, APipelineThatCannotBeBuiltIsRefusedBeforeAnyRankStarts) {
                                        "stages were asked for (--devices x --num-nodes)"});
   EXPECT_EQ(too_many.exit_code, 2);
   EXPECT_EQ(too_many.output.find("rank"), std::string::npos) << too_many.output;
+
+  const std::string dir = make_temp_dir("bad-pipeline-files");
+  std::ofstream(dir + "/plan.json") << "garbage";
+  std::ofstream(dir + "/schedule.csv") << "0F0,zz\n";
+  for (const auto& [flags, expected] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--plan", dir + "/plan.json"}, dir + "/plan.json is not a plan pipetrain wrote"},
+           {{"--plan", dir}, "--plan " + dir + " is a folder: give the plan.json in it"},
+           {{"--schedule-file", dir + "/schedule.csv"}, "cannot read the action 'zz'"}}) {
+    auto all = flags;
+    all.insert(all.end(), {"--strategy", "pipe", "--devices", "2"});
+    const auto result = fit(all);
+    expect_failure_mentioning(result, {expected});
+    EXPECT_EQ(result.exit_code, 2);
+    const auto first = result.output.find(expected);
+    EXPECT_EQ(result.output.find(expected, first + 1), std::string::npos)
+        << "said more than once:\n"
+        << result.output;
+  }
+  fs::remove_all(dir);
 }
 
 // pipetrain plan checks the counts fit checks.
@@ -156,6 +180,14 @@ TEST(BadInput, PlanCountsOutOfRange) {
     expect_failure_mentioning(result, {expected});
     EXPECT_EQ(result.exit_code, 2) << result.output;
   }
+}
+
+// A file the user hands in that is not there, or not readable as what it should be, is the same
+// usage error (2).
+TEST(BadInput, AMissingCorpusIsAUsageError) {
+  const auto result = fit({"--model", "gpt", "--corpus", "/nonexistent/corpus.txt"});
+  expect_failure_mentioning(result, {"cannot read corpus file '/nonexistent/corpus.txt'"});
+  EXPECT_EQ(result.exit_code, 2);
 }
 
 TEST(BadInput, BalanceSummingToTheWrongLength) {
