@@ -17,18 +17,23 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <tuple>
 #include <type_traits>
 
+#include <pipetrain/balance.h>
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/checkpoint_path.h>
+#include <pipetrain/cluster_environment.h>
 #include <pipetrain/early_stopping.h>
 #include <pipetrain/error.h>
 #include <pipetrain/lr_monitor.h>
 #include <pipetrain/lr_scheduler.h>
 #include <pipetrain/model_checkpoint.h>
 #include <pipetrain/module.h>
+#include <pipetrain/pipe.h>
+#include <pipetrain/strategy.h>
 #include <pipetrain/trainer.h>
 
 #include "models/hf_decoder.h"
@@ -36,6 +41,7 @@
 #include "models/models.h"
 #include "models/plan_command.h"
 #include "models/prepare_data.h"
+#include "models/run_config.h"
 
 namespace {
 
@@ -73,12 +79,39 @@ int64_t parse_bytes(const std::string& flag, const std::string& text) {
                                                     {"gb", 1e9},
                                                     {"tb", 1e12}};
   const auto found = kUnits.find(unit);
-  if (end == 0 || found == kUnits.end() || number < 0) {
+  if (end == 0 || found == kUnits.end() || !(number >= 0)) {
     throw std::invalid_argument(flag + " " + text +
                                 ": give a number of bytes, optionally with a unit: KiB, MiB, GiB, "
                                 "TiB (1024s) or KB, MB, GB, TB (1000s), e.g. 40GiB");
   }
-  return static_cast<int64_t>(number * found->second);
+  // Past 2^63 a count of bytes does not fit (and inf would be taken as no limit).
+  const double bytes = number * found->second;
+  if (!(bytes < 9223372036854775808.0)) {
+    throw std::invalid_argument(flag + " " + text +
+                                " is more bytes than any machine holds (at most 8 EiB, 2^63 - 1)");
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+// The longest wait or run a flag may ask for, in seconds (about 31 years): beyond it, a deadline
+// in nanoseconds from now would not fit in 64 bits.
+constexpr int64_t kMaxSeconds = 1'000'000'000;
+
+// Flags of seconds the flag reader passes (NaN, infinities, a timeout of 1e16 s) that no clock
+// can count: refused before a rank starts, rather than met by Gloo or a comparison that never
+// stops.
+void check_seconds(const pipetrain::TrainerOptions& t) {
+  std::ostringstream max_time;
+  max_time << t.max_time();
+  for (const auto& [flag, value, text, zero] :
+       {std::tuple{"--timeout", static_cast<double>(t.timeout_seconds()),
+                   std::to_string(t.timeout_seconds()), ""},
+        std::tuple{"--max-time", t.max_time(), max_time.str(), "; 0: no limit"}}) {
+    if (!(value <= static_cast<double>(kMaxSeconds))) {
+      throw std::invalid_argument(std::string(flag) + " " + text + ": give at most " +
+                                  std::to_string(kMaxSeconds) + " seconds (about 31 years)" + zero);
+    }
+  }
 }
 
 // Exit status of a run the command or its input got wrong (a flag, a value, a model that cannot
@@ -104,6 +137,7 @@ struct Args {
   // --plan's links (bytes per second); kept apart, as --plan may come after them.
   int64_t link_bandwidth = 450'000'000'000, network_bandwidth = 50'000'000'000;
   int64_t device_memory = 0;  // --plan's limit per device; 0: --max-memory's
+  bool model_given = false;   // --model given, rather than a checkpoint's run's config.json's
 };
 
 template <typename T>
@@ -276,6 +310,10 @@ void add_flags(CLI::App& app, Args& a) {
          [&t](const std::string& text) {
            if (text.empty()) {
              t.plan(std::nullopt);
+           } else if (text != "auto" && std::filesystem::is_directory(text)) {
+             throw std::invalid_argument("--plan " + text +
+                                         " is a folder: give the plan.json in it (--plan auto "
+                                         "writes one in the run's folder), or auto");
            } else {
              t.plan(text == "auto" ? pipetrain::PlanOptions()
                                    : pipetrain::PlanOptions().file(text));
@@ -504,8 +542,54 @@ Args resolved(const std::string& command, Args a) {
   return a;
 }
 
+// Under pipe and ddp_pipe every stage needs a layer, and the pipeline's options (its schedule,
+// a schedule file, a plan file) must describe one. What cannot be built as asked is refused by
+// the launcher, before any rank starts, rather than by every rank once all have started (a
+// thousand of them for --devices 1000), each saying it.
+void check_pipeline(const pipetrain::TrainerOptions& options,
+                    const pipetrain::cli::ModelOptions& m) {
+  const bool pipe = options.strategy() == "pipe";
+  if (!pipe && options.strategy() != "ddp_pipe") return;
+  // A rank (launched, or started by torchrun or SLURM): its strategy checks the pipeline.
+  if (pipetrain::select_cluster_environment()->world_size() > 1) return;
+  const int64_t ranks = pipe ? options.devices() * options.num_nodes() : options.stages();
+  const int64_t virtual_stages = options.pipe().virtual_stages();
+  const int64_t stages = ranks * virtual_stages;
+  if (stages <= 1) return;
+  // The strategy's own checks of the options first, as the launch makes them.
+  pipetrain::create_strategy(options.strategy(), options);
+  const auto layers = static_cast<int64_t>(pipetrain::cli::make_model(m).module->layers()->size());
+  if (layers < stages) {
+    throw std::invalid_argument(
+        "--model " + m.name + " has " + std::to_string(layers) + " layers, and " +
+        std::to_string(stages) + " stages were asked for (" +
+        (pipe ? "--devices x --num-nodes" : "--stages") +
+        (virtual_stages > 1 ? " x --virtual-stages" : "") +
+        "): every stage needs a layer; ask for at most " + std::to_string(layers) + " stages");
+  }
+  if (options.plan()) {
+    // The plan's balance, chunks and schedule replace the flags'.
+    if (!options.plan()->file().empty()) pipetrain::cli::check_plan_file(options.plan()->file());
+    return;
+  }
+  if (!options.pipe().balance().empty()) {
+    pipetrain::validate_balance(options.pipe().balance(), layers);
+  }
+  pipetrain::stage_ranks(options.pipe(), ranks);  // reads a schedule file
+}
+
 // `pipetrain plan`: one process profiles the layers on the first training batch.
 int plan(const Args& a) {
+  // As fit checks them (the Trainer's options), before the devices divide the threads.
+  for (const auto& [flag, value, minimum] :
+       {std::tuple{"devices (--devices)", a.trainer.devices(), 1},
+        std::tuple{"num_nodes (--num-nodes)", a.trainer.num_nodes(), 1},
+        std::tuple{"stages (--stages)", a.trainer.stages(), 0}}) {
+    if (value < minimum) {
+      throw std::invalid_argument(std::string(flag) + " must be at least " +
+                                  std::to_string(minimum) + " (got " + std::to_string(value) + ")");
+    }
+  }
   auto model = pipetrain::cli::make_model(a.model);
   pipetrain::cli::PlanRequest request;
   request.devices = a.trainer.devices();
@@ -522,10 +606,28 @@ int plan(const Args& a) {
   return 0;
 }
 
-int run(const std::string& command, const Args& given) {
+// The checkpoint `a.ckpt_path` names, or "" where it names none (yet: fit's "last" before the
+// first save; the Trainer reports a path that names nothing).
+std::string checkpoint_of(const Args& a) {
+  if (a.ckpt_path.empty()) return "";
+  try {
+    return pipetrain::resolve_checkpoint_path(a.ckpt_path, a.trainer.default_root_dir());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+int run(const std::string& command, Args given) {
+  // A checkpoint's model is the one its run trained: its family and shape (heads, RoPE, norms)
+  // are the config.json beside it, which the flags may only repeat. Checked here, before any rank
+  // starts.
+  given.model =
+      pipetrain::cli::with_run_shape(given.model, given.model_given, checkpoint_of(given));
+  check_seconds(given.trainer);
   const Args a = resolved(command, given);
   if (command == "plan") return plan(a);
   const auto options = trainer_options(a);
+  check_pipeline(options, a.model);
   if (const auto status = pipetrain::launch_ranks(options)) return *status;
   pipetrain::Trainer trainer(options);
   auto model = pipetrain::cli::make_model(a.model);
@@ -547,8 +649,10 @@ int run(const std::string& command, const Args& given) {
       if (gpt2) {
         pipetrain::cli::write_hf_gpt2_config(pipetrain::cli::gpt2_config(a.model), dir);
       } else {
-        pipetrain::cli::write_hf_decoder_config(pipetrain::cli::decoder_config(a.model),
-                                                a.model.name, dir, a.model.init_from);
+        // The bos and eos ids of the folder fit started from, kept across resumes.
+        pipetrain::cli::write_hf_decoder_config(
+            pipetrain::cli::decoder_config(a.model), a.model.name, dir,
+            a.model.init_from.empty() ? a.model.shape_from : a.model.init_from);
       }
     }
     const auto train = loader(model.train, a, true);
@@ -587,21 +691,61 @@ int run(const std::string& command, const Args& given) {
   return 0;
 }
 
-// The run folder holding the config.json fit wrote for `checkpoint` (in the folder above its
-// checkpoints/ folder, "last.ckpt/" as a shell completes it too); empty where there is none.
-std::string run_config_dir(const std::string& checkpoint) {
-  std::filesystem::path path = std::filesystem::path(checkpoint).lexically_normal();
-  if (!path.has_filename()) path = path.parent_path();
-  const auto run = path.parent_path().parent_path();
-  if (run.empty() || !std::filesystem::is_regular_file(run / "config.json")) return "";
-  return run.string();
+// `pipetrain export`'s flags.
+struct ExportOptions {
+  std::string format = "hf", ckpt_path, output, dtype = "bf16", max_shard_size = "5GB";
+  std::string default_root_dir = pipetrain::TrainerOptions().default_root_dir();
+  pipetrain::cli::ModelOptions model = [] {
+    pipetrain::cli::ModelOptions gpt2;
+    gpt2.name = "gpt2";
+    return gpt2;
+  }();
+  bool model_given = false;  // --model given, rather than the run's config.json's
+  bool overwrite = false;
+};
+
+// An export writes into a folder of its own: a new or empty one, or an earlier export's, whose
+// weight files it replaces. Into `checkpoint` itself it would delete the shards it reads (taken
+// for an earlier export's); into a folder of other files it would replace a config.json and
+// delete model*.safetensors that are not its own: refused, the latter unless `overwrite`.
+void check_export_folder(const std::string& output, const std::string& checkpoint, bool overwrite) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (!fs::exists(output, error)) return;
+  if (!fs::is_directory(output, error)) {
+    throw std::invalid_argument("--output " + output +
+                                " is a file: give a folder for the export (a new one)");
+  }
+  if (fs::equivalent(output, checkpoint, error)) {
+    throw std::invalid_argument("--output " + output + " is the checkpoint " + checkpoint +
+                                " itself, which the export would overwrite: give another folder");
+  }
+  if (overwrite) return;
+  std::set<std::string> others;  // sorted, for a message that reads the same every time
+  for (const auto& entry : fs::directory_iterator(output)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && pipetrain::cli::is_export_file(name)) continue;
+    others.insert(name + (entry.is_directory() ? "/" : ""));
+  }
+  if (!others.empty()) {
+    throw std::invalid_argument(
+        "--output " + output + " holds what no export writes (" +
+        join(std::vector<std::string>(others.begin(), others.end()), ", ") +
+        "), whose config.json and weights files the export would replace: give a new or empty "
+        "folder, or pass --overwrite");
+  }
 }
 
 // `pipetrain export`: a checkpoint's weights as the Hugging Face folder of its model.
-void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOptions& model,
-                       const std::string& ckpt_path, const std::string& default_root_dir,
-                       const std::string& output, const std::string& dtype,
-                       const std::string& max_shard_size) {
+void export_checkpoint(const ExportOptions& e) {
+  // "last" and "best" as the Trainer resolves them for the other subcommands.
+  const std::string checkpoint =
+      pipetrain::resolve_checkpoint_path(e.ckpt_path, e.default_root_dir);
+  // The model its run trained, as the config.json fit keeps beside the checkpoints says.
+  const auto model = pipetrain::cli::with_run_shape(e.model, e.model_given, checkpoint);
+  const std::string& run_dir = model.shape_from;
+  const std::string &format = e.format, &dtype = e.dtype, &max_shard_size = e.max_shard_size,
+                    &output = e.output;
   const bool gpt2 = model.name == "gpt2";
   if (format != "hf" && !(gpt2 && format == "hf-gpt2")) {
     throw std::invalid_argument("--format " + format + ": use hf" +
@@ -625,9 +769,7 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
           "--max-shard-size");
     }
   }
-  // "last" and "best" as the Trainer resolves them for the other subcommands.
-  const std::string checkpoint = pipetrain::resolve_checkpoint_path(ckpt_path, default_root_dir);
-  const std::string run_dir = run_config_dir(checkpoint);
+  check_export_folder(output, checkpoint, e.overwrite);
   if (gpt2) {
     int64_t n_head = model.n_head;
     if (!run_dir.empty()) {
@@ -651,16 +793,16 @@ void export_checkpoint(const std::string& format, const pipetrain::cli::ModelOpt
   // the flags' (a preset, shape flags, or the --init-from folder trained from), as fit was given
   // them, and never a default: RoPE and the norms' epsilon leave no trace in the tensors. A
   // tensor of another shape is refused, naming it.
-  auto shape = model;
-  if (!run_dir.empty()) {
-    shape.init_from = run_dir;
-  } else if (!pipetrain::cli::names_a_shape(model)) {
+  if (run_dir.empty() && !pipetrain::cli::names_a_shape(model)) {
     throw std::invalid_argument(
         "no config.json of the run that wrote " + checkpoint +
         " was found (fit writes one in the run's folder, above checkpoints/): pass the shape fit "
         "was given (--model-size, the shape flags, or --init-from with the folder it started "
         "from)");
   }
+  // Where the run's config.json gives the shape, --init-from names the tokenizer alone.
+  auto shape = model;
+  if (!run_dir.empty()) shape.init_from.clear();
   const auto config = pipetrain::cli::decoder_config(shape);
   // The tokenizer and its bos/eos ids from --init-from; without it, the ids fit kept from the
   // folder it started from (else transformers would take LlamaConfig's 1 and 2).
@@ -700,12 +842,7 @@ int main(int argc, char** argv) {
     subcommands[name] = app.add_subcommand(name, help);
     add_flags(*subcommands[name], args[name]);
   }
-  struct ExportOptions {
-    std::string format = "hf", ckpt_path, output, dtype = "bf16", max_shard_size = "5GB";
-    std::string default_root_dir = pipetrain::TrainerOptions().default_root_dir();
-    pipetrain::cli::ModelOptions model;
-  } exported;
-  exported.model.name = "gpt2";
+  ExportOptions exported;
   CLI::App* export_command = app.add_subcommand(
       "export",
       "write a checkpoint's weights as a Hugging Face folder (transformers' from_pretrained)");
@@ -730,6 +867,10 @@ int main(int argc, char** argv) {
                    "folder for config.json and the weights (model.safetensors, or shards and "
                    "their index)")
       ->required();
+  export_command->add_flag(
+      "--overwrite", exported.overwrite,
+      "write into a folder that holds other files than an export's (replacing its config.json "
+      "and weights files)");
   export_command->add_option("--dtype", exported.dtype,
                              "llama, qwen3: the weights' dtype in the folder: bf16 or fp32");
   export_command->add_option("--max-shard-size", exported.max_shard_size,
@@ -774,11 +915,18 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  // Whether --model was given (on the command line, in the environment or in --config), rather
+  // than left at its default for a checkpoint's run to say.
+  const auto model_given = [](CLI::App& sub, const std::string& default_name) {
+    const CLI::Option* option = sub.get_option("--model");
+    return option->count() > 0 || option->get_default_str() != default_name;
+  };
+  exported.model_given = model_given(*export_command, ExportOptions().model.name);
+  for (auto& [name, sub] : subcommands)
+    args[name].model_given = model_given(*sub, Args().model.name);
   try {
     if (export_command->parsed()) {
-      export_checkpoint(exported.format, exported.model, exported.ckpt_path,
-                        exported.default_root_dir, exported.output, exported.dtype,
-                        exported.max_shard_size);
+      export_checkpoint(exported);
       return 0;
     }
     if (prepare_command->parsed()) {

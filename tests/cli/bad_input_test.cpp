@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "pipetrain/cluster_environment.h"
@@ -15,6 +17,8 @@
 
 namespace pipetrain::testing::bad_input_test {
 namespace {
+
+namespace fs = std::filesystem;
 
 constexpr auto kLimit = std::chrono::seconds(60);
 
@@ -48,6 +52,15 @@ TEST(BadInput, OutOfRangeValuesNameTheirFlag) {
       {{"--devices", "0"}, "devices (--devices) must be at least 1"},
       {{"--limit-train-batches", "1.5"}, "between 0.0 and 1.0"},
       {{"--max-memory", "40GiBs"}, "--max-memory 40GiBs: give a number of bytes"},
+      {{"--max-memory", "nan"}, "--max-memory nan: give a number of bytes"},
+      {{"--max-memory", "1e19"}, "--max-memory 1e19 is more bytes than any machine holds"},
+      {{"--max-memory", "1e30"}, "--max-memory 1e30 is more bytes than any machine holds"},
+      {{"--max-memory", "inf"}, "--max-memory inf is more bytes than any machine holds"},
+      {{"--device-memory", "1e30"}, "--device-memory 1e30 is more bytes than any machine holds"},
+      {{"--timeout", "10000000000000000"},
+       "--timeout 10000000000000000: give at most 1000000000 seconds"},
+      {{"--max-time", "nan"}, "--max-time nan: give at most 1000000000 seconds"},
+      {{"--max-time", "inf"}, "--max-time inf: give at most 1000000000 seconds"},
   };
   for (const auto& [flags, expected] : cases) {
     SCOPED_TRACE(flags[0]);
@@ -122,6 +135,59 @@ TEST(BadInput, MaxMemoryBelowWhatARankNeeds) {
   EXPECT_EQ(enough.exit_code, 0) << enough.output;
   EXPECT_NE(enough.output.find("peak memory per rank, MiB: 0: "), std::string::npos)
       << enough.output;
+}
+
+// What cannot be split or scheduled as asked is refused by the launcher before any rank starts,
+// said once (each rank would say it, after all of them had started: a thousand for --devices
+// 1000).
+TEST(BadInput, APipelineThatCannotBeBuiltIsRefusedBeforeAnyRankStarts) {
+  const auto too_many = fit({"--model", "boring", "--strategy", "pipe", "--devices", "4"});
+  expect_failure_mentioning(too_many, {"pipetrain: error: --model boring has 3 layers, and 4 "
+                                       "stages were asked for (--devices x --num-nodes)"});
+  EXPECT_EQ(too_many.exit_code, 2);
+  EXPECT_EQ(too_many.output.find("rank"), std::string::npos) << too_many.output;
+
+  const std::string dir = make_temp_dir("bad-pipeline-files");
+  std::ofstream(dir + "/plan.json") << "garbage";
+  std::ofstream(dir + "/schedule.csv") << "0F0,zz\n";
+  for (const auto& [flags, expected] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--plan", dir + "/plan.json"}, dir + "/plan.json is not a plan pipetrain wrote"},
+           {{"--plan", dir}, "--plan " + dir + " is a folder: give the plan.json in it"},
+           {{"--schedule-file", dir + "/schedule.csv"}, "cannot read the action 'zz'"}}) {
+    auto all = flags;
+    all.insert(all.end(), {"--strategy", "pipe", "--devices", "2"});
+    const auto result = fit(all);
+    expect_failure_mentioning(result, {expected});
+    EXPECT_EQ(result.exit_code, 2);
+    const auto first = result.output.find(expected);
+    EXPECT_EQ(result.output.find(expected, first + 1), std::string::npos)
+        << "said more than once:\n"
+        << result.output;
+  }
+  fs::remove_all(dir);
+}
+
+// pipetrain plan checks the counts fit checks.
+TEST(BadInput, PlanCountsOutOfRange) {
+  for (const auto& [flags, expected] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--devices", "0"}, "devices (--devices) must be at least 1 (got 0)"},
+           {{"--num-nodes", "0"}, "num_nodes (--num-nodes) must be at least 1 (got 0)"},
+           {{"--stages", "-1"}, "stages (--stages) must be at least 0 (got -1)"}}) {
+    auto argv = pipetrain_command({"plan", "--model", "mlp"}, flags);
+    const auto result = run_command(argv, {}, kLimit);
+    expect_failure_mentioning(result, {expected});
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+  }
+}
+
+// A file the user hands in that is not there, or not readable as what it should be, is the same
+// usage error (2).
+TEST(BadInput, AMissingCorpusIsAUsageError) {
+  const auto result = fit({"--model", "gpt", "--corpus", "/nonexistent/corpus.txt"});
+  expect_failure_mentioning(result, {"cannot read corpus file '/nonexistent/corpus.txt'"});
+  EXPECT_EQ(result.exit_code, 2);
 }
 
 TEST(BadInput, BalanceSummingToTheWrongLength) {

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -206,6 +207,46 @@ TEST_F(HfExport, AFolderOfAnotherAttentionScalingIsRefused) {
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("scale_attn_by_inverse_layer_idx"), std::string::npos)
       << refused.output;
+}
+
+// A folder whose config.json does not describe its weights is refused naming the tensor before
+// any layer is built (a vocabulary of 1e12 would be met by the allocator); weights that are not
+// finite name the folder (the first loss would be NaN, and the learning rate blamed); a damaged
+// weights file is the usage error a missing one is.
+TEST_F(HfExport, AFolderWhoseConfigOrWeightsAreWrongIsRefusedNamingIt) {
+  export_trained();
+  const auto fit_from = [&](const std::string& folder) {
+    return run_command({PIPETRAIN_CLI, "fit", "--model", "gpt2", "--train-data",
+                        dir + "/data/train.bin", "--init-from", folder, "--max-steps", "1",
+                        "--batch-size", "4", "--default-root-dir", dir + "/r"});
+  };
+  const auto copy = [&](const std::string& name) {
+    fs::copy(folder_, dir + "/" + name, fs::copy_options::recursive);
+    return dir + "/" + name;
+  };
+  const auto expect_refused = [&](const std::string& folder, const std::string& says) {
+    const auto result = fit_from(folder);
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_NE(result.output.find(folder + "/model.safetensors" + says), std::string::npos)
+        << result.output;
+  };
+  const std::string huge = copy("huge");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(huge + "/config.json"));
+  config["vocab_size"] = int64_t{1'000'000'000'000};
+  std::ofstream(huge + "/config.json", std::ios::trunc) << config.dump(2);
+  expect_refused(huge,
+                 ": tensor transformer.wte.weight has shape [256, 16], not the "
+                 "[1000000000000, 16]");
+
+  const std::string nan = copy("nan");
+  auto weights = load_safetensors(nan + "/model.safetensors");
+  weights.at("transformer.h.1.mlp.c_fc.weight")[0][0] = std::nan("");
+  save_safetensors(nan + "/model.safetensors", weights, {{"format", "pt"}});
+  expect_refused(nan, ": tensor \"2.mlp.c_fc.weight\" holds NaN or infinite values");
+
+  const std::string damaged = copy("damaged");
+  std::ofstream(damaged + "/model.safetensors", std::ios::trunc) << "garbage";
+  expect_refused(damaged, ": the file is 7 bytes");
 }
 
 }  // namespace

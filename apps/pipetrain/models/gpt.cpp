@@ -34,7 +34,10 @@ std::string describe_char(unsigned char c) {
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read corpus file '" + path.string() + "'");
+  if (!in) {
+    throw std::invalid_argument("cannot read corpus file '" + path.string() +
+                                "' (--corpus): give a text file");
+  }
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();

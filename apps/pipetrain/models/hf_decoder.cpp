@@ -379,16 +379,18 @@ std::string shard_name(size_t index, size_t count) {
   return name;
 }
 
+bool is_weight_file(const std::string& name) {
+  static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  return name == kSingleFile || name == kIndexFile || std::regex_match(name, kShard);
+}
+
 // Weight files an earlier export may have left in `dir` that this one did not write: transformers
 // would read a stale model.safetensors before a new index.
 void remove_stale_weight_files(const fs::path& dir, const std::set<std::string>& written) {
-  static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
   std::vector<fs::path> stale;  // listed first: a folder is not changed while it is read
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    const bool weight_file =
-        name == kSingleFile || name == kIndexFile || std::regex_match(name, kShard);
-    if (weight_file && written.count(name) == 0) stale.push_back(entry.path());
+    if (is_weight_file(name) && written.count(name) == 0) stale.push_back(entry.path());
   }
   for (const auto& path : stale) {
     std::error_code error;
@@ -402,6 +404,23 @@ void remove_stale_weight_files(const fs::path& dir, const std::set<std::string>&
 }
 
 }  // namespace
+
+std::map<std::string, SafetensorsEntry> read_weights_header(const std::string& path) {
+  try {
+    return read_safetensors_header(path);
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(e.what());
+  }
+}
+
+bool is_export_file(const std::string& name) {
+  // The atomic writer's temporary files: "<name>.tmp-<pid>".
+  const auto temporary = name.rfind(".tmp-");
+  if (temporary != std::string::npos) return is_export_file(name.substr(0, temporary));
+  if (name == "config.json" || is_weight_file(name)) return true;
+  return std::find(std::begin(kTokenizerFiles), std::end(kTokenizerFiles), name) !=
+         std::end(kTokenizerFiles);
+}
 
 int64_t parse_max_shard_size(const std::string& text) {
   const auto fail = [&]() -> int64_t {
@@ -514,18 +533,26 @@ nn::DecoderConfig read_hf_decoder_config(const std::string& dir, std::string* mo
   return config;
 }
 
-std::map<std::string, at::Tensor> read_hf_decoder_weights(
-    const std::string& dir, const nn::DecoderConfig& config,
-    const std::function<bool(const std::string& pipetrain_name)>& wanted) {
+namespace {
+
+// Where each tensor of a decoder folder is (Hugging Face's name -> its file), and the file whose
+// listing says so (for messages).
+struct FolderListing {
+  std::map<std::string, std::string> file_of;
+  std::string listing;
+};
+
+// The folder's listing of a decoder of shape `config`, every tensor of that shape in it and
+// nothing else (checked by name: no tensor is read).
+FolderListing list_decoder_folder(const std::string& dir, const nn::DecoderConfig& config,
+                                  const std::vector<DecoderTensor>& tensors) {
   const fs::path folder(dir);
-  const auto tensors = decoder_tensors(config);
-  // Where each tensor of the folder is, and the file whose listing says so (for messages).
   std::map<std::string, std::string> file_of;
   std::string listing;
   // A single file first, as transformers looks for it first.
   if (fs::is_regular_file(folder / kSingleFile)) {
     listing = (folder / kSingleFile).string();
-    for (const auto& [name, entry] : read_safetensors_header(listing)) file_of[name] = listing;
+    for (const auto& [name, entry] : read_weights_header(listing)) file_of[name] = listing;
   } else if (fs::is_regular_file(folder / kIndexFile)) {
     listing = (folder / kIndexFile).string();
     const Json index = read_json_object(listing);
@@ -573,7 +600,68 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
           (tensor.theirs == "lm_head.weight" ? " (tie_word_embeddings is false)" : ""));
     }
   }
+  return {file_of, listing};
+}
 
+// Refuses a tensor `file` holds as `dtype` of `sizes` where the decoder of shape `config` has
+// `tensor`.
+void check_stored_tensor(const std::string& file, const DecoderTensor& tensor, at::ScalarType dtype,
+                         at::IntArrayRef sizes, const nn::DecoderConfig& config) {
+  if (!at::isFloatingType(dtype)) {
+    throw std::invalid_argument(file + ": tensor \"" + tensor.theirs + "\" is " +
+                                c10::toString(dtype) +
+                                ", not floating point (fp32, bf16 or fp16): quantized weights are "
+                                "not read; use the unquantized model");
+  }
+  if (sizes != at::IntArrayRef(tensor.shape)) {
+    throw std::invalid_argument(file + ": tensor \"" + tensor.theirs + "\" has shape " +
+                                shape_text(sizes) + ", not the " + shape_text(tensor.shape) +
+                                " the model of config.json (" + shape_words(config) +
+                                ") has there: use the config.json written with these weights");
+  }
+}
+
+// Refuses a `file`, which `listing` names for tensors of the folder, that is not there.
+void expect_shard(const std::string& file, const std::string& listing) {
+  if (!fs::is_regular_file(file)) {
+    throw std::invalid_argument(listing + " puts tensors in " + file +
+                                ", which does not exist: the folder is incomplete (download or "
+                                "copy that shard)");
+  }
+}
+
+[[noreturn]] void not_in_shard(const std::string& listing, const DecoderTensor& tensor,
+                               const std::string& file) {
+  throw std::invalid_argument(listing + " puts tensor \"" + tensor.theirs + "\" in " + file +
+                              ", which does not hold it: the index is not the one written with "
+                              "the shards");
+}
+
+}  // namespace
+
+void check_hf_decoder_weights(const std::string& dir, const nn::DecoderConfig& config) {
+  const auto tensors = decoder_tensors(config);
+  const FolderListing folder = list_decoder_folder(dir, config, tensors);
+  std::map<std::string, std::map<std::string, SafetensorsEntry>> headers;  // by file
+  for (const auto& tensor : tensors) {
+    const std::string& file = folder.file_of.at(tensor.theirs);
+    if (headers.count(file) == 0) {
+      expect_shard(file, folder.listing);
+      headers[file] = read_weights_header(file);
+    }
+    const auto entry = headers[file].find(tensor.theirs);
+    if (entry == headers[file].end()) not_in_shard(folder.listing, tensor, file);
+    check_stored_tensor(file, tensor, entry->second.dtype, entry->second.shape, config);
+  }
+}
+
+std::map<std::string, at::Tensor> read_hf_decoder_weights(
+    const std::string& dir, const nn::DecoderConfig& config,
+    const std::function<bool(const std::string& pipetrain_name)>& wanted) {
+  const auto tensors = decoder_tensors(config);
+  const FolderListing folder = list_decoder_folder(dir, config, tensors);
+  const auto& file_of = folder.file_of;
+  const std::string& listing = folder.listing;
   const std::string tied_head = std::to_string(config.n_layer + 2) + ".weight";
   const auto is_wanted = [&](const DecoderTensor& tensor) {
     if (!wanted) return true;
@@ -587,13 +675,9 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
   }
   std::map<std::string, at::Tensor> weights;
   for (const auto& [file, wanted_here] : wanted_by_file) {
-    if (!fs::is_regular_file(file)) {
-      throw std::invalid_argument(listing + " puts tensors in " + file +
-                                  ", which does not exist: the folder is incomplete (download or "
-                                  "copy that shard)");
-    }
+    expect_shard(file, listing);
     std::set<std::string> held;
-    for (const auto& [name, entry] : read_safetensors_header(file)) held.insert(name);
+    for (const auto& [name, entry] : read_weights_header(file)) held.insert(name);
     std::set<std::string> names;
     for (const DecoderTensor* tensor : wanted_here) {
       if (held.count(tensor->theirs)) names.insert(tensor->theirs);
@@ -601,24 +685,9 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
     const TensorMap stored = load_safetensors(file, names);
     for (const DecoderTensor* tensor : wanted_here) {
       const auto found = stored.find(tensor->theirs);
-      if (found == stored.end()) {
-        throw std::invalid_argument(listing + " puts tensor \"" + tensor->theirs + "\" in " + file +
-                                    ", which does not hold it: the index is not the one "
-                                    "written with the shards");
-      }
+      if (found == stored.end()) not_in_shard(listing, *tensor, file);
       const at::Tensor& value = found->second;
-      if (!at::isFloatingType(value.scalar_type())) {
-        throw std::invalid_argument(file + ": tensor \"" + tensor->theirs + "\" is " +
-                                    c10::toString(value.scalar_type()) +
-                                    ", not floating point (fp32, bf16 or fp16): quantized "
-                                    "weights are not read; use the unquantized model");
-      }
-      if (value.sizes() != at::IntArrayRef(tensor->shape)) {
-        throw std::invalid_argument(
-            file + ": tensor \"" + tensor->theirs + "\" has shape " + shape_text(value.sizes()) +
-            ", not the " + shape_text(tensor->shape) + " the model of config.json (" +
-            shape_words(config) + ") has there: use the config.json written with these weights");
-      }
+      check_stored_tensor(file, *tensor, value.scalar_type(), value.sizes(), config);
       weights[tensor->ours] = value.to(at::kFloat).contiguous();
     }
   }

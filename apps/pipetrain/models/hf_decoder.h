@@ -19,6 +19,7 @@
 
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/nn/decoder.h>
+#include <pipetrain/safetensors.h>
 
 namespace pipetrain::cli {
 
@@ -59,6 +60,16 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
     const std::string& dir, const nn::DecoderConfig& config,
     const std::function<bool(const std::string& pipetrain_name)>& wanted = {});
 
+// The header of a weights file of a Hugging Face folder handed in (--init-from): a damaged one is
+// bad input (std::invalid_argument, naming the file), as a missing one is.
+std::map<std::string, SafetensorsEntry> read_weights_header(const std::string& path);
+
+// What read_hf_decoder_weights checks of every tensor, from the files' headers alone (nothing
+// read, nothing allocated): run before a model of `config` is built, so that a config.json that
+// does not describe its weights (a vocabulary of 1e12) is refused naming the tensor, not met by
+// the allocator.
+void check_hf_decoder_weights(const std::string& dir, const nn::DecoderConfig& config);
+
 // Writes `weights` (pipetrain's names, as in a checkpoint's model.safetensors; a tied head's second
 // name may be there or not) of a decoder of shape `config` into `dir` (created if missing), as
 // transformers' save_pretrained lays out a `model_type` (llama or qwen3) model: config.json
@@ -93,6 +104,11 @@ void export_hf_decoder(const WeightSource& weights, const nn::DecoderConfig& con
                        int64_t max_shard_bytes = kHfDefaultMaxShardBytes,
                        at::ScalarType dtype = at::kBFloat16,
                        const std::string& tokenizer_from = "");
+
+// Whether a file of this name is one an export writes into its folder (export_hf_decoder's and
+// export_hf_gpt2's: config.json, the weights and their index, the tokenizer's files), or one of
+// their temporary files a killed export left.
+bool is_export_file(const std::string& name);
 
 // `dir`/config.json of a `model_type` decoder of shape `config` (fp32), as export writes it: the
 // command keeps one beside a fit's checkpoints, so that export knows what the weights do not say

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -11,6 +12,7 @@
 
 #include <pipetrain/safetensors.h>
 #include "io/file_writer.h"
+#include "models/hf_decoder.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -62,6 +64,36 @@ std::string shape_of(at::IntArrayRef sizes) {
   std::ostringstream out;
   out << sizes;
   return out.str();
+}
+
+// Each tensor of a GPT-2 of shape `config` (pipetrain's name) under its name in `weights_path`
+// (Hub files of the base model leave out the "transformer." prefix), every one there with its
+// shape: checked from the header, no tensor read. Throws std::invalid_argument naming the file
+// and the tensor.
+std::map<std::string, std::string> stored_names(const std::string& weights_path,
+                                                const Gpt2Config& config) {
+  const auto listed = read_weights_header(weights_path);
+  std::map<std::string, std::string> stored_name;
+  for (const auto& [ours, theirs] : name_map(config)) {
+    std::string name = theirs.name;
+    if (listed.count(name) == 0) name = name.substr(std::string("transformer.").size());
+    if (listed.count(name) == 0) {
+      throw std::invalid_argument(weights_path + " has no " + theirs.name + " (GPT-2 of " +
+                                  std::to_string(config.n_layer) + " blocks, config.json)");
+    }
+    std::vector<int64_t> shape = theirs.shape;
+    if (theirs.transposed) std::reverse(shape.begin(), shape.end());
+    if (listed.at(name).shape != shape) {
+      throw std::invalid_argument(
+          weights_path + ": tensor " + name + " has shape " + shape_of(listed.at(name).shape) +
+          ", not the " + shape_of(shape) + " of the GPT-2 its config.json describes (vocab_size " +
+          std::to_string(config.vocab_size) + ", n_positions " + std::to_string(config.block_size) +
+          ", n_embd " + std::to_string(config.n_embd) +
+          "): use the config.json written with these weights");
+    }
+    stored_name[ours] = name;
+  }
+  return stored_name;
 }
 
 }  // namespace
@@ -190,17 +222,9 @@ std::map<std::string, at::Tensor> read_hf_gpt2_weights(
     const std::string& dir, const Gpt2Config& config,
     const std::function<bool(const std::string& pipetrain_name)>& wanted) {
   const auto weights_path = (fs::path(dir) / "model.safetensors").string();
-  const auto listed = read_safetensors_header(weights_path);
-  // Each tensor of the model under the name the file has it (Hub files of the base model leave
-  // out the "transformer." prefix); only the wanted ones read.
+  // Only the wanted tensors read.
   std::map<std::string, std::string> stored_name;
-  for (const auto& [ours, theirs] : name_map(config)) {
-    std::string name = theirs.name;
-    if (listed.count(name) == 0) name = name.substr(std::string("transformer.").size());
-    if (listed.count(name) == 0) {
-      throw std::invalid_argument(weights_path + " has no " + theirs.name + " (GPT-2 of " +
-                                  std::to_string(config.n_layer) + " blocks, config.json)");
-    }
+  for (const auto& [ours, name] : stored_names(weights_path, config)) {
     if (!wanted || wanted(ours)) stored_name[ours] = name;
   }
   std::set<std::string> names;
@@ -213,6 +237,10 @@ std::map<std::string, at::Tensor> read_hf_gpt2_weights(
     weights[ours] = map.at(ours).transposed ? tensor.t().contiguous() : tensor;
   }
   return weights;
+}
+
+void check_hf_gpt2_weights(const std::string& dir, const Gpt2Config& config) {
+  stored_names((fs::path(dir) / "model.safetensors").string(), config);
 }
 
 }  // namespace pipetrain::cli

@@ -36,6 +36,11 @@ std::map<std::string, at::Tensor> read_hf_gpt2_weights(
     const std::string& dir, const Gpt2Config& config,
     const std::function<bool(const std::string& pipetrain_name)>& wanted = {});
 
+// What read_hf_gpt2_weights checks of every tensor (there, of its shape), from the file's header
+// alone: run before a model of `config` is built, so that a config.json that does not describe its
+// weights (a vocabulary of 1e12) is refused naming the tensor, not met by the allocator.
+void check_hf_gpt2_weights(const std::string& dir, const Gpt2Config& config);
+
 // The shape of the GPT-2 whose weights these are: n_layer, n_embd, vocab and block size from the
 // tensors, n_head from `n_head`. Throws std::invalid_argument when `n_head` is 0 (unknown).
 Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int64_t n_head);

@@ -32,7 +32,8 @@ struct OptimizerRecipe {
 // or a decay below 0, and WarmupDecayLR's own errors).
 // Copies into `layer`, layer `index` of a model built per rank, the tensors of `weights` (global
 // names, "3.attn.c_attn.weight"), checked as load_weights checks a model: every parameter and
-// buffer there with its shape, nothing unknown. `source` names the file in messages.
+// buffer there with its shape, nothing unknown, and every value finite. `source` names the file
+// in messages.
 void load_layer_weights(torch::nn::AnyModule& layer, int64_t index,
                         const std::map<std::string, at::Tensor>& weights,
                         const std::string& source);

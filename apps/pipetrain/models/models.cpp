@@ -2,8 +2,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
 #include <stdexcept>
 
 #include <pipetrain/token_dataset.h>
@@ -162,6 +166,146 @@ std::string presets_of(const std::string& family) {
   return names;
 }
 
+// A model's shape as config.json keys it, each value (as JSON writes it) with the flag that sets
+// it, so that a contradiction names both. A value no flag gives is empty.
+struct ShapeValue {
+  std::string key, flag, value;
+};
+using Shape = std::vector<ShapeValue>;
+
+template <typename T>
+std::string json_text(const T& value) {
+  return nlohmann::json(value).dump();
+}
+
+Shape decoder_shape(const nn::DecoderConfig& c) {
+  nlohmann::json rope_scaling = nullptr;
+  if (c.rope.rope_type() != "default") {
+    rope_scaling = {
+        {"rope_type", c.rope.rope_type()},
+        {"factor", c.rope.factor()},
+        {"low_freq_factor", c.rope.low_freq_factor()},
+        {"high_freq_factor", c.rope.high_freq_factor()},
+        {"original_max_position_embeddings", c.rope.original_max_position_embeddings()}};
+  }
+  return {{"num_hidden_layers", "--n-layer", json_text(c.n_layer)},
+          {"num_attention_heads", "--n-head", json_text(c.n_head)},
+          {"num_key_value_heads", "--n-kv-head", json_text(c.kv_heads())},
+          {"hidden_size", "--n-embd", json_text(c.n_embd)},
+          {"head_dim", "--head-dim", json_text(c.head_size())},
+          {"intermediate_size", "--intermediate-size", json_text(c.intermediate_size)},
+          {"vocab_size", "--vocab-size", json_text(c.vocab_size)},
+          {"rope_theta", "--rope-theta", json_text(c.rope.theta())},
+          {"rms_norm_eps", "--rms-norm-eps", json_text(c.rms_norm_eps)},
+          {"tie_word_embeddings", "--tie-word-embeddings", json_text(c.tie_word_embeddings)},
+          {"attention_bias", "", json_text(c.attention_bias)},
+          {"rope_scaling", "", rope_scaling.dump()}};
+}
+
+Shape gpt2_shape(const Gpt2Config& c) {
+  return {{"n_layer", "--n-layer", json_text(c.n_layer)},
+          {"n_head", "--n-head", json_text(c.n_head)},
+          {"n_embd", "--n-embd", json_text(c.n_embd)},
+          {"n_positions", "--block-size", json_text(c.block_size)},
+          {"vocab_size", "--vocab-size", json_text(c.vocab_size)}};
+}
+
+// What the flags say of a shape whose keys `full` has (of any model): the values of the flags
+// given; with --model-size (`preset`, the preset with those flags), every value.
+Shape given_shape(Shape full, const std::map<std::string, std::string>& flags,
+                  const std::optional<Shape>& preset, const std::string& model_size) {
+  for (size_t i = 0; i < full.size(); ++i) {
+    ShapeValue& value = full[i];
+    const auto flag = flags.find(value.flag);
+    if (flag != flags.end()) {
+      value.value = flag->second;
+    } else if (preset) {
+      value = {value.key, "--model-size " + model_size, (*preset)[i].value};
+    } else {
+      value.value.clear();
+    }
+  }
+  return full;
+}
+
+// The values of the shape flags given.
+std::map<std::string, std::string> shape_flags(const ModelOptions& o) {
+  std::map<std::string, std::string> flags;
+  const auto given = [&](const char* flag, bool is_given, auto value) {
+    if (is_given) flags[flag] = json_text(value);
+  };
+  given("--n-layer", o.n_layer > 0, o.n_layer);
+  given("--n-head", o.n_head > 0, o.n_head);
+  given("--n-kv-head", o.n_kv_head > 0, o.n_kv_head);
+  given("--n-embd", o.n_embd > 0, o.n_embd);
+  given("--head-dim", o.head_dim > 0, o.head_dim);
+  given("--intermediate-size", o.intermediate_size > 0, o.intermediate_size);
+  given("--vocab-size", o.vocab_size > 0, o.vocab_size);
+  given("--block-size", o.block_size > 0, o.block_size);
+  given("--rope-theta", o.rope_theta > 0, o.rope_theta);
+  given("--rms-norm-eps", o.rms_norm_eps > 0, o.rms_norm_eps);
+  given("--tie-word-embeddings", o.tie_word_embeddings.has_value(),
+        o.tie_word_embeddings.value_or(false));
+  return flags;
+}
+
+// `options` without the folders that give a shape: the preset and the flags alone.
+ModelOptions flags_alone(ModelOptions options) {
+  options.init_from.clear();
+  options.shape_from.clear();
+  return options;
+}
+
+// Refuses `given` where it says another value than `stored`, the shape `where` describes, naming
+// the key, the value and the flag (or folder) that says otherwise.
+void check_shape(const Shape& stored, const Shape& given, const std::string& where,
+                 const std::string& remedy) {
+  for (size_t i = 0; i < stored.size(); ++i) {
+    if (given[i].value.empty() || given[i].value == stored[i].value) continue;
+    throw std::invalid_argument(where + " has " + stored[i].key + " " + stored[i].value + ", and " +
+                                given[i].flag + " says " + given[i].value + ": " + remedy);
+  }
+}
+
+// Every value of `shape` as the config.json of `folder` says it.
+Shape from_folder(Shape shape, const std::string& folder) {
+  for (auto& value : shape) value.flag = "--init-from " + folder + " (its config.json)";
+  return shape;
+}
+
+// What a run's config.json is called in messages, and what to do where flags contradict it.
+std::string run_words(const std::string& run) {
+  return "the run that wrote the checkpoint (" + run + "/config.json)";
+}
+constexpr const char* kRunRemedy =
+    "a checkpoint keeps its run's shape; leave the shape flags out (the shape is read from "
+    "there), or give a checkpoint of a run of this shape";
+
+// The shape `stored` a folder's config.json gives (--init-from's, else shape_from's): the flags
+// may only repeat it (with --model-size, `preset` is the preset's shape under the flags), and the
+// config.json of shape_from (`read` reads one) must be the same where both folders are given.
+// `model` says what a folder holds in messages ("a model").
+void check_folder_shape(const ModelOptions& options, const Shape& stored, const std::string& model,
+                        const std::function<Shape()>& preset,
+                        const std::function<Shape(const std::string&)>& read) {
+  const bool init = !options.init_from.empty();
+  const Shape flags =
+      given_shape(stored, shape_flags(options),
+                  options.model_size.empty() || init ? std::nullopt : std::optional(preset()),
+                  options.model_size);
+  if (!init) return check_shape(stored, flags, run_words(options.shape_from), kRunRemedy);
+  const std::string where = "--init-from " + options.init_from + " holds " + model +
+                            " of its own shape (config.json): it";
+  const std::string remedy = "leave out --model-size and the shape flags";
+  if (!options.model_size.empty())
+    throw std::invalid_argument(where + " is no preset's: " + remedy);
+  check_shape(stored, flags, where, remedy);
+  if (!options.shape_from.empty()) {
+    check_shape(read(options.shape_from), from_folder(stored, options.init_from),
+                run_words(options.shape_from), kRunRemedy);
+  }
+}
+
 }  // namespace
 
 bool is_decoder(const std::string& name) { return name == "llama" || name == "qwen3"; }
@@ -183,31 +327,21 @@ OptimizerRecipe optimizer_recipe(const ModelOptions& options) {
 
 nn::DecoderConfig decoder_config(const ModelOptions& options) {
   nn::DecoderConfig config;
-  if (!options.init_from.empty()) {
+  const std::string& folder = !options.init_from.empty() ? options.init_from : options.shape_from;
+  if (!folder.empty()) {
     std::string model_type;
-    config = read_hf_decoder_config(options.init_from, &model_type);
+    config = read_hf_decoder_config(folder, &model_type);
     if (model_type != options.name) {
-      throw std::invalid_argument("--init-from " + options.init_from + " holds a " + model_type +
+      throw std::invalid_argument((options.init_from.empty() ? run_words(folder) + " trained"
+                                                             : "--init-from " + folder + " holds") +
+                                  " a " + model_type +
                                   " model (config.json's model_type): use --model " + model_type);
     }
-    // The folder's shape; a flag may only repeat it.
-    const auto differs = [](auto flag, auto value) { return flag > 0 && flag != value; };
-    if (!options.model_size.empty() || differs(options.n_layer, config.n_layer) ||
-        differs(options.n_head, config.n_head) || differs(options.n_embd, config.n_embd) ||
-        differs(options.vocab_size, config.vocab_size) ||
-        differs(options.n_kv_head, config.kv_heads()) ||
-        differs(options.head_dim, config.head_size()) ||
-        differs(options.intermediate_size, config.intermediate_size) ||
-        differs(options.rope_theta, config.rope.theta()) ||
-        differs(options.rms_norm_eps, config.rms_norm_eps) ||
-        (options.tie_word_embeddings &&
-         *options.tie_word_embeddings != config.tie_word_embeddings)) {
-      throw std::invalid_argument(
-          "--init-from " + options.init_from +
-          " holds a model of its own shape (config.json): leave out --model-size and the shape "
-          "flags (--n-layer, --n-head, --n-kv-head, --n-embd, --head-dim, --intermediate-size, "
-          "--vocab-size, --rope-theta, --rms-norm-eps, --tie-word-embeddings)");
-    }
+    check_folder_shape(
+        options, decoder_shape(config), "a model",
+        [&] { return decoder_shape(decoder_config(flags_alone(options))); },
+        [](const std::string& dir) { return decoder_shape(read_hf_decoder_config(dir)); });
+    if (!options.init_from.empty()) check_hf_decoder_weights(options.init_from, config);
   } else {
     const std::string size = !options.model_size.empty() ? options.model_size
                              : options.name == "llama"   ? "llama-150m"
@@ -251,19 +385,14 @@ bool names_a_shape(const ModelOptions& options) {
 }
 
 Gpt2Config gpt2_config(const ModelOptions& options) {
-  if (!options.init_from.empty()) {
-    // The folder's shape; a flag may only repeat it.
-    Gpt2Config stored = read_hf_gpt2_config(options.init_from);
-    const auto differs = [](int64_t flag, int64_t value) { return flag > 0 && flag != value; };
-    if (!options.model_size.empty() || differs(options.n_layer, stored.n_layer) ||
-        differs(options.n_head, stored.n_head) || differs(options.n_embd, stored.n_embd) ||
-        differs(options.block_size, stored.block_size) ||
-        differs(options.vocab_size, stored.vocab_size)) {
-      throw std::invalid_argument("--init-from " + options.init_from +
-                                  " holds a GPT-2 of its own shape (config.json): leave out "
-                                  "--model-size, --n-layer, --n-head, --n-embd, --block-size and "
-                                  "--vocab-size");
-    }
+  const std::string& folder = !options.init_from.empty() ? options.init_from : options.shape_from;
+  if (!folder.empty()) {
+    Gpt2Config stored = read_hf_gpt2_config(folder);
+    check_folder_shape(
+        options, gpt2_shape(stored), "a GPT-2",
+        [&] { return gpt2_shape(gpt2_config(flags_alone(options))); },
+        [](const std::string& dir) { return gpt2_shape(read_hf_gpt2_config(dir)); });
+    if (!options.init_from.empty()) check_hf_gpt2_weights(options.init_from, stored);
     stored.dropout = options.dropout;
     return stored;
   }

@@ -44,6 +44,10 @@ struct ModelOptions {
   std::optional<bool> tie_word_embeddings;
   // gpt2, llama, qwen3: a Hugging Face folder (config.json, safetensors) to start from.
   std::string init_from;
+  // gpt2, llama, qwen3: a folder whose config.json alone gives the shape (no weights read): the
+  // run's folder of a checkpoint read back. The flags, and init_from's config.json, may only
+  // repeat it.
+  std::string shape_from;
   // The language models' optimizer and learning-rate schedule: AdamW's decoupled weight decay on
   // matrices (gpt2, llama, qwen3); the schedule "constant", "cosine" or "linear" (after
   // warmup_steps of linear warmup from 0, down to min_lr at decay_steps; decay_steps 0: the run's
@@ -68,11 +72,11 @@ bool is_decoder(const std::string& name);
 // Builds the model (its initial weights come from the default generator) and its data (the same
 // on every rank and every run).
 BuiltInModel make_model(const ModelOptions& options);
-// GPT-2's shape: from the preset and the flags that override it, or the --init-from folder's
-// config.json (a flag that contradicts it is refused with std::invalid_argument).
+// GPT-2's shape: from the preset and the flags that override it, or the config.json of the
+// --init-from folder or of shape_from (a flag that contradicts it, or the two folders that
+// disagree, are refused with std::invalid_argument naming the key and the flag).
 Gpt2Config gpt2_config(const ModelOptions& options);
-// Llama's or Qwen3's shape: from the preset and the flags that override it, or the --init-from
-// folder's config.json (a flag that contradicts it is refused with std::invalid_argument).
+// Llama's or Qwen3's shape, as gpt2_config's.
 nn::DecoderConfig decoder_config(const ModelOptions& options);
 // Whether `options` say which model they mean (--init-from, --model-size, a shape or size flag)
 // rather than leaving it to the default preset.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -107,6 +108,17 @@ std::string plan_report(const Module& module, const Batch& batch, const PlanRequ
          << (cuda ? "" : " with " + std::to_string(at::get_num_threads()) + " threads") << ", "
          << rows << " rows per batch";
   return report.str();
+}
+
+void check_plan_file(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  if (!(in && text << in.rdbuf())) {
+    throw std::invalid_argument("cannot read the plan file " + path +
+                                " (--plan): give the plan.json of an earlier run, or --plan auto "
+                                "to make one");
+  }
+  plan_from_json(text.str(), path);
 }
 
 }  // namespace pipetrain::cli

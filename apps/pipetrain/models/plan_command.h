@@ -30,4 +30,8 @@ struct PlanRequest {
 // --stages that does not divide the devices.
 std::string plan_report(const Module& module, const Batch& batch, const PlanRequest& request);
 
+// Reads the plan.json `path` (--plan FILE) as the Trainer will, so that a file it cannot read is
+// refused before any rank starts. Throws std::invalid_argument naming the file.
+void check_plan_file(const std::string& path);
+
 }  // namespace pipetrain::cli
