@@ -72,6 +72,22 @@ FitData fit_data(const Trainer& trainer, const DataLoader& train, const DataLoad
   return data;
 }
 
+// "1 step", "15 steps".
+std::string counted(int64_t count, const std::string& noun) {
+  return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
+}
+
+// What a fit that ended at `progress` trained: its whole epochs and the batches of the one it
+// stopped inside ("2 epochs and 15 of epoch 2's 128 batches"; "15 of epoch 0's 128 batches").
+std::string trained_span(const FitProgress& progress, int64_t epoch_batches) {
+  const std::string epochs = counted(progress.epoch, "epoch");
+  if (progress.batch_idx == 0) return epochs;
+  const std::string part = std::to_string(progress.batch_idx) + " of epoch " +
+                           std::to_string(progress.epoch) + "'s " + std::to_string(epoch_batches) +
+                           " batches";
+  return progress.epoch == 0 ? part : epochs + " and " + part;
+}
+
 }  // namespace
 
 // --- the epoch
@@ -384,8 +400,8 @@ void FitLoop::on_run_end() {
   }
   for (auto& logger : t.loggers_) logger->save();
   if (!t.loggers_.empty()) {
-    t.print("trained " + std::to_string(t.fit_progress_.global_step) + " steps in " +
-            std::to_string(t.fit_progress_.epoch) + " epochs; metrics and checkpoints in " +
+    t.print("trained " + counted(t.fit_progress_.global_step, "step") + " in " +
+            trained_span(t.fit_progress_, data_.train_batches) + "; metrics and checkpoints in " +
             t.log_dir_);
   }
   if (options.pipe().trace()) {

@@ -131,6 +131,23 @@ TEST_F(TrainerLoops, EvaluationValuesLoggedPerStepGetARowABatch) {
   for (size_t i = 0; i < tested.size(); ++i) EXPECT_NEAR(tested[i], batch_means[i], 1e-6);
 }
 
+// The fit's last line said "trained 3 steps in 0 epochs" of a fit stopped inside its first epoch:
+// it counts whole epochs and the batches of the one it stopped in.
+TEST_F(TrainerLoops, TheLastLineSaysWhatTheFitTrained) {
+  const auto last_line = [&](int64_t steps) {
+    Trainer trainer(options().max_steps(steps));
+    Recorder model;
+    ::testing::internal::CaptureStdout();
+    trainer.fit(model, train);
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    const auto at = out.find("trained ");
+    return at == std::string::npos ? out : out.substr(at, out.find(';', at) - at);
+  };
+  EXPECT_EQ(last_line(3), "trained 3 steps in 3 of epoch 0's 10 batches");
+  EXPECT_EQ(last_line(10), "trained 10 steps in 1 epoch");
+  EXPECT_EQ(last_line(23), "trained 23 steps in 2 epochs and 3 of epoch 2's 10 batches");
+}
+
 TEST_F(TrainerLoops, LimitsAndValCheckInterval) {
   Trainer trainer(options()
                       .max_epochs(1)
