@@ -36,6 +36,7 @@
 #include <pipetrain/strategy.h>
 #include <pipetrain/trainer.h>
 
+#include "models/byte_size.h"
 #include "models/hf_decoder.h"
 #include "models/hf_gpt2.h"
 #include "models/models.h"
@@ -56,41 +57,20 @@ BatchLimit parse_limit(const std::string& flag, const std::string& text) {
   }
 }
 
-// "40GiB", "512MiB", "1GB", "1000" -> bytes; units as Hugging Face's and Slurm's users write them:
-// KiB, MiB, GiB, TiB in powers of 1024, KB, MB, GB, TB in powers of 1000, any case.
+// `text` in bytes (byte_size.h); an error names `flag`.
 int64_t parse_bytes(const std::string& flag, const std::string& text) {
-  size_t end = 0;
-  double number = 0;
-  try {
-    number = std::stod(text, &end);
-  } catch (const std::exception&) {
-    end = 0;
-  }
-  std::string unit = text.substr(end);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  static const std::map<std::string, double> kUnits{{"", 1},
-                                                    {"b", 1},
-                                                    {"kib", 1024.0},
-                                                    {"mib", 1048576.0},
-                                                    {"gib", 1073741824.0},
-                                                    {"tib", 1099511627776.0},
-                                                    {"kb", 1e3},
-                                                    {"mb", 1e6},
-                                                    {"gb", 1e9},
-                                                    {"tb", 1e12}};
-  const auto found = kUnits.find(unit);
-  if (end == 0 || found == kUnits.end() || !(number >= 0)) {
+  const auto bytes = pipetrain::cli::byte_count(text);
+  if (!bytes) {
     throw std::invalid_argument(flag + " " + text +
                                 ": give a number of bytes, optionally with a unit: KiB, MiB, GiB, "
                                 "TiB (1024s) or KB, MB, GB, TB (1000s), e.g. 40GiB");
   }
   // Past 2^63 a count of bytes does not fit (and inf would be taken as no limit).
-  const double bytes = number * found->second;
-  if (!(bytes < 9223372036854775808.0)) {
+  if (!(*bytes < 9223372036854775808.0)) {
     throw std::invalid_argument(flag + " " + text +
                                 " is more bytes than any machine holds (at most 8 EiB, 2^63 - 1)");
   }
-  return static_cast<int64_t>(bytes);
+  return static_cast<int64_t>(*bytes);
 }
 
 // The longest wait or run a flag may ask for, in seconds (about 31 years): beyond it, a deadline

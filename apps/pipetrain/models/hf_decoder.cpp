@@ -17,6 +17,7 @@
 
 #include <pipetrain/safetensors.h>
 #include "io/file_writer.h"
+#include "models/byte_size.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -423,41 +424,14 @@ bool is_export_file(const std::string& name) {
 }
 
 int64_t parse_max_shard_size(const std::string& text) {
-  const auto fail = [&]() -> int64_t {
+  const auto bytes = byte_count(text);
+  if (!bytes || !(*bytes >= 1) || *bytes > 9e18) {
     throw std::invalid_argument("shard size \"" + text +
                                 "\" is not a size: write bytes (\"1000000\") or a number with a "
                                 "unit, as transformers' max_shard_size: \"5GB\", \"500MB\", "
                                 "\"2GiB\"");
-  };
-  size_t digits = 0;
-  while (digits < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) {
-    ++digits;
   }
-  if (digits == 0) return fail();
-  double number = 0;
-  size_t used = 0;
-  try {
-    number = std::stod(text.substr(0, digits), &used);
-  } catch (const std::exception&) {
-    return fail();
-  }
-  if (used != digits) return fail();
-  std::string unit;
-  for (const char c : text.substr(digits)) {
-    if (c != ' ') unit += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  }
-  // K, M, G, T: powers of 1000 ("5GB"), or of 1024 with an i ("2GiB").
-  double scale = 1;
-  if (!unit.empty() && unit != "B") {
-    const auto power = std::string("KMGT").find(unit[0]);
-    const std::string rest = unit.substr(1);
-    if (power == std::string::npos || (rest != "B" && rest != "IB")) return fail();
-    scale = std::pow(rest == "IB" ? 1024.0 : 1000.0, static_cast<double>(power + 1));
-  }
-  const double bytes = std::floor(number * scale);
-  if (!(bytes >= 1) || bytes > 9e18) return fail();
-  return static_cast<int64_t>(bytes);
+  return static_cast<int64_t>(*bytes);
 }
 
 nn::DecoderConfig read_hf_decoder_config(const std::string& dir, std::string* model_type_out,
