@@ -28,6 +28,7 @@
 #include <pipetrain/cluster_environment.h>
 #include <pipetrain/early_stopping.h>
 #include <pipetrain/error.h>
+#include <pipetrain/launcher.h>
 #include <pipetrain/lr_monitor.h>
 #include <pipetrain/lr_scheduler.h>
 #include <pipetrain/model_checkpoint.h>
@@ -871,6 +872,8 @@ int main(int argc, char** argv) {
   // Errors name the rank that met them, once (the distributed layer's own messages already do).
   const char* rank = std::getenv("RANK");
   auto report = [&](const std::string& message) {
+    // Ranks that meet the same error (a refusal they all agree on) say it once, not once each.
+    if (!pipetrain::first_to_report(message)) return;
     const std::string named = rank ? std::string("rank ") + rank : "";
     const bool says_who = !named.empty() && message.rfind(named, 0) == 0 &&
                           (message[named.size()] == ':' || message[named.size()] == ' ');

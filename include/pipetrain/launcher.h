@@ -100,6 +100,12 @@ std::vector<std::string> current_command_line();
 // Throws std::runtime_error if no socket can be bound.
 int find_free_port();
 
+// Whether this process is the first of its launch to report `message`: every rank of a launch
+// that meets the same error (a refusal all ranks agree on) would print the same line, and the
+// first to claim it prints it for all. Claims are files in the rendezvous directory of
+// launch_local_processes on one node; outside one (torchrun, SLURM, several nodes) always true.
+bool first_to_report(const std::string& message);
+
 // "SIGTERM" for SIGTERM's number: names say more than numbers, which differ between
 // architectures.
 std::string signal_name(int signo);

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <optional>
@@ -697,6 +698,20 @@ int launch_local_processes(const LaunchOptions& options) {
     children.push_back({pid, first_rank + static_cast<int64_t>(local_rank), true});
   }
   return supervise(children, signals, options, options.nnodes > 1 ? " on this node" : "");
+}
+
+bool first_to_report(const std::string& message) {
+  const char* store = std::getenv(kRendezvousFileVariable);
+  if (store == nullptr || *store == '\0') return true;
+  char name[40];
+  std::snprintf(name, sizeof name, "/reported-%016zx", std::hash<std::string>{}(message));
+  const std::string claim = std::filesystem::path(store).parent_path().string() + name;
+  const int fd = open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    close(fd);
+    return true;
+  }
+  return errno != EEXIST;  // where no claim can be made, say it rather than lose it
 }
 
 std::string signal_name(int signo) {

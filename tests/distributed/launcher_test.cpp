@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "support/errors.h"
+#include "support/multiprocess.h"
 
 namespace pipetrain::launcher_test {
 namespace {
@@ -504,6 +505,35 @@ TEST(LaunchLocalProcessesTest, AKilledLaunchersRendezvousIsRemovedByTheNextLaunc
   EXPECT_EQ(rendezvous_directories(tmp.path()).size(), 1u);
   kill(launchers[1], SIGKILL);
   wait_for_exit(launchers[1], std::chrono::seconds(20));
+}
+
+// Each rank claims the report of an error all ranks meet and of one of its own, and writes what
+// it was told.
+PIPETRAIN_WORKER(report_claim_worker) {
+  const std::string rank = testing::env_or("RANK", "?");
+  std::ofstream(testing::env_or("RESULT_DIR", ".") + "/claims-" + rank)
+      << first_to_report("a refusal every rank meets") << " "
+      << first_to_report("rank " + rank + "'s own error") << "\n";
+}
+
+// Every rank printed an error they all met, once per rank: the first to claim it reports it for
+// all, while an error of a rank's own is each rank's to report. Outside a launch, every report
+// is made.
+TEST(LaunchLocalProcessesTest, AnErrorEveryRankMeetsIsReportedOnce) {
+  const std::string dir = testing::make_temp_dir("report-claims");
+  ASSERT_EQ(testing::run_ranks(3, "report_claim_worker", {{"RESULT_DIR", dir}}), 0);
+  int shared_reports = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    int shared = -1, own = -1;
+    std::istringstream(read_file(fs::path(dir) / ("claims-" + std::to_string(rank)))) >> shared >>
+        own;
+    shared_reports += shared;
+    EXPECT_EQ(own, 1) << "rank " << rank;
+  }
+  EXPECT_EQ(shared_reports, 1);
+  EXPECT_TRUE(first_to_report("said here"));
+  EXPECT_TRUE(first_to_report("said here"));
+  fs::remove_all(dir);
 }
 
 TEST(LaunchLocalProcessesTest, DefaultArgvRerunsThisBinary) {
