@@ -189,6 +189,8 @@ class Trainer {
   at::Tensor first_nonfinite_step_;  // one process: the first such step since the fit began, or -1
   // Steps not yet checked: global step -> (epoch, first batch, last batch), for the error.
   std::map<int64_t, std::array<int64_t, 3>> unchecked_steps_;
+  // A row went to the loggers: the run folder holds what was measured.
+  bool logged_metrics_ = false;
   // Evaluation batches whose per-step values (log(..., on_step(true))) were logged, counted over
   // this Trainer's validations and tests apart: the step those values are logged at.
   int64_t logged_validation_batches_ = 0;

@@ -237,6 +237,7 @@ void Trainer::log_metrics(const std::map<std::string, double>& metrics, int64_t 
   // Loggers buffer rows and write them in batches (as Lightning's flush_logs_every_n_steps);
   // the Trainer makes them durable at epoch ends, checkpoints and the end of each loop.
   for (auto& logger : loggers_) logger->log_metrics(metrics, step);
+  logged_metrics_ = true;
 }
 
 void Trainer::setup(Module& module) {
