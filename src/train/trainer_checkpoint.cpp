@@ -193,15 +193,15 @@ void Trainer::save_checkpoint(const std::string& path) {
 
 std::string Trainer::resolve_checkpoint(const std::string& ckpt_path) const {
   const RemovedOnFailure unused(unused_run_folder(world_->is_global_zero(), last_saved_step_,
-                                                  fit_progress_.global_step,
-                                                  logged_metrics_, log_dir_));
+                                                  fit_progress_.global_step, logged_metrics_,
+                                                  log_dir_));
   return resolve_checkpoint_path(ckpt_path, options_.default_root_dir());
 }
 
 void Trainer::restore(Module& module, const std::string& path, bool full) {
   const RemovedOnFailure unused(unused_run_folder(world_->is_global_zero(), last_saved_step_,
-                                                  fit_progress_.global_step,
-                                                  logged_metrics_, log_dir_));
+                                                  fit_progress_.global_step, logged_metrics_,
+                                                  log_dir_));
   // Everything is read and checked before anything is changed.
   const TrainingState state = read_training_state(path);
   const StoredWeights weights(path);
