@@ -71,8 +71,7 @@ TEST(CliConventions, AFlagGivenAgainTakesItsLastValueInEverySubcommand) {
 
 TEST(CliConventions, ExportReadsLastAndBestAsFitDoes) {
   const auto root = make_temp_dir("cli-conventions");
-  run_ok(pipetrain_command(
-      {"prepare-data", "--input", "/usr/share/common-licenses/GPL-3", "--output", root + "/data"}));
+  prepare_license_tokens(root + "/data");
   const auto run = root + "/run";
   run_ok(tiny_gpt2_fit_command(run, root + "/data/train.bin",
                                concat({"--max-steps", "3", "--num-sanity-val-steps", "0",

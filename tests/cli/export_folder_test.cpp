@@ -17,8 +17,7 @@ namespace fs = std::filesystem;
 
 TEST(ExportFolder, NotTheCheckpointNorAFolderOfOtherFilesUnlessOverwrite) {
   const std::string dir = make_temp_dir("export-folder");
-  run_ok(pipetrain_command(
-      {"prepare-data", "--input", "/usr/share/common-licenses/GPL-3", "--output", dir + "/data"}));
+  prepare_license_tokens(dir + "/data");
   run_ok(tiny_gpt2_fit_command(dir + "/run", dir + "/data/train.bin", {"--max-steps", "1"}));
   const std::string checkpoint = dir + "/run/lightning_logs/version_0/checkpoints/last.ckpt";
   const auto trained = read_checkpoint_weights(checkpoint);

@@ -19,8 +19,7 @@ class RunConfig : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = make_temp_dir("run-config");
-    run_ok(pipetrain_command({"prepare-data", "--input", "/usr/share/common-licenses/GPL-3",
-                              "--output", dir_ + "/data"}));
+    prepare_license_tokens(dir_ + "/data");
     run_ok(command("fit", {"--model", "llama", "--n-layer", "1", "--n-embd", "16", "--n-head", "2",
                            "--n-kv-head", "1", "--intermediate-size", "32", "--vocab-size", "256",
                            "--rope-theta", "12345", "--max-steps", "1"}));

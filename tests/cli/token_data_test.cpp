@@ -20,10 +20,7 @@ namespace fs = std::filesystem;
 class TokenData : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto result =
-        run_command({PIPETRAIN_CLI, "prepare-data", "--input", "/usr/share/common-licenses/GPL-3",
-                     "--output", dir + "/data"});
-    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const auto result = prepare_license_tokens(dir + "/data");
     EXPECT_NE(result.output.find("wrote "), std::string::npos) << result.output;
   }
   void TearDown() override { fs::remove_all(dir); }

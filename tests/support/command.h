@@ -58,6 +58,13 @@ inline std::vector<std::string> pipetrain_command(std::vector<std::string> args,
 
 // `pipetrain SUBCOMMAND --model MODEL` into `root`, logging every step to CSV, with no sanity
 // validation and `val_batches` validation batches, then `extra` (seed, batch size, steps...).
+// `pipetrain prepare-data` of a license text every Debian system has into `output` (train.bin and
+// val.bin of byte tokens); a failure fails the test.
+inline CommandResult prepare_license_tokens(const std::string& output) {
+  return run_ok(pipetrain_command(
+      {"prepare-data", "--input", "/usr/share/common-licenses/GPL-3", "--output", output}));
+}
+
 inline std::vector<std::string> csv_logged_command(const std::string& subcommand,
                                                    const std::string& model,
                                                    const std::string& root, int64_t val_batches,
