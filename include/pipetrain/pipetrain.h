@@ -27,6 +27,7 @@
 // Data: datasets and the loader; LibTorch datasets and token files as datasets.
 #include "pipetrain/data.h"
 #include "pipetrain/token_dataset.h"
+#include "pipetrain/tokenizer.h"
 #include "pipetrain/torch_dataset.h"
 
 // Callbacks and loggers.
