@@ -3,12 +3,12 @@
 // same documents and machine: bench/tokenizer_reference.js (bench/README.md has the commands).
 //
 //   tokenizer_bench TOKENIZER_DIR_OR_JSON FILE... [--document-bytes N] [--threads N]
+#include <pipetrain/tokenizer.h>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <pipetrain/tokenizer.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,8 +34,8 @@ double best_seconds(Fn&& fn, int repeats) {
   for (int r = 0; r < repeats; ++r) {
     const auto start = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                              .count());
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return best;
 }
@@ -73,8 +73,7 @@ int main(int argc, char** argv) {
         for (const auto& document : documents) tokens += tokenizer.encode(document, false).size();
       },
       3);
-  const double batch =
-      best_seconds([&] { tokenizer.encode_batch(documents, false, threads); }, 3);
+  const double batch = best_seconds([&] { tokenizer.encode_batch(documents, false, threads); }, 3);
   std::printf("%s: %.2f MB, %zu documents, %zu tokens\n", tokenizer.path().c_str(), megabytes,
               documents.size(), tokens);
   std::printf("encode, 1 thread:         %8.2f MB/s  %10.0f tokens/s\n", megabytes / one_thread,
