@@ -159,7 +159,7 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_t
   impl.added->split(segments, /*normalized=*/false);
   if (impl.normalizer) {
     for (Segment& segment : segments) {
-      if (!segment.id) impl.normalizer->normalize(segment.text);
+      if (!segment.id) impl.normalizer->apply(segment.text);
     }
   }
   impl.added->split(segments, /*normalized=*/true);
@@ -175,10 +175,10 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, bool add_special_t
     if (segment.text.empty()) continue;
     pieces.clear();
     pieces.push_back({std::move(segment.text), segment.at_start});
-    if (impl.pre_tokenizer) impl.pre_tokenizer->pre_tokenize(pieces);
+    if (impl.pre_tokenizer) impl.pre_tokenizer->apply(pieces);
     for (const Piece& piece : pieces) impl.model->tokenize(piece.text, ids);
   }
-  if (add_special_tokens && impl.post_processor) impl.post_processor->add_special_tokens(ids);
+  if (add_special_tokens && impl.post_processor) impl.post_processor->apply(ids);
   return ids;
 }
 
@@ -235,7 +235,7 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
     for (size_t i = 0; i < tokens.size(); ++i) joined += (i > 0 ? " " : "") + tokens[i];
     return joined;
   }
-  impl.decoder->decode_chain(tokens);
+  impl.decoder->apply(tokens);
   std::string text;
   for (const std::string& token : tokens) text += token;
   return text;

@@ -69,7 +69,7 @@ AddedVocabulary::AddedVocabulary(const nlohmann::json& added_tokens, const Bpe& 
     }
     // A normalized token is matched in its normalized form (and decoded as written).
     token.text = token.content;
-    if (token.normalized && normalizer != nullptr) normalizer->normalize(token.text);
+    if (token.normalized && normalizer != nullptr) normalizer->apply(token.text);
     const int index = static_cast<int>(tokens_.size());
     (token.normalized ? normalized_ : raw_).insert(token.text, index);
     by_id_[token.id] = tokens_.size();

@@ -14,12 +14,12 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "data/tokenizer/normalizer.h"
 #include "data/tokenizer/regex.h"
 
 namespace pipetrain::tokenizer {
 
 class Bpe;
-class Normalizer;
 
 // A stretch of the text: an added token (its id set) or text still to be tokenized.
 struct Segment {

@@ -19,7 +19,7 @@ namespace {
 class UnicodeForm : public Normalizer {
  public:
   explicit UnicodeForm(utf8proc_option_t options) : options_(options) {}
-  void normalize(std::string& text) const override {
+  void apply(std::string& text) const override {
     if (text.empty()) return;
     utf8proc_uint8_t* mapped = nullptr;
     const auto length = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
@@ -39,7 +39,7 @@ class UnicodeForm : public Normalizer {
 // Rust's char::to_lowercase, a code point at a time: the simple mapping, and U+0130's full one.
 class Lowercase : public Normalizer {
  public:
-  void normalize(std::string& text) const override {
+  void apply(std::string& text) const override {
     std::string out;
     out.reserve(text.size());
     for (size_t at = 0; at < text.size();) {
@@ -60,7 +60,7 @@ class Replace : public Normalizer {
  public:
   Replace(Regex pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  void normalize(std::string& text) const override { text = pattern_.replace_all(text, content_); }
+  void apply(std::string& text) const override { text = pattern_.replace_all(text, content_); }
 
  private:
   Regex pattern_;
@@ -70,7 +70,7 @@ class Replace : public Normalizer {
 class Prepend : public Normalizer {
  public:
   explicit Prepend(std::string prefix) : prefix_(std::move(prefix)) {}
-  void normalize(std::string& text) const override {
+  void apply(std::string& text) const override {
     if (!text.empty()) text.insert(0, prefix_);
   }
 
@@ -81,7 +81,7 @@ class Prepend : public Normalizer {
 class Strip : public Normalizer {
  public:
   Strip(bool left, bool right) : left_(left), right_(right) {}
-  void normalize(std::string& text) const override {
+  void apply(std::string& text) const override {
     size_t begin = 0, end = text.size();
     if (left_) {
       while (begin < text.size()) {
@@ -106,7 +106,7 @@ class Strip : public Normalizer {
 
 class StripAccents : public Normalizer {
  public:
-  void normalize(std::string& text) const override {
+  void apply(std::string& text) const override {
     std::string out;
     for (size_t at = 0; at < text.size();) {
       const char32_t c = next_code_point(text, at);
@@ -114,17 +114,6 @@ class StripAccents : public Normalizer {
     }
     text = std::move(out);
   }
-};
-
-class Sequence : public Normalizer {
- public:
-  explicit Sequence(std::vector<std::unique_ptr<Normalizer>> steps) : steps_(std::move(steps)) {}
-  void normalize(std::string& text) const override {
-    for (const auto& step : steps_) step->normalize(text);
-  }
-
- private:
-  std::vector<std::unique_ptr<Normalizer>> steps_;
 };
 
 }  // namespace
@@ -151,13 +140,11 @@ std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& config) {
   }
   if (type == "StripAccents") return std::make_unique<StripAccents>();
   if (type == "Sequence") {
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    for (const auto& step : config.at("normalizers")) steps.push_back(make_normalizer(step));
-    return std::make_unique<Sequence>(std::move(steps));
+    return std::make_unique<Sequence<std::string>>(config.at("normalizers"), make_normalizer);
   }
-  throw std::invalid_argument("the normalizer '" + type +
-                              "' is not implemented (pipetrain has NFC, NFD, NFKC, NFKD, "
-                              "Lowercase, Replace, Prepend, Strip, StripAccents, Sequence)");
+  refuse_unimplemented(
+      "normalizer", type,
+      "NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Strip, StripAccents, Sequence");
 }
 
 }  // namespace pipetrain::tokenizer

@@ -5,15 +5,12 @@
 #include <memory>
 #include <string>
 
-#include <nlohmann/json_fwd.hpp>
+#include "data/tokenizer/step.h"
 
 namespace pipetrain::tokenizer {
 
-class Normalizer {
- public:
-  virtual ~Normalizer() = default;
-  virtual void normalize(std::string& text) const = 0;
-};
+// Rewrites the text.
+using Normalizer = Step<std::string>;
 
 // The normalizer `config` describes (NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Strip,
 // StripAccents, Sequence), or null for a null config. Throws std::invalid_argument naming a type

@@ -14,7 +14,7 @@ class Template : public PostProcessor {
  public:
   // Each part: the special token ids it stands for, or empty for the text.
   explicit Template(std::vector<std::vector<int64_t>> parts) : parts_(std::move(parts)) {}
-  void add_special_tokens(std::vector<int64_t>& ids) const override {
+  void apply(std::vector<int64_t>& ids) const override {
     std::vector<int64_t> out;
     for (const auto& part : parts_) {
       if (part.empty()) {
@@ -33,18 +33,7 @@ class Template : public PostProcessor {
 // ByteLevel's processing only trims offsets, which encode() does not return.
 class Unchanged : public PostProcessor {
  public:
-  void add_special_tokens(std::vector<int64_t>&) const override {}
-};
-
-class Sequence : public PostProcessor {
- public:
-  explicit Sequence(std::vector<std::unique_ptr<PostProcessor>> steps) : steps_(std::move(steps)) {}
-  void add_special_tokens(std::vector<int64_t>& ids) const override {
-    for (const auto& step : steps_) step->add_special_tokens(ids);
-  }
-
- private:
-  std::vector<std::unique_ptr<PostProcessor>> steps_;
+  void apply(std::vector<int64_t>&) const override {}
 };
 
 std::unique_ptr<PostProcessor> template_processing(const nlohmann::json& config) {
@@ -84,14 +73,12 @@ std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& config)
   if (type == "ByteLevel") return std::make_unique<Unchanged>();
   if (type == "RobertaProcessing" || type == "BertProcessing") return cls_and_sep(config);
   if (type == "Sequence") {
-    std::vector<std::unique_ptr<PostProcessor>> steps;
-    for (const auto& step : config.at("processors")) steps.push_back(make_post_processor(step));
-    return std::make_unique<Sequence>(std::move(steps));
+    return std::make_unique<Sequence<std::vector<int64_t>>>(config.at("processors"),
+                                                            make_post_processor);
   }
-  throw std::invalid_argument(
-      "the post-processor '" + type +
-      "' is not implemented (pipetrain has TemplateProcessing, ByteLevel, RobertaProcessing, "
-      "BertProcessing, Sequence)");
+  refuse_unimplemented(
+      "post-processor", type,
+      "TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, Sequence");
 }
 
 }  // namespace pipetrain::tokenizer

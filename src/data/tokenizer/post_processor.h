@@ -6,16 +6,12 @@
 #include <memory>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+#include "data/tokenizer/step.h"
 
 namespace pipetrain::tokenizer {
 
-class PostProcessor {
- public:
-  virtual ~PostProcessor() = default;
-  // `ids` of one sequence, with the processor's special tokens added.
-  virtual void add_special_tokens(std::vector<int64_t>& ids) const = 0;
-};
+// Adds its special tokens around the ids of one sequence.
+using PostProcessor = Step<std::vector<int64_t>>;
 
 // The post-processor `config` describes (TemplateProcessing, ByteLevel, RobertaProcessing,
 // BertProcessing, Sequence), or null for a null config. Throws std::invalid_argument naming a

@@ -110,7 +110,7 @@ class Split : public PreTokenizer {
  public:
   Split(Regex pattern, Behavior behavior, bool invert)
       : pattern_(std::move(pattern)), behavior_(behavior), invert_(invert) {}
-  void pre_tokenize(std::vector<Piece>& pieces) const override {
+  void apply(std::vector<Piece>& pieces) const override {
     split(pieces, pattern_, behavior_, invert_);
   }
 
@@ -131,7 +131,7 @@ class ByteLevel : public PreTokenizer {
                 ? std::make_unique<Regex>(
                       R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)")
                 : nullptr) {}
-  void pre_tokenize(std::vector<Piece>& pieces) const override {
+  void apply(std::vector<Piece>& pieces) const override {
     if (add_prefix_space_) {
       for (Piece& piece : pieces) {
         if (piece.text.empty() || piece.text[0] != ' ') piece.text.insert(0, " ");
@@ -156,7 +156,7 @@ class Metaspace : public PreTokenizer {
         prepend_(prepend),
         split_(split),
         replacement_pattern_(replacement_, true) {}
-  void pre_tokenize(std::vector<Piece>& pieces) const override {
+  void apply(std::vector<Piece>& pieces) const override {
     for (Piece& piece : pieces) {
       std::string replaced;
       for (const char c : piece.text) {
@@ -183,17 +183,6 @@ class Metaspace : public PreTokenizer {
   Regex replacement_pattern_;
 };
 
-class Sequence : public PreTokenizer {
- public:
-  explicit Sequence(std::vector<std::unique_ptr<PreTokenizer>> steps) : steps_(std::move(steps)) {}
-  void pre_tokenize(std::vector<Piece>& pieces) const override {
-    for (const auto& step : steps_) step->pre_tokenize(pieces);
-  }
-
- private:
-  std::vector<std::unique_ptr<PreTokenizer>> steps_;
-};
-
 Metaspace::Prepend prepend_scheme_of(const nlohmann::json& config) {
   const auto scheme = config.value("prepend_scheme", std::string("always"));
   if (config.contains("add_prefix_space") && config.at("add_prefix_space") == false) {
@@ -211,9 +200,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config) {
   if (config.is_null()) return nullptr;
   const auto type = config.at("type").get<std::string>();
   if (type == "Sequence") {
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    for (const auto& step : config.at("pretokenizers")) steps.push_back(make_pre_tokenizer(step));
-    return std::make_unique<Sequence>(std::move(steps));
+    return std::make_unique<Sequence<std::vector<Piece>>>(config.at("pretokenizers"),
+                                                          make_pre_tokenizer);
   }
   if (type == "Split") {
     return std::make_unique<Split>(pattern_of(config.at("pattern")),
@@ -247,10 +235,9 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config) {
                                    behavior_of(config.value("behavior", std::string("Isolated"))),
                                    false);
   }
-  throw std::invalid_argument(
-      "the pre-tokenizer '" + type +
-      "' is not implemented (pipetrain has Sequence, Split, ByteLevel, Digits, Metaspace, "
-      "Whitespace, WhitespaceSplit, Punctuation)");
+  refuse_unimplemented(
+      "pre-tokenizer", type,
+      "Sequence, Split, ByteLevel, Digits, Metaspace, Whitespace, WhitespaceSplit, Punctuation");
 }
 
 }  // namespace pipetrain::tokenizer

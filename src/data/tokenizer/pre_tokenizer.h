@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+#include "data/tokenizer/step.h"
 
 namespace pipetrain::tokenizer {
 
@@ -18,12 +18,8 @@ struct Piece {
   bool at_start = false;
 };
 
-class PreTokenizer {
- public:
-  virtual ~PreTokenizer() = default;
-  // Replaces each piece by the pieces it is cut into; empty pieces are dropped.
-  virtual void pre_tokenize(std::vector<Piece>& pieces) const = 0;
-};
+// Replaces each piece by the pieces it is cut into; empty pieces are dropped.
+using PreTokenizer = Step<std::vector<Piece>>;
 
 // The pre-tokenizer `config` describes (Sequence, Split, ByteLevel, Digits, Metaspace,
 // Whitespace, WhitespaceSplit, Punctuation), or null for a null config. Throws

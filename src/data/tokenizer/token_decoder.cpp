@@ -15,7 +15,7 @@ namespace {
 // character outside the alphabet (an added token's own text) is kept as it is.
 class ByteLevel : public TokenDecoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void apply(std::vector<std::string>& tokens) const override {
     std::string bytes;
     for (const std::string& token : tokens) {
       std::string token_bytes;
@@ -38,7 +38,7 @@ class Metaspace : public TokenDecoder {
  public:
   Metaspace(std::string replacement, bool drops_first)
       : replacement_(std::move(replacement)), drops_first_(drops_first) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void apply(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string out;
       const std::string& token = tokens[i];
@@ -64,7 +64,7 @@ class Metaspace : public TokenDecoder {
 // for each byte.
 class ByteFallback : public TokenDecoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void apply(std::vector<std::string>& tokens) const override {
     std::vector<std::string> out;
     std::string run;
     size_t run_length = 0;
@@ -110,7 +110,7 @@ class ByteFallback : public TokenDecoder {
 
 class Fuse : public TokenDecoder {
  public:
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void apply(std::vector<std::string>& tokens) const override {
     std::string joined;
     for (const std::string& token : tokens) joined += token;
     tokens = {joined};
@@ -122,7 +122,7 @@ class Strip : public TokenDecoder {
  public:
   Strip(char32_t content, size_t start, size_t stop)
       : content_(content), start_(start), stop_(stop) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void apply(std::vector<std::string>& tokens) const override {
     for (std::string& token : tokens) {
       std::vector<char32_t> chars;
       for (size_t at = 0; at < token.size();) chars.push_back(next_code_point(token, at));
@@ -144,7 +144,7 @@ class Replace : public TokenDecoder {
  public:
   Replace(Regex pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
+  void apply(std::vector<std::string>& tokens) const override {
     for (std::string& token : tokens) {
       token = pattern_.replace_all(token, content_);
     }
@@ -153,17 +153,6 @@ class Replace : public TokenDecoder {
  private:
   Regex pattern_;
   std::string content_;
-};
-
-class Sequence : public TokenDecoder {
- public:
-  explicit Sequence(std::vector<std::unique_ptr<TokenDecoder>> steps) : steps_(std::move(steps)) {}
-  void decode_chain(std::vector<std::string>& tokens) const override {
-    for (const auto& step : steps_) step->decode_chain(tokens);
-  }
-
- private:
-  std::vector<std::unique_ptr<TokenDecoder>> steps_;
 };
 
 char32_t single_character(const std::string& text, const char* what) {
@@ -200,14 +189,11 @@ std::unique_ptr<TokenDecoder> make_token_decoder(const nlohmann::json& config) {
                                      config.at("content").get<std::string>());
   }
   if (type == "Sequence") {
-    std::vector<std::unique_ptr<TokenDecoder>> steps;
-    for (const auto& step : config.at("decoders")) steps.push_back(make_token_decoder(step));
-    return std::make_unique<Sequence>(std::move(steps));
+    return std::make_unique<Sequence<std::vector<std::string>>>(config.at("decoders"),
+                                                                make_token_decoder);
   }
-  throw std::invalid_argument(
-      "the decoder '" + type +
-      "' is not implemented (pipetrain has ByteLevel, Metaspace, ByteFallback, Fuse, Strip, "
-      "Replace, Sequence)");
+  refuse_unimplemented("decoder", type,
+                       "ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, Sequence");
 }
 
 }  // namespace pipetrain::tokenizer

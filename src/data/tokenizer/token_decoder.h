@@ -7,16 +7,12 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+#include "data/tokenizer/step.h"
 
 namespace pipetrain::tokenizer {
 
-class TokenDecoder {
- public:
-  virtual ~TokenDecoder() = default;
-  // Rewrites the tokens; decoding joins what the chain leaves.
-  virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
-};
+// Rewrites the tokens; decoding joins what the chain leaves.
+using TokenDecoder = Step<std::vector<std::string>>;
 
 // The decoder `config` describes (ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace,
 // Sequence), or null for a null config. Throws std::invalid_argument naming a type that is not
