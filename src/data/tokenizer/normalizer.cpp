@@ -1,8 +1,5 @@
 #include "data/tokenizer/normalizer.h"
 
-#include <utf8proc.h>
-
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
@@ -15,25 +12,14 @@ namespace pipetrain::tokenizer {
 
 namespace {
 
-// NFC, NFD, NFKC, NFKD through utf8proc.
+// NFC, NFD, NFKC, NFKD.
 class UnicodeForm : public Normalizer {
  public:
-  explicit UnicodeForm(utf8proc_option_t options) : options_(options) {}
-  void apply(std::string& text) const override {
-    if (text.empty()) return;
-    utf8proc_uint8_t* mapped = nullptr;
-    const auto length = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                     static_cast<utf8proc_ssize_t>(text.size()), &mapped, options_);
-    if (length < 0) {
-      throw std::runtime_error(std::string("Unicode normalization failed: ") +
-                               utf8proc_errmsg(length));
-    }
-    text.assign(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
-    std::free(mapped);
-  }
+  explicit UnicodeForm(NormalForm form) : form_(form) {}
+  void apply(std::string& text) const override { text = normalized(text, form_); }
 
  private:
-  utf8proc_option_t options_;
+  NormalForm form_;
 };
 
 // Rust's char::to_lowercase, a code point at a time: the simple mapping, and U+0130's full one.
@@ -48,7 +34,7 @@ class Lowercase : public Normalizer {
         append_utf8(out, 'i');
         append_utf8(out, 0x307);
       } else {
-        append_utf8(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
+        append_utf8(out, simple_lowercase(c));
       }
     }
     text = std::move(out);
@@ -121,13 +107,14 @@ class StripAccents : public Normalizer {
 std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& config) {
   if (config.is_null()) return nullptr;
   const auto type = config.at("type").get<std::string>();
-  const auto form = [](int options) {
-    return std::make_unique<UnicodeForm>(static_cast<utf8proc_option_t>(UTF8PROC_STABLE | options));
-  };
-  if (type == "NFC") return form(UTF8PROC_COMPOSE);
-  if (type == "NFD") return form(UTF8PROC_DECOMPOSE);
-  if (type == "NFKC") return form(UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
-  if (type == "NFKD") return form(UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+  if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD" || type == "Lowercase" ||
+      type == "StripAccents") {
+    require_unicode_data("the normalizer " + type);
+  }
+  if (type == "NFC") return std::make_unique<UnicodeForm>(NormalForm::kNfc);
+  if (type == "NFD") return std::make_unique<UnicodeForm>(NormalForm::kNfd);
+  if (type == "NFKC") return std::make_unique<UnicodeForm>(NormalForm::kNfkc);
+  if (type == "NFKD") return std::make_unique<UnicodeForm>(NormalForm::kNfkd);
   if (type == "Lowercase") return std::make_unique<Lowercase>();
   if (type == "Replace") {
     return std::make_unique<Replace>(pattern_of(config.at("pattern")),

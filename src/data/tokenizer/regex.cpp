@@ -1,12 +1,17 @@
 #include "data/tokenizer/regex.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#if __has_include(<pcre2.h>)
+#define PIPETRAIN_HAS_PCRE2
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#endif
+
 namespace pipetrain::tokenizer {
+
+#ifdef PIPETRAIN_HAS_PCRE2
 
 namespace {
 
@@ -49,10 +54,6 @@ Regex::Regex(const std::string& pattern, bool literal)
   compiled_->jit = pcre2_jit_compile(compiled_->code, PCRE2_JIT_COMPLETE) == 0;
 }
 
-Regex::~Regex() = default;
-Regex::Regex(Regex&&) noexcept = default;
-Regex& Regex::operator=(Regex&&) noexcept = default;
-
 std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) const {
   std::vector<std::pair<size_t, size_t>> matches;
   pcre2_match_data* data = thread_match_data();
@@ -89,6 +90,31 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
   return matches;
 }
 
+bool Regex::search(std::string_view text) const {
+  pcre2_match_data* data = thread_match_data();
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  const int found = compiled_->jit ? pcre2_jit_match(compiled_->code, subject, text.size(), 0,
+                                                     PCRE2_NO_UTF_CHECK, data, nullptr)
+                                   : pcre2_match(compiled_->code, subject, text.size(), 0,
+                                                 PCRE2_NO_UTF_CHECK, data, nullptr);
+  return found >= 0;
+}
+
+#else
+
+// Without PCRE2 no expression can be matched as the reference matches it: refused.
+struct Regex::Compiled {};
+
+Regex::Regex(const std::string& pattern, bool) : pattern_(pattern) {
+  throw std::invalid_argument("the regular expression '" + pattern +
+                              "' needs PCRE2, which this build of pipetrain lacks: install "
+                              "libpcre2-dev (Debian) and rebuild pipetrain");
+}
+std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view) const { return {}; }
+bool Regex::search(std::string_view) const { return false; }
+
+#endif
+
 std::string Regex::replace_all(std::string_view text, const std::string& replacement) const {
   std::string out;
   size_t previous = 0;
@@ -101,15 +127,9 @@ std::string Regex::replace_all(std::string_view text, const std::string& replace
   return out;
 }
 
-bool Regex::search(std::string_view text) const {
-  pcre2_match_data* data = thread_match_data();
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  const int found = compiled_->jit ? pcre2_jit_match(compiled_->code, subject, text.size(), 0,
-                                                     PCRE2_NO_UTF_CHECK, data, nullptr)
-                                   : pcre2_match(compiled_->code, subject, text.size(), 0,
-                                                 PCRE2_NO_UTF_CHECK, data, nullptr);
-  return found >= 0;
-}
+Regex::~Regex() = default;
+Regex::Regex(Regex&&) noexcept = default;
+Regex& Regex::operator=(Regex&&) noexcept = default;
 
 Regex pattern_of(const nlohmann::json& pattern) {
   if (pattern.contains("String")) return Regex(pattern.at("String").get<std::string>(), true);
