@@ -262,11 +262,12 @@ void add_flags(CLI::App& app, Args& a) {
   add("--corpus", a.model.corpus,
       "gpt: a text file to train on (default: /usr/share/common-licenses)");
   add("--train-data", a.model.train_data,
-      "gpt, gpt2, llama, qwen3: token file to train on (nanoGPT's train.bin of uint16 tokens, or "
-      "an llm.c shard: GPT-2's uint16 or Llama 3's uint32; see prepare-data)");
+      "gpt, gpt2, llama, qwen3: tokens to train on: a file (nanoGPT's train.bin of uint16 "
+      "tokens, or an llm.c shard: GPT-2's uint16 or Llama 3's uint32), a folder of shards "
+      "(its *_train_*.bin) or a quoted glob ('data/*_train_*.bin'); see prepare-data");
   add("--val-data", a.model.val_data,
-      "gpt, gpt2, llama, qwen3: token file to validate on (default: val.bin beside --train-data, "
-      "if there)");
+      "gpt, gpt2, llama, qwen3: tokens to validate on, as --train-data (default: the val shards "
+      "or val.bin beside --train-data, if there)");
   add_shape_flags(app, a.model);
   add("--strategy", t.strategy(),
       "how to place the model: single, pipe, ddp, ddp_pipe, or a registered name");
