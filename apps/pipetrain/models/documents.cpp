@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <iterator>
 #include <stdexcept>
 #include <utility>
 
@@ -94,7 +93,11 @@ bool DocumentReader::next(std::string& document) {
   while (in_ != nullptr || open_next()) {
     if (!jsonl_) {
       // A text file is one document, read whole.
-      document.assign(std::istreambuf_iterator<char>(*in_), std::istreambuf_iterator<char>());
+      document.clear();
+      char chunk[1 << 16];
+      while (in_->read(chunk, sizeof(chunk)) || in_->gcount() > 0) {
+        document.append(chunk, static_cast<size_t>(in_->gcount()));
+      }
       if (in_->bad())
         throw std::invalid_argument(name() + ": cannot read: " + std::strerror(errno));
       bytes_read_ += document.size();
