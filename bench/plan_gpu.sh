@@ -18,17 +18,13 @@ step_ms() {  # fit flags... -> the run's step in ms, or null where it did not fi
   echo "$out" | head -1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["step_ms"])'
   echo "$out" | tail -n +2 >&2  # a plan's lines
 }
-best=null best_config=""
+source bench/grid_best.sh
 for schedule in ${SCHEDULES:-gpipe 1f1b}; do
   for chunks in ${CHUNKS:-1 2 4 8}; do
     for checkpoint in never always; do
       [ "$schedule" = 1f1b ] && [ "$chunks" = 1 ] && continue  # gpipe's, on one rank
       ms=$(step_ms --schedule "$schedule" --chunks "$chunks" --checkpoint "$checkpoint")
-      config="schedule $schedule chunks $chunks checkpoint $checkpoint"
-      echo "{\"config\": \"$config\", \"step_ms\": $ms}"
-      if [ "$ms" != null ] && { [ "$best" = null ] || python3 -c "import sys; sys.exit(not $ms < $best)"; }; then
-        best=$ms best_config=$config
-      fi
+      record_config "schedule $schedule chunks $chunks checkpoint $checkpoint" "$ms"
     done
   done
 done

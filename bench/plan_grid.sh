@@ -41,7 +41,7 @@ planning_s=$(python3 -c "import time; print('%.1f' % (time.time() - $start))")
 plan=$(grep '^plan: ' "$dir/plan.out" | sed 's/^plan: //')
 planned_balance=$(echo "$plan" | awk '{print $2}')
 planned=$(step_ms planned --plan auto)
-best=null best_config=""
+source "$(dirname "$0")/grid_best.sh"
 for balance in params "$planned_balance"; do
   for chunks in 2 4 8; do
     for schedule in gpipe 1f1b zbh1 zbh2 interleaved1f1b zbv; do
@@ -54,12 +54,8 @@ for balance in params "$planned_balance"; do
         flags=(--chunks "$chunks" --schedule "$schedule" --checkpoint "$checkpoint"
           --virtual-stages "$virtual")
         [ "$balance" = params ] || flags+=(--balance "$balance")
-        config="balance $balance chunks $chunks schedule $schedule checkpoint $checkpoint"
         ms=$(step_ms "grid_${balance//,/-}_${chunks}_${schedule}_$checkpoint" "${flags[@]}")
-        echo "{\"config\": \"$config\", \"step_ms\": $ms}"
-        if [ "$ms" != null ] && { [ "$best" = null ] || python3 -c "import sys; sys.exit(not $ms < $best)"; }; then
-          best=$ms best_config=$config
-        fi
+        record_config "balance $balance chunks $chunks schedule $schedule checkpoint $checkpoint" "$ms"
       done
     done
   done

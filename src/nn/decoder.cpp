@@ -66,18 +66,26 @@ void check_decoder_config(const DecoderConfig& config) {
 
 namespace {
 
-DecoderConfig llama3(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t intermediate,
-                     bool tied, double factor) {
+// What a preset of either family sets beyond its vocabulary, context and norms: its size, whether
+// the head is tied, and 8 key-value heads (every Llama 3 and Qwen3 preset below has 8).
+DecoderConfig preset_shape(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t intermediate,
+                           bool tied) {
   DecoderConfig config;
-  config.vocab_size = 128256;
   config.n_layer = n_layer;
   config.n_embd = n_embd;
   config.n_head = n_head;
   config.n_kv_head = 8;
   config.intermediate_size = intermediate;
+  config.tie_word_embeddings = tied;
+  return config;
+}
+
+DecoderConfig llama3(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t intermediate,
+                     bool tied, double factor) {
+  DecoderConfig config = preset_shape(n_layer, n_embd, n_head, intermediate, tied);
+  config.vocab_size = 128256;
   config.max_position_embeddings = 131072;
   config.rms_norm_eps = 1e-5;
-  config.tie_word_embeddings = tied;
   config.rope.theta(500000)
       .rope_type("llama3")
       .factor(factor)
@@ -89,17 +97,11 @@ DecoderConfig llama3(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t in
 
 DecoderConfig qwen3(int64_t n_layer, int64_t n_embd, int64_t n_head, int64_t intermediate,
                     bool tied) {
-  DecoderConfig config;
+  DecoderConfig config = preset_shape(n_layer, n_embd, n_head, intermediate, tied);
   config.vocab_size = 151936;
-  config.n_layer = n_layer;
-  config.n_embd = n_embd;
-  config.n_head = n_head;
-  config.n_kv_head = 8;
   config.head_dim = 128;
-  config.intermediate_size = intermediate;
   config.max_position_embeddings = 40960;
   config.rms_norm_eps = 1e-6;
-  config.tie_word_embeddings = tied;
   config.qk_norm = true;
   config.rope.theta(1000000);
   return config;

@@ -30,6 +30,17 @@ torch::nn::Linear projection(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
+// An MLP's projections (SwiGLUOptions or GeluMlpOptions): into its hidden width, and back.
+template <typename Options>
+torch::nn::Linear into_hidden(const Options& options) {
+  return projection(options.n_embd(), options.hidden(), options.bias());
+}
+
+template <typename Options>
+torch::nn::Linear out_of_hidden(const Options& options) {
+  return projection(options.hidden(), options.n_embd(), options.bias());
+}
+
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
 // silu(gate) * up through swiglu_kernels.cu: one kernel each way where ATen runs two forward and
 // three backward, the backward's writing the product again beside the gradients.
@@ -134,12 +145,9 @@ at::Tensor down_of_swiglu(const torch::nn::Linear& down, const at::Tensor& gate,
 
 SwiGLUImpl::SwiGLUImpl(const SwiGLUOptions& options_)
     : options(options_),
-      gate_proj(register_module("gate_proj",
-                                projection(options_.n_embd(), options_.hidden(), options_.bias()))),
-      up_proj(register_module("up_proj",
-                              projection(options_.n_embd(), options_.hidden(), options_.bias()))),
-      down_proj(register_module(
-          "down_proj", projection(options_.hidden(), options_.n_embd(), options_.bias()))) {}
+      gate_proj(register_module("gate_proj", into_hidden(options_))),
+      up_proj(register_module("up_proj", into_hidden(options_))),
+      down_proj(register_module("down_proj", out_of_hidden(options_))) {}
 
 at::Tensor SwiGLUImpl::forward(const at::Tensor& x) {
   const auto gate_up =
@@ -149,10 +157,8 @@ at::Tensor SwiGLUImpl::forward(const at::Tensor& x) {
 
 GeluMlpImpl::GeluMlpImpl(const GeluMlpOptions& options_)
     : options(options_),
-      c_fc(register_module("c_fc",
-                           projection(options_.n_embd(), options_.hidden(), options_.bias()))),
-      c_proj(register_module("c_proj",
-                             projection(options_.hidden(), options_.n_embd(), options_.bias()))),
+      c_fc(register_module("c_fc", into_hidden(options_))),
+      c_proj(register_module("c_proj", out_of_hidden(options_))),
       dropout_(register_module("drop", torch::nn::Dropout(options_.dropout()))) {}
 
 at::Tensor GeluMlpImpl::forward(const at::Tensor& x) {

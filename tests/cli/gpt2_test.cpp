@@ -82,22 +82,12 @@ TensorDataset token_windows() {
   return {tokens.slice(1, 0, 8), tokens.slice(1, 1, 9)};
 }
 
-struct Gpt2Run : FitRun {
-  int64_t virtual_stages = 1;
-  bool fused = false;  // fuse_gradient_accumulation: the blocks' Linear layers too
-
-  template <typename Visit>
-  void fields(Visit&& visit) {
-    FitRun::fields(visit);
-    PIPETRAIN_VISIT_FIELDS(visit, virtual_stages, fused);
-  }
-};
+// Its fusion, where a layout fuses: the blocks' Linear layers too.
+using Gpt2Run = PipeLayoutRun;
 
 // Two epochs of 6 batches of 8 windows, shuffled, gradients clipped at 1 (the recipe's).
 void train(const Gpt2Run& run) {
-  const auto pipe =
-      PipeOptions().virtual_stages(run.virtual_stages).fuse_gradient_accumulation(run.fused);
-  Trainer trainer(run.trainer_options(pipe).max_epochs(2).gradient_clip_val(1.0));
+  Trainer trainer(run.trainer_options().max_epochs(2).gradient_clip_val(1.0));
   torch::manual_seed(5);
   cli::Gpt2Model model(small_config(), 3e-3);
   const DataLoader loader(token_windows(), DataLoaderOptions().batch_size(8).shuffle(true).seed(2));
@@ -109,10 +99,7 @@ PIPETRAIN_WORKER(gpt2_worker) { train_from_env(train); }
 class Gpt2Pipe : public ::testing::Test {
  protected:
   void TearDown() override { fs::remove_all(dir); }
-  void train_in_ranks(const Gpt2Run& run) const {
-    fs::create_directories(run.root);
-    ASSERT_EQ(run_ranks(static_cast<int>(run.devices), "gpt2_worker", to_env(run)), 0) << run.root;
-  }
+  static void train_in_ranks(const Gpt2Run& run) { testing::train_in_ranks(run, "gpt2_worker"); }
   std::string dir = make_temp_dir("gpt2");
 };
 
@@ -122,35 +109,21 @@ TEST_F(Gpt2Pipe, TwoAndThreeStagesTrainAsOneProcessInEveryScheduleAndCheckpointM
   train(single);
   const auto expected = read_csv_column(metrics_csv(single.root), "train_loss");
   ASSERT_EQ(expected.size(), 12u);
-  struct Layout {
-    int64_t stages;
-    std::string schedule, checkpoint;
-    int64_t virtual_stages = 1;
-    bool fused = false;
-  };
-  for (const auto& layout : std::vector<Layout>{{2, "gpipe", "always"},
-                                                {2, "1f1b", "except_last"},
-                                                {2, "1f1b", "never"},
-                                                {2, "zbh1", "never"},
-                                                {3, "gpipe", "never"},
-                                                {3, "1f1b", "always"},
-                                                {3, "zbh1", "except_last"},
-                                                {2, "interleaved1f1b", "always", 2},
-                                                {2, "zbv", "never", 2},
-                                                {2, "gpipe", "never", 1, true},
-                                                {2, "1f1b", "always", 1, true},
-                                                {3, "zbh1", "never", 1, true}}) {
+  for (const auto& layout : std::vector<PipeLayout>{{2, "gpipe", "always"},
+                                                    {2, "1f1b", "except_last"},
+                                                    {2, "1f1b", "never"},
+                                                    {2, "zbh1", "never"},
+                                                    {3, "gpipe", "never"},
+                                                    {3, "1f1b", "always"},
+                                                    {3, "zbh1", "except_last"},
+                                                    {2, "interleaved1f1b", "always", 2},
+                                                    {2, "zbv", "never", 2},
+                                                    {2, "gpipe", "never", 1, true},
+                                                    {2, "1f1b", "always", 1, true},
+                                                    {3, "zbh1", "never", 1, true}}) {
     Gpt2Run pipe;
-    pipe.root = dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" +
-                layout.checkpoint + (layout.fused ? "-fused" : "");
+    pipe.set_layout(layout, dir, /*chunks=*/4);
     SCOPED_TRACE(pipe.root);
-    pipe.strategy = "pipe";
-    pipe.devices = layout.stages;
-    pipe.chunks = 4;
-    pipe.schedule = layout.schedule;
-    pipe.checkpoint = layout.checkpoint;
-    pipe.virtual_stages = layout.virtual_stages;
-    pipe.fused = layout.fused;
     train_in_ranks(pipe);
     expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"), 1e-5);
     expect_same_weights(single.final_weights(), pipe.final_weights(), 1e-5);

@@ -15,23 +15,20 @@ namespace {
 namespace fs = std::filesystem;
 
 // One step of a tiny Llama fit into `dir`/run, on byte tokens of a license text.
-class RunConfig : public ::testing::Test {
+class RunConfig : public LicenseTokensTest {
  protected:
   void SetUp() override {
-    dir_ = make_temp_dir("run-config");
-    prepare_license_tokens(dir_ + "/data");
+    LicenseTokensTest::SetUp();
     run_ok(command("fit", {"--model", "llama", "--n-layer", "1", "--n-embd", "16", "--n-head", "2",
                            "--n-kv-head", "1", "--intermediate-size", "32", "--vocab-size", "256",
                            "--rope-theta", "12345", "--max-steps", "1"}));
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // `subcommand` of the run under dir_/run, then `flags`.
+  // `subcommand` of the run under dir/run, then `flags`.
   std::vector<std::string> command(const std::string& subcommand,
                                    const std::vector<std::string>& flags) const {
     return pipetrain_command({subcommand,
                               "--train-data",
-                              dir_ + "/data/train.bin",
+                              dir + "/data/train.bin",
                               "--block-size",
                               "8",
                               "--batch-size",
@@ -49,11 +46,9 @@ class RunConfig : public ::testing::Test {
                               "--limit-predict-batches",
                               "1",
                               "--default-root-dir",
-                              dir_ + "/run"},
+                              dir + "/run"},
                              flags);
   }
-
-  std::string dir_;
 };
 
 void expect_refused(const CommandResult& result, const std::vector<std::string>& parts) {
@@ -80,7 +75,7 @@ TEST_F(RunConfig, AResumeOfAnotherShapeIsRefusedNamingTheKey) {
   expect_refused(with({"--model-size", "llama-150m"}),
                  {"has num_hidden_layers 1, and --model-size llama-150m says"});
   // No other run was started for them.
-  EXPECT_FALSE(fs::exists(dir_ + "/run/lightning_logs/version_1"));
+  EXPECT_FALSE(fs::exists(dir + "/run/lightning_logs/version_1"));
   // Without shape flags the resume takes the run's shape, and trains on from the checkpoint.
   const auto resumed = run_command(command("fit", resume));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
@@ -95,9 +90,9 @@ TEST_F(RunConfig, WhatReadsACheckpointTakesTheModelFromItsRun) {
   }
   const auto exported =
       run_command(pipetrain_command({"export", "--ckpt-path", "last", "--default-root-dir",
-                                     dir_ + "/run", "--output", dir_ + "/hf"}));
+                                     dir + "/run", "--output", dir + "/hf"}));
   EXPECT_EQ(exported.exit_code, 0) << exported.output;
-  EXPECT_TRUE(fs::exists(dir_ + "/hf/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors"));
   expect_refused(run_command(command("validate", {"--model", "gpt2", "--ckpt-path", "last"})),
                  {"--model gpt2: ", "last.ckpt is of a llama (model_type in ",
                   "pass --model llama, or leave --model out"});

@@ -17,13 +17,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TokenData : public ::testing::Test {
+class TokenData : public LicenseTokensTest {
  protected:
-  void SetUp() override {
-    const auto result = prepare_license_tokens(dir + "/data");
-    EXPECT_NE(result.output.find("wrote "), std::string::npos) << result.output;
-  }
-  void TearDown() override { fs::remove_all(dir); }
   // `pipetrain fit --model gpt` on the prepared files into `root`: a loss logged to CSV every step,
   // 2 validation batches, no progress bar, then `extra`.
   std::vector<std::string> fit(const std::string& root, int64_t max_steps,
@@ -38,7 +33,6 @@ class TokenData : public ::testing::Test {
                               "--block-size", "16", "--default-root-dir", root},
                              extra);
   }
-  std::string dir = make_temp_dir("token-data");
 };
 
 TEST_F(TokenData, TheLanguageModelTrainsFromPreparedFilesAcrossTwoStages) {

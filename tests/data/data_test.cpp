@@ -123,19 +123,22 @@ class Ragged : public Dataset {
   }
 };
 
+// Reading batch `index` of epoch 0, `dataset`'s examples taken in batches of `batch_size`, throws a
+// std::runtime_error saying each of `words`.
+void expect_batch_refused(std::shared_ptr<const Dataset> dataset, int64_t batch_size, int64_t index,
+                          const std::vector<std::string>& words) {
+  const DataLoader loader(std::move(dataset), DataLoaderOptions().batch_size(batch_size));
+  const std::string message = error_of<std::runtime_error>([&] { loader.batch(0, index); });
+  for (const auto& said : words) EXPECT_NE(message.find(said), std::string::npos) << message;
+}
+
 TEST(Dataset, ExamplesOfDifferentShapesOrAFailingReadAreNamed) {
-  DataLoader loader(std::make_shared<Ragged>(), DataLoaderOptions().batch_size(4));
-  const std::string message = error_of<std::runtime_error>([&] { loader.batch(0, 1); });
-  EXPECT_NE(message.find("examples 4 and 5 of the dataset have data of different shapes, [2] "
-                         "and [3]"),
-            std::string::npos)
-      << message;
-  EXPECT_NE(message.find("batch 1 of epoch 0"), std::string::npos) << message;
-  DataLoader failing(std::make_shared<Ragged>(), DataLoaderOptions().batch_size(2));
-  const std::string failed = error_of<std::runtime_error>([&] { failing.batch(0, 1); });
-  EXPECT_NE(failed.find("reading example 2 of the dataset failed: corrupt record"),
-            std::string::npos)
-      << failed;
+  expect_batch_refused(
+      std::make_shared<Ragged>(), 4, 1,
+      {"examples 4 and 5 of the dataset have data of different shapes, [2] and [3]",
+       "batch 1 of epoch 0"});
+  expect_batch_refused(std::make_shared<Ragged>(), 2, 1,
+                       {"reading example 2 of the dataset failed: corrupt record"});
 }
 
 // Examples at odd indices have a target and a 'mask' the others lack.
@@ -151,11 +154,8 @@ class OddOnesHaveMore : public Dataset {
 // A target or field that the batch's first example lacks and a later one has was dropped from
 // the batch without a word (the other way round was refused): refused too, naming both examples.
 TEST(Dataset, AFieldOrTargetOnlyLaterExamplesHaveIsRefusedNotDropped) {
-  DataLoader loader(std::make_shared<OddOnesHaveMore>(), DataLoaderOptions().batch_size(4));
-  const std::string message = error_of<std::runtime_error>([&] { loader.batch(0, 0); });
-  EXPECT_NE(message.find("example 1 of the dataset has a target, but example 0 has none"),
-            std::string::npos)
-      << message;
+  expect_batch_refused(std::make_shared<OddOnesHaveMore>(), 4, 0,
+                       {"example 1 of the dataset has a target, but example 0 has none"});
   class OddMasks : public OddOnesHaveMore {
     Example get(int64_t index) const override {
       Example example = OddOnesHaveMore::get(index);
@@ -163,11 +163,8 @@ TEST(Dataset, AFieldOrTargetOnlyLaterExamplesHaveIsRefusedNotDropped) {
       return example;
     }
   };
-  DataLoader masks(std::make_shared<OddMasks>(), DataLoaderOptions().batch_size(4));
-  const std::string mask = error_of<std::runtime_error>([&] { masks.batch(0, 0); });
-  EXPECT_NE(mask.find("example 1 of the dataset has field 'mask', but example 0 has none"),
-            std::string::npos)
-      << mask;
+  expect_batch_refused(std::make_shared<OddMasks>(), 4, 0,
+                       {"example 1 of the dataset has field 'mask', but example 0 has none"});
 }
 
 // A dataset whose get_batch returns the wrong number of rows is caught, not trained on.
@@ -181,10 +178,7 @@ class Short : public Dataset {
 };
 
 TEST(Dataset, AGetBatchOfTheWrongRowsIsRefused) {
-  DataLoader loader(std::make_shared<Short>(), DataLoaderOptions().batch_size(4));
-  const std::string message = error_of<std::runtime_error>([&] { loader.batch(0, 0); });
-  EXPECT_NE(message.find("a data of shape [3, 2]"), std::string::npos) << message;
-  EXPECT_NE(message.find("needs 4 rows"), std::string::npos) << message;
+  expect_batch_refused(std::make_shared<Short>(), 4, 0, {"a data of shape [3, 2]", "needs 4 rows"});
 }
 
 // LibTorch's own datasets, as they are: one of Example<>s, then the same with a transform and

@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/world.h"
@@ -17,6 +19,17 @@
 
 namespace pipetrain::testing::p2p_test {
 namespace {
+
+// A worker's results: saved as `name` in RESULT_DIR, read back by the test from `dir`.
+void save_result(const std::vector<at::Tensor>& tensors, const std::string& name) {
+  torch::save(tensors, env_or("RESULT_DIR", ".") + "/" + name);
+}
+
+std::vector<at::Tensor> load_result(const std::string& dir, const std::string& name) {
+  std::vector<at::Tensor> tensors;
+  torch::load(tensors, dir + "/" + name);
+  return tensors;
+}
 
 PIPETRAIN_WORKER(p2p_worker) {
   auto world = World::connect(*select_cluster_environment());
@@ -39,33 +52,28 @@ PIPETRAIN_WORKER(p2p_worker) {
     const at::Tensor own = torch::ones({2});
     const at::Tensor gathered = world->gather_to_zero(at::Tensor(), 1);
     const at::Tensor kept = world->gather_to_zero(own, 0);
-    torch::save(
-        std::vector<at::Tensor>{
-            gathered, kept,
-            torch::tensor({static_cast<int64_t>(kept.data_ptr() == own.data_ptr())})},
-        env_or("RESULT_DIR", ".") + "/gathered.pt");
+    save_result(
+        {gathered, kept, torch::tensor({static_cast<int64_t>(kept.data_ptr() == own.data_ptr())})},
+        "gathered.pt");
   } else {
     auto first = p2p.recv(0, Flow::kActivation, 3);
     auto second = p2p.recv(0, Flow::kActivation, 2);
     p2p.wait_for_sends();
     EXPECT_FALSE(world->gather_to_zero(torch::full({7, 2}, 3, torch::kInt32), 1).defined());
     EXPECT_FALSE(world->gather_to_zero(torch::ones({2}), 0).defined());
-    torch::save(
-        std::vector<at::Tensor>{
-            first.tensors[0].detach(), first.tensors[1], second.tensors[0].detach(),
-            second.tensors[1], torch::tensor({first.label, second.label}),
-            torch::tensor({static_cast<int64_t>(first.requires_grad[0]),
-                           static_cast<int64_t>(first.requires_grad[1]),
-                           static_cast<int64_t>(first.tensors[0].requires_grad())})},
-        env_or("RESULT_DIR", ".") + "/received.pt");
+    save_result({first.tensors[0].detach(), first.tensors[1], second.tensors[0].detach(),
+                 second.tensors[1], torch::tensor({first.label, second.label}),
+                 torch::tensor({static_cast<int64_t>(first.requires_grad[0]),
+                                static_cast<int64_t>(first.requires_grad[1]),
+                                static_cast<int64_t>(first.tensors[0].requires_grad())})},
+                "received.pt");
   }
 }
 
 TEST(PeerToPeer, PacketsCarryTheirTensorsShapesAndFlagsAndRefuseChangesMidStep) {
   const auto dir = make_temp_dir("p2p");
   ASSERT_EQ(run_ranks(2, "p2p_worker", {{"RESULT_DIR", dir}}), 0);
-  std::vector<at::Tensor> received;
-  torch::load(received, dir + "/received.pt");
+  const auto received = load_result(dir, "received.pt");
   const auto values = torch::arange(12, torch::kFloat).reshape({3, 4});
   EXPECT_TRUE(torch::equal(received[0], values));
   EXPECT_EQ(received[1].scalar_type(), torch::kInt64);
@@ -74,8 +82,7 @@ TEST(PeerToPeer, PacketsCarryTheirTensorsShapesAndFlagsAndRefuseChangesMidStep) 
   EXPECT_EQ(received[3].sizes(), (std::vector<int64_t>{2}));
   EXPECT_TRUE(torch::equal(received[4], torch::tensor({2, 2})));
   EXPECT_TRUE(torch::equal(received[5], torch::tensor({1, 0, 1})));
-  std::vector<at::Tensor> gathered;
-  torch::load(gathered, dir + "/gathered.pt");
+  const auto gathered = load_result(dir, "gathered.pt");
   EXPECT_TRUE(torch::equal(gathered[0], torch::full({7, 2}, 3, torch::kInt32)));
   EXPECT_TRUE(torch::equal(gathered[1], torch::ones({2})));
   EXPECT_EQ(gathered[2].item<int64_t>(), 0) << "rank 0's own result must be a copy";
@@ -118,15 +125,13 @@ PIPETRAIN_WORKER(posted_worker) {
   out << p2p.post_recv(0, Flow::kActivation, 1, 0) << "\n";
   const auto d = p2p.recv(0, Flow::kActivation, 1, 0);
   p2p.wait_for_sends();
-  torch::save(std::vector<at::Tensor>{a.tensors[0], b.tensors[0], c.tensors[0], d.tensors[0]},
-              env_or("RESULT_DIR", ".") + "/posted.pt");
+  save_result({a.tensors[0], b.tensors[0], c.tensors[0], d.tensors[0]}, "posted.pt");
 }
 
 TEST(PeerToPeer, ReceivesPostedAheadGiveThePacketsInOrder) {
   const auto dir = make_temp_dir("p2p-posted");
   ASSERT_EQ(run_ranks(2, "posted_worker", {{"RESULT_DIR", dir}}), 0);
-  std::vector<at::Tensor> received;
-  torch::load(received, dir + "/posted.pt");
+  const auto received = load_result(dir, "posted.pt");
   ASSERT_EQ(received.size(), 4u);
   const std::vector<std::pair<int64_t, float>> sent{{3, 1}, {2, 2}, {2, 3}, {1, 4}};
   for (size_t i = 0; i < sent.size(); ++i) {

@@ -716,10 +716,13 @@ TEST(CudaKernels, RotaryIntoAutocastsDtypeIsTheFp32RotationCast) {
 
 // forward(x) for x [batch, time, 64] of `dtype` on the GPU (under bf16 autocast if asked; inside a
 // FusedLinearScope, accumulating weight gradients in place as a pipe step with
-// fuse_gradient_accumulation does, if `fused`), then a random gradient: {the output, x's gradient}.
-std::vector<at::Tensor> mlp_forward_backward(
-    const std::function<at::Tensor(const at::Tensor&)>& forward, std::array<int64_t, 2> batch_time,
-    at::ScalarType dtype, bool autocast, bool fused) {
+// fuse_gradient_accumulation does, if `fused`), then a random gradient: {the output, x's gradient,
+// then the gradient of each of `weights`}.
+using MlpForward = std::function<at::Tensor(const at::Tensor&)>;
+std::vector<at::Tensor> mlp_forward_backward(const MlpForward& forward,
+                                             std::array<int64_t, 2> batch_time,
+                                             at::ScalarType dtype, bool autocast, bool fused,
+                                             const std::vector<at::Tensor>& weights) {
   const auto x = torch::randn({batch_time[0], batch_time[1], 64},
                               torch::TensorOptions().device(torch::kCUDA).dtype(dtype))
                      .requires_grad_(true);
@@ -735,7 +738,19 @@ std::vector<at::Tensor> mlp_forward_backward(
     at::autocast::clear_cache();
   }
   y.backward(torch::randn(y.sizes(), y.options()));
-  return {y.detach(), x.grad()};
+  std::vector<at::Tensor> results{y.detach(), x.grad()};
+  for (const auto& weight : weights) results.push_back(weight.grad());
+  return results;
+}
+
+// An MLP (nn::SwiGLU or nn::GeluMlp) of `options`, its weights drawn after manual_seed(seed), on
+// the GPU in `dtype`.
+template <typename Mlp, typename Options>
+Mlp cuda_mlp(uint64_t seed, const Options& options, at::ScalarType dtype) {
+  torch::manual_seed(seed);
+  Mlp mlp(options);
+  mlp->to(torch::kCUDA, dtype);
+  return mlp;
 }
 
 // SwiGLU (`ours`: the module, whose silu(gate) * up is fused and made again in the backward) or
@@ -743,21 +758,16 @@ std::vector<at::Tensor> mlp_forward_backward(
 // and down projections' weights}.
 std::vector<at::Tensor> swiglu(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden,
                                bool fused) {
-  torch::manual_seed(12);
-  nn::SwiGLU mlp(nn::SwiGLUOptions(64, hidden));
-  mlp->to(torch::kCUDA, dtype);
-  const auto reference = [&](const at::Tensor& x) {
+  auto mlp = cuda_mlp<nn::SwiGLU>(12, nn::SwiGLUOptions(64, hidden), dtype);
+  const MlpForward reference = [&](const at::Tensor& x) {
     const auto gate = pipetrain::linear(x, mlp->gate_proj->weight);
     const auto up = pipetrain::linear(x, mlp->up_proj->weight);
     return pipetrain::linear(torch::silu(gate) * up, mlp->down_proj->weight);
   };
-  const auto module = [&](const at::Tensor& x) { return mlp->forward(x); };
-  auto results = ours ? mlp_forward_backward(module, {2, 5}, dtype, autocast, fused)
-                      : mlp_forward_backward(reference, {2, 5}, dtype, autocast, fused);
-  for (const auto& p : {mlp->gate_proj->weight, mlp->up_proj->weight, mlp->down_proj->weight}) {
-    results.push_back(p.grad());
-  }
-  return results;
+  const MlpForward module = [&](const at::Tensor& x) { return mlp->forward(x); };
+  return mlp_forward_backward(
+      ours ? module : reference, {2, 5}, dtype, autocast, fused,
+      {mlp->gate_proj->weight, mlp->up_proj->weight, mlp->down_proj->weight});
 }
 
 // An MLP (`run(ours, dtype, autocast, hidden, fused)`: the module or ATen's expression, its results
@@ -800,21 +810,15 @@ TEST(CudaKernels, SwiGLUGivesWhatAtensExpressionGives) {
 // and bias, and c_proj's weight and bias}.
 std::vector<at::Tensor> gelu_mlp(bool ours, at::ScalarType dtype, bool autocast, int64_t hidden,
                                  bool fused) {
-  torch::manual_seed(14);
-  nn::GeluMlp mlp(nn::GeluMlpOptions(64, hidden));
-  mlp->to(torch::kCUDA, dtype);
-  const auto reference = [&](const at::Tensor& x) {
+  auto mlp = cuda_mlp<nn::GeluMlp>(14, nn::GeluMlpOptions(64, hidden), dtype);
+  const MlpForward reference = [&](const at::Tensor& x) {
     const auto pre = pipetrain::linear(x, mlp->c_fc->weight, mlp->c_fc->bias);
     return pipetrain::linear(torch::gelu(pre, "tanh"), mlp->c_proj->weight, mlp->c_proj->bias);
   };
-  const auto module = [&](const at::Tensor& x) { return mlp->forward(x); };
-  auto results = ours ? mlp_forward_backward(module, {3, 7}, dtype, autocast, fused)
-                      : mlp_forward_backward(reference, {3, 7}, dtype, autocast, fused);
-  for (const auto& p :
-       {mlp->c_fc->weight, mlp->c_fc->bias, mlp->c_proj->weight, mlp->c_proj->bias}) {
-    results.push_back(p.grad());
-  }
-  return results;
+  const MlpForward module = [&](const at::Tensor& x) { return mlp->forward(x); };
+  return mlp_forward_backward(
+      ours ? module : reference, {3, 7}, dtype, autocast, fused,
+      {mlp->c_fc->weight, mlp->c_fc->bias, mlp->c_proj->weight, mlp->c_proj->bias});
 }
 
 // For a hidden width cuBLASLt takes (256) and one it cannot stride (36: ATen's GELU); in fp32

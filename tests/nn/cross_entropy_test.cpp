@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "pipetrain/pipetrain.h"
+#include "support/devices.h"
 #include "support/multiprocess.h"
 
 namespace pipetrain::cross_entropy_test {
@@ -43,13 +44,17 @@ at::Tensor make_target(int64_t rows, int64_t classes, bool with_ignored) {
   return target;
 }
 
-// chunked_cross_entropy of bf16 `logits` against the unfused path on them upcast to fp32 (as
-// autocast runs it): the loss to a relative `loss_tolerance`, the gradient, bf16, within one bf16
-// rounding of the fp32 path's (relative 2^-7).
-void expect_bf16_within_one_rounding_of_fp32_path(const at::Tensor& logits,
-                                                  const at::Tensor& target,
+// chunked_cross_entropy of bf16 logits on `device`, `rows` x `classes` drawn N(0, 9) after
+// manual_seed(seed) (every fifth row's target ignored where `with_ignored`), against the unfused
+// path on them upcast to fp32 (as autocast runs it): the loss to a relative `loss_tolerance`, the
+// gradient, bf16, within one bf16 rounding of the fp32 path's (relative 2^-7).
+void expect_bf16_within_one_rounding_of_fp32_path(torch::Device device, uint64_t seed, int64_t rows,
+                                                  int64_t classes, bool with_ignored,
                                                   std::optional<int64_t> ignore_index,
                                                   int64_t block_rows, double loss_tolerance) {
+  torch::manual_seed(seed);
+  const auto logits = (torch::randn({rows, classes}) * 3).to(device, torch::kBFloat16);
+  const auto target = make_target(rows, classes, with_ignored).to(device);
   const auto expected = run(
       logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
   const auto actual = run(logits, [&](const at::Tensor& x) {
@@ -99,21 +104,17 @@ TEST(ChunkedCrossEntropy, TakesSequencesOfLogitsAsCrossEntropyOverTheirRows) {
 }
 
 TEST(ChunkedCrossEntropy, KeepsBf16GradientsWithinOneRoundingOfTheFp32Path) {
-  torch::manual_seed(2);
-  const auto logits = (torch::randn({64, 301}) * 3).to(torch::kBFloat16);
-  expect_bf16_within_one_rounding_of_fp32_path(logits, make_target(64, 301, true),
-                                               /*ignore_index=*/-100, /*block_rows=*/16,
-                                               /*loss_tolerance=*/1e-5);
+  expect_bf16_within_one_rounding_of_fp32_path(torch::kCPU, /*seed=*/2, 64, 301,
+                                               /*with_ignored=*/true, /*ignore_index=*/-100,
+                                               /*block_rows=*/16, /*loss_tolerance=*/1e-5);
 }
 
 // On a GPU (pipetrain's kernel, or ATen's log_softmax in a build without nvcc) the same bounds.
 TEST(ChunkedCrossEntropy, CudaBf16GradientsWithinOneRoundingOfTheFp32Path) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  torch::manual_seed(4);
-  const auto logits = (torch::randn({300, 1031}) * 3).to(torch::kCUDA, torch::kBFloat16);
-  expect_bf16_within_one_rounding_of_fp32_path(
-      logits, make_target(300, 1031, true).to(torch::kCUDA), /*ignore_index=*/-100,
-      /*block_rows=*/64, /*loss_tolerance=*/1e-5);
+  expect_bf16_within_one_rounding_of_fp32_path(torch::kCUDA, /*seed=*/4, 300, 1031,
+                                               /*with_ignored=*/true, /*ignore_index=*/-100,
+                                               /*block_rows=*/64, /*loss_tolerance=*/1e-5);
 }
 
 // fp32 logits on a GPU, rows of a multiple of 4 classes (16-byte accesses) and of an odd number,
@@ -149,21 +150,18 @@ TEST(ChunkedCrossEntropy, CudaFp32EqualsCrossEntropy) {
 // GPT-2's vocabulary in bf16 (the kernel's 16-byte path): the bounds of the bf16 tests above.
 TEST(ChunkedCrossEntropy, CudaBf16OverGpt2sVocabulary) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  torch::manual_seed(7);
-  const auto logits = (torch::randn({64, 50304}) * 3).to(torch::kCUDA, torch::kBFloat16);
-  expect_bf16_within_one_rounding_of_fp32_path(
-      logits, make_target(64, 50304, false).to(torch::kCUDA), /*ignore_index=*/std::nullopt,
-      /*block_rows=*/0, /*loss_tolerance=*/2e-5);
+  expect_bf16_within_one_rounding_of_fp32_path(torch::kCUDA, /*seed=*/7, 64, 50304,
+                                               /*with_ignored=*/false,
+                                               /*ignore_index=*/std::nullopt,
+                                               /*block_rows=*/0, /*loss_tolerance=*/2e-5);
 }
 
 // Llama 3's vocabulary in bf16: rows of 128,256 logits, 2.5 times GPT-2's.
 TEST(ChunkedCrossEntropy, CudaBf16OverLlama3sVocabulary) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  torch::manual_seed(8);
-  const auto logits = (torch::randn({32, 128256}) * 3).to(torch::kCUDA, torch::kBFloat16);
-  expect_bf16_within_one_rounding_of_fp32_path(
-      logits, make_target(32, 128256, true).to(torch::kCUDA), /*ignore_index=*/-100,
-      /*block_rows=*/0, /*loss_tolerance=*/2e-5);
+  expect_bf16_within_one_rounding_of_fp32_path(torch::kCUDA, /*seed=*/8, 32, 128256,
+                                               /*with_ignored=*/true, /*ignore_index=*/-100,
+                                               /*block_rows=*/0, /*loss_tolerance=*/2e-5);
 }
 
 // A NaN logit, or a target out of range (which a kernel cannot throw for), gives a NaN loss that
@@ -261,14 +259,8 @@ void expect_sum_is_torchs(torch::Device device) {
   EXPECT_EQ(ignored.grad.abs().max().item<double>(), 0.0);
 }
 
-TEST(ChunkedCrossEntropy, SumIsTorchsSumOverTheRowsNotIgnored) {
-  expect_sum_is_torchs(torch::kCPU);
-}
-
-TEST(ChunkedCrossEntropy, CudaSumIsTorchsSumOverTheRowsNotIgnored) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  expect_sum_is_torchs(torch::kCUDA);
-}
+PIPETRAIN_TEST_ON_CPU_AND_CUDA(ChunkedCrossEntropy, SumIsTorchsSumOverTheRowsNotIgnored,
+                               expect_sum_is_torchs)
 
 TEST(ChunkedCrossEntropy, ASecondBackwardThroughARetainedGraphFails) {
   const auto logits = torch::randn({4, 5}).requires_grad_();

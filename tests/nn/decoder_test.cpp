@@ -75,26 +75,21 @@ TensorDataset token_windows() {
   return {tokens.slice(1, 0, 8), tokens.slice(1, 1, 9)};
 }
 
-struct DecoderRun : FitRun {
+// Its fusion, where a layout fuses: q, k, v and gate, up through linears().
+struct DecoderRun : PipeLayoutRun {
   bool qwen3 = false;
-  int64_t virtual_stages = 1;
   bool per_rank = false;  // nn::decoder_layers, built per rank, rather than nn::decoder
-  bool fuse = false;      // PipeOptions::fuse_gradient_accumulation
 
   template <typename Visit>
   void fields(Visit&& visit) {
-    FitRun::fields(visit);
-    PIPETRAIN_VISIT_FIELDS(visit, qwen3, virtual_stages, per_rank, fuse);
+    PipeLayoutRun::fields(visit);
+    PIPETRAIN_VISIT_FIELDS(visit, qwen3, per_rank);
   }
 };
 
 // Two epochs of 4 batches of 8 windows, shuffled, gradients clipped at 1.
 void train(const DecoderRun& run) {
-  Trainer trainer(
-      run.trainer_options(
-             PipeOptions().virtual_stages(run.virtual_stages).fuse_gradient_accumulation(run.fuse))
-          .max_epochs(2)
-          .gradient_clip_val(1.0));
+  Trainer trainer(run.trainer_options().max_epochs(2).gradient_clip_val(1.0));
   torch::manual_seed(5);
   const auto config = run.qwen3 ? small_qwen3() : small_llama();
   auto model = run.per_rank ? LanguageModel(nn::decoder_layers(config)) : LanguageModel(config);
@@ -114,10 +109,7 @@ void train(const DecoderRun& run) {
 
 PIPETRAIN_WORKER(decoder_worker) { train_from_env(train); }
 
-void train_in_ranks(const DecoderRun& run) {
-  fs::create_directories(run.root);
-  ASSERT_EQ(run_ranks(static_cast<int>(run.devices), "decoder_worker", to_env(run)), 0) << run.root;
-}
+void train_in_ranks(const DecoderRun& run) { testing::train_in_ranks(run, "decoder_worker"); }
 
 class DecoderPipe : public ::testing::Test {
  protected:
@@ -125,16 +117,9 @@ class DecoderPipe : public ::testing::Test {
   std::string dir = make_temp_dir("decoder");
 };
 
-struct Layout {
-  int64_t stages;
-  std::string schedule, checkpoint;
-  int64_t virtual_stages = 1;
-  bool fuse = false;  // gradient-accumulation fusion: q, k, v and gate, up through linears()
-};
-
 void expect_layouts_train_as_one_process(const std::string& dir, bool qwen3,
-                                         const std::vector<Layout>& layouts, bool per_rank = false,
-                                         double weight_tolerance = 1e-5) {
+                                         const std::vector<PipeLayout>& layouts,
+                                         bool per_rank = false, double weight_tolerance = 1e-5) {
   DecoderRun single;
   single.root = dir + "/single";
   single.qwen3 = qwen3;
@@ -144,18 +129,10 @@ void expect_layouts_train_as_one_process(const std::string& dir, bool qwen3,
   ASSERT_EQ(expected.size(), 8u);
   for (const auto& layout : layouts) {
     DecoderRun pipe;
-    pipe.root = dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" +
-                layout.checkpoint + (layout.fuse ? "-fused" : "");
+    pipe.set_layout(layout, dir, /*chunks=*/4);
     SCOPED_TRACE(pipe.root);
     pipe.qwen3 = qwen3;
-    pipe.strategy = "pipe";
-    pipe.devices = layout.stages;
-    pipe.chunks = 4;
-    pipe.schedule = layout.schedule;
-    pipe.checkpoint = layout.checkpoint;
-    pipe.virtual_stages = layout.virtual_stages;
     pipe.per_rank = per_rank;
-    pipe.fuse = layout.fuse;
     train_in_ranks(pipe);
     expect_same_losses(expected, read_csv_column(metrics_csv(pipe.root), "train_loss"), 1e-5);
     expect_same_weights(single.final_weights(), pipe.final_weights(), weight_tolerance);

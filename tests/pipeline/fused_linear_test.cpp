@@ -21,6 +21,7 @@
 #include "pipetrain/linear.h"
 #include "pipetrain/pipe.h"
 #include "pipetrain/world.h"
+#include "support/devices.h"
 #include "support/multiprocess.h"
 #include "support/reference.h"
 #include "util/compat.h"
@@ -214,14 +215,9 @@ void expect_fused_under_autocast_as_autocast(c10::Device device) {
   }
 }
 
-TEST(FusedGradientAccumulation, UnderAutocastGivesWhatAutocastsLinearGives) {
-  expect_fused_under_autocast_as_autocast(c10::Device(c10::DeviceType::CPU));
-}
-
-TEST(FusedGradientAccumulation, CudaUnderAutocastGivesWhatAutocastsLinearGives) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
-  expect_fused_under_autocast_as_autocast(c10::Device(c10::DeviceType::CUDA));
-}
+PIPETRAIN_TEST_ON_CPU_AND_CUDA(FusedGradientAccumulation,
+                               UnderAutocastGivesWhatAutocastsLinearGives,
+                               expect_fused_under_autocast_as_autocast)
 
 // On a GPU under autocast a fused Linear's weight and bias gradients are the fp32 sums of the bf16
 // operands' products, not rounded to bf16 as autocast's own backward rounds them: the first

@@ -11,6 +11,7 @@
 #include "../../src/pipeline/fused_linear.h"  // internal: FusedLinearScope
 #include "../../src/pipeline/step_weight_casts.h"
 #include "pipetrain/linear.h"
+#include "support/devices.h"
 #include "util/compat.h"
 
 namespace pipetrain::testing::step_weight_casts_test {
@@ -74,14 +75,8 @@ void expect_each_step_reads_its_weights(c10::Device device) {
   }
 }
 
-TEST(StepWeightCasts, EachStepMultipliesTheWeightsAsTheyAreThen) {
-  expect_each_step_reads_its_weights(c10::Device(c10::DeviceType::CPU));
-}
-
-TEST(StepWeightCasts, CudaEachStepMultipliesTheWeightsAsTheyAreThen) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
-  expect_each_step_reads_its_weights(c10::Device(c10::DeviceType::CUDA));
-}
+PIPETRAIN_TEST_ON_CPU_AND_CUDA(StepWeightCasts, EachStepMultipliesTheWeightsAsTheyAreThen,
+                               expect_each_step_reads_its_weights)
 
 // After a first step, the weights it asked for are copied together at the next step's first use,
 // into one buffer; inside a step each is copied once; outside a step, or with autocast's cache off

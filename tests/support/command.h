@@ -1,12 +1,17 @@
 // Running the `pipetrain` command (or any other) from a test and reading what it printed.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "support/multiprocess.h"
 
 namespace pipetrain::testing {
 
@@ -56,8 +61,6 @@ inline std::vector<std::string> pipetrain_command(std::vector<std::string> args,
   return args;
 }
 
-// `pipetrain SUBCOMMAND --model MODEL` into `root`, logging every step to CSV, with no sanity
-// validation and `val_batches` validation batches, then `extra` (seed, batch size, steps...).
 // `pipetrain prepare-data` of a license text every Debian system has into `output` (train.bin and
 // val.bin of byte tokens); a failure fails the test.
 inline CommandResult prepare_license_tokens(const std::string& output) {
@@ -65,6 +68,21 @@ inline CommandResult prepare_license_tokens(const std::string& output) {
       {"prepare-data", "--input", "/usr/share/common-licenses/GPL-3", "--output", output}));
 }
 
+// A test with a folder of its own, `dir` (removed after the test), whose data/ holds the license
+// text's byte tokens (prepare_license_tokens), made before the test runs.
+class LicenseTokensTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto prepared = prepare_license_tokens(dir + "/data");
+    EXPECT_NE(prepared.output.find("wrote "), std::string::npos) << prepared.output;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir); }
+
+  const std::string dir = make_temp_dir("license-tokens");
+};
+
+// `pipetrain SUBCOMMAND --model MODEL` into `root`, logging every step to CSV, with no sanity
+// validation and `val_batches` validation batches, then `extra` (seed, batch size, steps...).
 inline std::vector<std::string> csv_logged_command(const std::string& subcommand,
                                                    const std::string& model,
                                                    const std::string& root, int64_t val_batches,

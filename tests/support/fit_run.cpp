@@ -17,6 +17,23 @@ TrainerOptions FitRun::trainer_options(PipeOptions pipe) const {
       pipe.chunks(chunks).schedule(schedule).checkpoint(checkpoint));
 }
 
+TrainerOptions PipeLayoutRun::trainer_options(PipeOptions pipe) const {
+  return FitRun::trainer_options(
+      pipe.virtual_stages(virtual_stages).fuse_gradient_accumulation(fuse));
+}
+
+void PipeLayoutRun::set_layout(const PipeLayout& layout, const std::string& dir, int64_t chunks) {
+  root = dir + "/" + std::to_string(layout.stages) + "-" + layout.schedule + "-" +
+         layout.checkpoint + (layout.fuse ? "-fused" : "");
+  strategy = "pipe";
+  devices = layout.stages;
+  this->chunks = chunks;
+  schedule = layout.schedule;
+  checkpoint = layout.checkpoint;
+  virtual_stages = layout.virtual_stages;
+  fuse = layout.fuse;
+}
+
 std::string FitRun::last_checkpoint() const { return root + "/checkpoints/last.ckpt"; }
 
 TensorMap FitRun::final_weights() const { return read_checkpoint_weights(last_checkpoint()); }

@@ -76,6 +76,35 @@ struct FitRun {
   std::string recorded_error(int64_t rank) const;
 };
 
+// A pipeline layout a test trains against `single`: one process a stage, its schedule and
+// checkpoint mode, stages per process, and whether Linear layers fuse gradient accumulation.
+struct PipeLayout {
+  int64_t stages;
+  std::string schedule, checkpoint;
+  int64_t virtual_stages = 1;
+  bool fuse = false;  // PipeOptions::fuse_gradient_accumulation
+};
+
+// A FitRun that also sets the pipe's stages per process and gradient-accumulation fusion, and so
+// can run any PipeLayout.
+struct PipeLayoutRun : FitRun {
+  int64_t virtual_stages = 1;
+  bool fuse = false;
+
+  template <typename Visit>
+  void fields(Visit&& visit) {
+    FitRun::fields(visit);
+    PIPETRAIN_VISIT_FIELDS(visit, virtual_stages, fuse);
+  }
+
+  // FitRun's, with these virtual stages and fusion.
+  TrainerOptions trainer_options(PipeOptions pipe = PipeOptions()) const;
+
+  // `layout` under `pipe` on `chunks` micro-batches, rooted at
+  // dir/<stages>-<schedule>-<checkpoint>, "-fused" appended where it fuses.
+  void set_layout(const PipeLayout& layout, const std::string& dir, int64_t chunks);
+};
+
 // This process's rank (RANK, as the launcher sets it; 0 in a test's own process).
 int64_t worker_rank();
 
@@ -136,6 +165,14 @@ Run from_env() {
     }
   });
   return run;
+}
+
+// `run` in run.devices processes of this test binary, each running the PIPETRAIN_WORKER `worker`
+// (train_from_env), after its root is made; a failure if any rank fails.
+template <typename Run>
+void train_in_ranks(const Run& run, const std::string& worker) {
+  std::filesystem::create_directories(run.root);
+  ASSERT_EQ(run_ranks(static_cast<int>(run.devices), worker, to_env(run)), 0) << run.root;
 }
 
 // In a worker rank: `train` on the run to_env() described, a failure recorded for

@@ -51,6 +51,7 @@ class Regression : public Module {
       : Module(torch::nn::Sequential(torch::nn::Linear(3, 8), torch::nn::Tanh(),
                                      torch::nn::Linear(8, 1))) {}
   explicit Regression(torch::nn::Sequential layers) : Module(std::move(layers)) {}
+  explicit Regression(std::vector<LayerSpec> layers) : Module(std::move(layers)) {}
   at::Tensor training_step(const Batch& batch, int64_t) override {
     auto loss = torch::mse_loss(forward(batch.data), batch.target);
     log("train_loss", loss);
@@ -100,6 +101,23 @@ class BatchEndRecorder : public Callback {
   std::vector<int64_t> batches, steps;
   std::vector<double> losses, train_loss_metric;
 };
+
+// A fit of a Regression (built after its Trainer) under `options`, a BatchEndRecorder its callback.
+struct RecordedFit {
+  std::shared_ptr<BatchEndRecorder> seen = std::make_shared<BatchEndRecorder>();
+  std::vector<double> losses;                      // the model's, as training_step returned them
+  std::map<std::string, double> callback_metrics;  // the Trainer's, after fit()
+};
+
+RecordedFit fit_recording_batch_ends(TrainerOptions options) {
+  RecordedFit fit;
+  Trainer trainer(options.callbacks({fit.seen}));
+  Regression model;
+  trainer.fit(model, shuffled_data());
+  fit.losses = model.losses;
+  fit.callback_metrics = trainer.callback_metrics();
+  return fit;
+}
 
 // `run` throws std::invalid_argument saying `words`.
 void expect_refused(const std::function<void()>& run, const std::string& words) {
@@ -161,6 +179,7 @@ TEST(TrainerUserDefects, CheckpointSavedAfterFitResumesAsIfFitHadNeverStopped) {
 // Regression with a validation loss.
 class ValidatedRegression : public Regression {
  public:
+  using Regression::Regression;
   void validation_step(const Batch& batch, int64_t) override {
     log("val_loss", torch::mse_loss(forward(batch.data), batch.target));
   }
@@ -526,20 +545,12 @@ TEST(TrainerUserDefects, AFrozenTiedParameterStaysAsItWas) {
 // A model built per rank is built by the first Trainer that sets it up; a second Trainer of the
 // same layout evaluates the trained layers, not layers built afresh, and another layout is
 // refused rather than rebuilt.
-class RegressionBuiltPerRank : public Module {
+class RegressionBuiltPerRank : public ValidatedRegression {
  public:
   RegressionBuiltPerRank()
-      : Module(std::vector<LayerSpec>{layer([] { return torch::nn::Linear(3, 8); }),
-                                      layer([] { return torch::nn::Tanh(); }),
-                                      layer([] { return torch::nn::Linear(8, 1); })}) {}
-  at::Tensor training_step(const Batch& batch, int64_t) override {
-    return torch::mse_loss(forward(batch.data), batch.target);
-  }
-  void validation_step(const Batch& batch, int64_t) override {
-    log("val_loss", torch::mse_loss(forward(batch.data), batch.target));
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.05));
+      : ValidatedRegression(std::vector<LayerSpec>{layer([] { return torch::nn::Linear(3, 8); }),
+                                                   layer([] { return torch::nn::Tanh(); }),
+                                                   layer([] { return torch::nn::Linear(8, 1); })}) {
   }
 };
 
@@ -586,18 +597,14 @@ TEST(TrainerUserDefects, CheckpointBeforeAnyFitIsRefusedSayingWhy) {
 // accumulate; global_step tells the batches that stepped the optimizer.
 TEST(TrainerUserDefects, BatchEndHookGetsEveryBatchsLossUnderAccumulation) {
   const TempDir dir;
-  auto recorder = std::make_shared<BatchEndRecorder>();
-  Trainer trainer(
-      quiet_options(dir / "run").max_epochs(1).accumulate_grad_batches(2).callbacks({recorder}));
-  Regression model;
-  trainer.fit(model, shuffled_data());
-
-  EXPECT_EQ(recorder->batches, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
-  EXPECT_EQ(recorder->steps, (std::vector<int64_t>{0, 1, 1, 2, 2, 3}));
-  ASSERT_EQ(recorder->losses.size(), model.losses.size());
-  for (size_t batch = 0; batch < model.losses.size(); ++batch) {
-    EXPECT_TRUE(std::isfinite(recorder->losses[batch])) << "batch " << batch;
-    EXPECT_EQ(recorder->losses[batch], model.losses[batch]) << "batch " << batch;
+  const auto fit =
+      fit_recording_batch_ends(quiet_options(dir / "run").max_epochs(1).accumulate_grad_batches(2));
+  EXPECT_EQ(fit.seen->batches, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(fit.seen->steps, (std::vector<int64_t>{0, 1, 1, 2, 2, 3}));
+  ASSERT_EQ(fit.seen->losses.size(), fit.losses.size());
+  for (size_t batch = 0; batch < fit.losses.size(); ++batch) {
+    EXPECT_TRUE(std::isfinite(fit.seen->losses[batch])) << "batch " << batch;
+    EXPECT_EQ(fit.seen->losses[batch], fit.losses[batch]) << "batch " << batch;
   }
 }
 
@@ -605,14 +612,10 @@ TEST(TrainerUserDefects, BatchEndHookGetsEveryBatchsLossUnderAccumulation) {
 // logging steps (here there are none): what EarlyStopping and ModelCheckpoint read.
 TEST(TrainerUserDefects, CallbackMetricsHoldTheLatestLoggedValueAfterEveryBatch) {
   const TempDir dir;
-  auto recorder = std::make_shared<BatchEndRecorder>();
-  Trainer trainer(
-      quiet_options(dir / "run").max_steps(5).log_every_n_steps(1000).callbacks({recorder}));
-  Regression model;
-  trainer.fit(model, shuffled_data());
-
-  EXPECT_EQ(recorder->train_loss_metric, model.losses);
-  EXPECT_EQ(trainer.callback_metrics().at("train_loss"), model.losses.back());
+  const auto fit =
+      fit_recording_batch_ends(quiet_options(dir / "run").max_steps(5).log_every_n_steps(1000));
+  EXPECT_EQ(fit.seen->train_loss_metric, fit.losses);
+  EXPECT_EQ(fit.callback_metrics.at("train_loss"), fit.losses.back());
 }
 
 // Regression by SGD (no Adam to turn a small difference into a sign's), with its parameters'
