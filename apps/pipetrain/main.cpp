@@ -262,11 +262,12 @@ void add_flags(CLI::App& app, Args& a) {
   add("--corpus", a.model.corpus,
       "gpt: a text file to train on (default: /usr/share/common-licenses)");
   add("--train-data", a.model.train_data,
-      "gpt, gpt2, llama, qwen3: token file to train on (nanoGPT's train.bin of uint16 tokens, or "
-      "an llm.c shard: GPT-2's uint16 or Llama 3's uint32; see prepare-data)");
+      "gpt, gpt2, llama, qwen3: tokens to train on: a file (nanoGPT's train.bin of uint16 "
+      "tokens, or an llm.c shard: GPT-2's uint16 or Llama 3's uint32), a folder of shards "
+      "(its *_train_*.bin) or a quoted glob ('data/*_train_*.bin'); see prepare-data");
   add("--val-data", a.model.val_data,
-      "gpt, gpt2, llama, qwen3: token file to validate on (default: val.bin beside --train-data, "
-      "if there)");
+      "gpt, gpt2, llama, qwen3: tokens to validate on, as --train-data (default: the val shards "
+      "or val.bin beside --train-data, if there)");
   add_shape_flags(app, a.model);
   add("--strategy", t.strategy(),
       "how to place the model: single, pipe, ddp, ddp_pipe, or a registered name");
@@ -858,17 +859,39 @@ int main(int argc, char** argv) {
                              "llama, qwen3: the largest weights file, as transformers spells it "
                              "(5GB, 500MB, 2GiB)");
   pipetrain::cli::PrepareDataOptions prepare;
-  CLI::App* prepare_command =
-      app.add_subcommand("prepare-data", "make token files (train.bin, val.bin) from any text");
-  prepare_command->add_option("--input", prepare.input, "the text file")->required();
-  prepare_command->add_option("--output", prepare.output, "directory for train.bin and val.bin")
+  CLI::App* prepare_command = app.add_subcommand(
+      "prepare-data",
+      "make token files from text: with --tokenizer llm.c shards of its ids, without train.bin "
+      "and val.bin of byte tokens");
+  prepare_command
+      ->add_option("--input", prepare.inputs,
+                   "a text file, a JSONL file, a folder of them (sorted), or - (standard "
+                   "input); repeatable (byte tokens: one file)")
+      ->required();
+  prepare_command->add_option("--output", prepare.output, "directory for the token files")
       ->required();
   prepare_command->add_option("--val-fraction", prepare.val_fraction,
-                              "share of the text, from its end, for val.bin");
+                              "share of the documents for the val shards (byte tokens: of the "
+                              "text, from its end, for val.bin)");
+  prepare_command->add_option("--tokenizer", prepare.tokenizer,
+                              "a Hugging Face tokenizer.json, or a model's folder holding one");
   prepare_command->add_option("--format", prepare.format,
-                              "nanogpt (raw tokens) or llmc (llm.c's header first)");
+                              "the input's format, with --tokenizer: text (a file is a document) "
+                              "or jsonl (a line is one); default: jsonl for .jsonl files");
+  prepare_command->add_option("--text-field", prepare.text_field,
+                              "with --tokenizer: the JSONL field that holds a document's text");
+  prepare_command->add_option("--shard-size", prepare.shard_size,
+                              "with --tokenizer: tokens per shard (the last one shorter)");
+  prepare_command->add_option("--name", prepare.name,
+                              "with --tokenizer: shards are NAME_train_000000.bin, "
+                              "NAME_val_000000.bin, ... (default: the --output folder's name)");
+  prepare_command->add_option("--threads", prepare.threads,
+                              "with --tokenizer: threads that encode (0: every core)");
+  prepare_command->add_option("--file-format", prepare.file_format,
+                              "byte tokens: nanogpt (raw tokens) or llmc (llm.c's header first)");
   prepare_command->add_option("--token-dtype", prepare.token_dtype,
-                              "uint16, or uint32 with --format llmc (llm.c's Llama 3 shard)");
+                              "byte tokens: uint16, or uint32 with --file-format llmc (llm.c's "
+                              "Llama 3 shard)");
   // Errors name the rank that met them, once (the distributed layer's own messages already do).
   const char* rank = std::getenv("RANK");
   auto report = [&](const std::string& message) {
@@ -913,6 +936,24 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (prepare_command->parsed()) {
+      // Each kind of token files has flags of its own: given to the other, they are refused
+      // (--format, prepare_data's).
+      const bool tokenized = !prepare.tokenizer.empty();
+      const auto refuse_given = [&](std::initializer_list<const char*> flags, const char* why) {
+        for (const char* flag : flags) {
+          if (prepare_command->get_option(flag)->count() > 0) {
+            throw std::invalid_argument(std::string(flag) + why);
+          }
+        }
+      };
+      if (tokenized) {
+        refuse_given({"--file-format", "--token-dtype"},
+                     " is for byte tokens: a tokenizer's ids are written as llm.c shards, of a "
+                     "width its vocabulary gives");
+      } else {
+        refuse_given({"--text-field", "--shard-size", "--name", "--threads"},
+                     " is for a tokenizer's shards: pass --tokenizer");
+      }
       std::cout << pipetrain::cli::prepare_data(prepare) << std::endl;
       return 0;
     }

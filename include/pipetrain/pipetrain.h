@@ -24,9 +24,11 @@
 #include "pipetrain/trainer.h"
 #include "pipetrain/trainer_options.h"
 
-// Data: datasets and the loader; LibTorch datasets and token files as datasets.
+// Data: datasets and the loader; LibTorch datasets and token files (one, or a folder of shards)
+// as datasets; Hugging Face tokenizers.
 #include "pipetrain/data.h"
 #include "pipetrain/token_dataset.h"
+#include "pipetrain/token_shards.h"
 #include "pipetrain/tokenizer.h"
 #include "pipetrain/torch_dataset.h"
 

@@ -59,7 +59,7 @@ TEST_F(TokenData, AResumeMidEpochContinuesWithTheBatchesOfAnUninterruptedRun) {
 
 TEST_F(TokenData, ThirtyTwoBitShardsOfPrepareDataTrainTheLanguageModel) {
   run_ok({PIPETRAIN_CLI, "prepare-data", "--input", "/usr/share/common-licenses/GPL-3", "--output",
-          dir + "/wide", "--format", "llmc", "--token-dtype", "uint32"});
+          dir + "/wide", "--file-format", "llmc", "--token-dtype", "uint32"});
   // llm.c's Llama 3 header (magic 20240801, version 7, the token count), then 4 bytes a token.
   std::ifstream in(dir + "/wide/train.bin", std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -79,7 +79,7 @@ TEST_F(TokenData, ThirtyTwoBitShardsOfPrepareDataTrainTheLanguageModel) {
       run_command({PIPETRAIN_CLI, "prepare-data", "--input", "/usr/share/common-licenses/GPL-3",
                    "--output", dir + "/raw", "--token-dtype", "uint32"});
   EXPECT_EQ(raw.exit_code, 2) << raw.output;
-  EXPECT_NE(raw.output.find("--token-dtype uint32 needs --format llmc"), std::string::npos)
+  EXPECT_NE(raw.output.find("--token-dtype uint32 needs --file-format llmc"), std::string::npos)
       << raw.output;
 }
 

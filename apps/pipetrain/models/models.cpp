@@ -10,13 +10,12 @@
 #include <optional>
 #include <stdexcept>
 
-#include <pipetrain/token_dataset.h>
-
 #include <pipetrain/checkpoint_io.h>
 
 #include "models/gpt2.h"
 #include "models/hf_decoder.h"
 #include "models/hf_gpt2.h"
+#include "models/token_data.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -117,38 +116,12 @@ std::shared_ptr<const Dataset> rows(const TensorDataset& data, int64_t begin, in
 
 constexpr int64_t kByteVocabulary = 256;
 
-std::string sibling(const std::string& path, const std::string& name) {
-  return (std::filesystem::path(path).parent_path() / name).string();
-}
-
-// A token file of a model's vocabulary. 16-bit tokens cannot hold a vocabulary past 65536: such
-// a file (nanoGPT's raw layout) is most likely 32-bit tokens read two halves at a time, which
-// would train on ids that all lie in range, so it is refused.
-std::shared_ptr<TokenDataset> token_file(const std::string& path, int64_t block_size,
-                                         int64_t vocab_size) {
-  auto data = std::make_shared<TokenDataset>(path, block_size, vocab_size);
-  constexpr int64_t kUint16Tokens = int64_t{1} << 16;
-  if (vocab_size > kUint16Tokens && data->dtype() == TokenDtype::kUint16) {
-    throw std::invalid_argument(
-        path +
-        " holds 16-bit tokens (a raw file, or an llm.c GPT-2 shard), which cannot hold a "
-        "vocabulary of " +
-        std::to_string(vocab_size) +
-        ": write llm.c's Llama 3 shards of 32-bit tokens (pipetrain prepare-data --format llmc "
-        "--token-dtype uint32, or llm.c's own)");
-  }
-  return data;
-}
-
-// A language model's data: --train-data, and --val-data or else a val.bin beside the training file.
+// A language model's data: --train-data, and --val-data or what lies beside the training data.
 void read_token_files(const ModelOptions& options, int64_t block_size, int64_t vocab_size,
                       BuiltInModel& built) {
-  built.train = token_file(options.train_data, block_size, vocab_size);
-  std::string val_data = options.val_data;
-  if (val_data.empty() && std::filesystem::exists(sibling(options.train_data, "val.bin"))) {
-    val_data = sibling(options.train_data, "val.bin");
-  }
-  if (!val_data.empty()) built.val = token_file(val_data, block_size, vocab_size);
+  auto data = read_token_data(options.train_data, options.val_data, block_size, vocab_size);
+  built.train = std::move(data.train);
+  built.val = std::move(data.val);
 }
 
 std::string all_bytes() {

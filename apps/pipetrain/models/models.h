@@ -22,8 +22,9 @@ struct ModelOptions {
   double lr = 0.003;
   double dropout = 0.0;
   std::string corpus;  // gpt: a text file; empty: /usr/share/common-licenses
-  // gpt: token files (nanoGPT's .bin or llm.c shards) instead of the corpus. An empty val_data
-  // means val.bin beside train_data where there is one, else no validation data.
+  // gpt: token files (nanoGPT's .bin or llm.c shards) instead of the corpus: a file, a folder of
+  // shards or a glob (token_data.h). An empty val_data means the validation files beside
+  // train_data where there are some, else no validation data.
   std::string train_data;
   std::string val_data;
   int64_t vocab_size = 0;  // 0: the model's (gpt on token files: 256, byte tokens)

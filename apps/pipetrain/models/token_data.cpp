@@ -1,0 +1,67 @@
+#include "models/token_data.h"
+
+#include <filesystem>
+#include <stdexcept>
+
+#include "models/tokenizer_info.h"
+
+namespace pipetrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The files of `source` for `flag`, as one dataset of a model's vocabulary. 16-bit tokens cannot
+// hold a vocabulary past 65536: such a file (nanoGPT's raw layout) is most likely 32-bit tokens
+// read two halves at a time, which would train on ids that all lie in range, so it is refused.
+std::shared_ptr<const TokenShards> open_files(const std::string& flag, const std::string& source,
+                                              const std::string& split, int64_t block_size,
+                                              int64_t vocab_size) {
+  const auto files = find_token_files(source, split);
+  check_tokenizer_vocabulary(files, vocab_size, flag, source);
+  auto data = std::make_shared<const TokenShards>(files, block_size, vocab_size);
+  constexpr int64_t kUint16Tokens = int64_t{1} << 16;
+  if (vocab_size > kUint16Tokens && data->dtype() == TokenDtype::kUint16) {
+    throw std::invalid_argument(
+        flag + " " + source +
+        " holds 16-bit tokens (a raw file, or an llm.c GPT-2 shard), which cannot hold a "
+        "vocabulary of " +
+        std::to_string(vocab_size) +
+        ": write llm.c's Llama 3 shards of 32-bit tokens (pipetrain prepare-data --tokenizer, or "
+        "--file-format llmc --token-dtype uint32, or llm.c's own)");
+  }
+  return data;
+}
+
+// Whether `source` names any token files of `split`.
+bool has_files(const std::string& source, const std::string& split) {
+  try {
+    return !find_token_files(source, split).empty();
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+// The validation data beside `train_data`, or "" where there is none.
+std::string default_val_data(const std::string& train_data) {
+  if (fs::is_directory(train_data)) return has_files(train_data, "val") ? train_data : "";
+  const size_t train = train_data.rfind("_train_");
+  if (!fs::exists(train_data) && train != std::string::npos) {
+    const std::string val = std::string(train_data).replace(train, 7, "_val_");
+    return has_files(val, "val") ? val : "";
+  }
+  const auto beside = (fs::path(train_data).parent_path() / "val.bin").string();
+  return fs::exists(beside) ? beside : "";
+}
+
+}  // namespace
+
+TokenData read_token_data(const std::string& train_data, const std::string& val_data,
+                          int64_t block_size, int64_t vocab_size) {
+  TokenData data;
+  data.train = open_files("--train-data", train_data, "train", block_size, vocab_size);
+  const std::string val = val_data.empty() ? default_val_data(train_data) : val_data;
+  if (!val.empty()) data.val = open_files("--val-data", val, "val", block_size, vocab_size);
+  return data;
+}
+
+}  // namespace pipetrain::cli

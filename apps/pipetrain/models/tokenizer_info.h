@@ -1,0 +1,42 @@
+// tokenizer_info.json: what `pipetrain prepare-data --tokenizer` writes beside its shards, so that
+// the folder says which tokenizer made its tokens (and a model of a smaller vocabulary is refused
+// before it trains on ids it has no embedding for). Its keys: "tokenizer" (the tokenizer.json
+// read), "vocab_size", "bos_token_id" and "eos_token_id" (null where the tokenizer has none),
+// "dtype" ("uint16" or "uint32"), "shard_size", and per split ("train", "val") the documents,
+// tokens and shard file names.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pipetrain::cli {
+
+inline constexpr const char* kTokenizerInfoFile = "tokenizer_info.json";
+
+struct SplitCounts {
+  int64_t documents = 0;
+  int64_t tokens = 0;
+  std::vector<std::string> shards;  // file names, in order
+};
+
+struct TokenizerInfo {
+  std::string tokenizer;
+  int64_t vocab_size = 0;
+  std::optional<int64_t> bos_token_id, eos_token_id;
+  std::string dtype;
+  int64_t shard_size = 0;
+  SplitCounts train, val;
+};
+
+// Writes `folder`/tokenizer_info.json, replacing it atomically.
+void write_tokenizer_info(const std::string& folder, const TokenizerInfo& info);
+
+// Refuses token files whose folder's tokenizer_info.json gives a vocabulary larger than the
+// model's `vocab_size`: std::invalid_argument naming `flag` (--train-data, --val-data), `source`
+// and both sizes. Files in a folder without one pass.
+void check_tokenizer_vocabulary(const std::vector<std::string>& files, int64_t vocab_size,
+                                const std::string& flag, const std::string& source);
+
+}  // namespace pipetrain::cli
