@@ -373,6 +373,10 @@ TEST(ChatTemplate, ConstructsMatchPythonJinja) {
       {"chained comparison", "{{ (1 < 2 < 3) | tojson }}{{ (3 > 2 > 2) | tojson }}", "truefalse"},
       {"unknown escapes stay", "{{ '\\d' }}", "\\d"},
       {"tuples", "{{ () | length }}{{ (1,) | length }}{{ (1, 2) | length }}", "012"},
+      {"transformers' global functions are defined",
+       "{% if strftime_now is defined and raise_exception is defined %}yes{% endif %}|"
+       "{{ strftime_now('%Y') | length }}",
+       "yes|4"},
       {"booleans and None print as Python's", "{{ true }} {{ false }} {{ none }}",
        "True False None"},
       {"trim is Python's whitespace", "[{{ '\034\ufeffa\037' | trim }}][{{ text2 | trim }}]",

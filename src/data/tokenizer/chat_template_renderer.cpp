@@ -353,6 +353,13 @@ class Renderer {
     }
   }
 
+  bool is_bound(const std::string& name) const {
+    for (const auto& scope : scopes_) {
+      if (scope.count(name)) return true;
+    }
+    return false;
+  }
+
   Value lookup(const std::string& name, Position position) const {
     for (auto scope = scopes_.rbegin(); scope != scopes_.rend(); ++scope) {
       const auto found = scope->find(name);
@@ -431,6 +438,12 @@ class Renderer {
         return apply_filter(expr.name, value, evaluate_arguments(expr), expr.position);
       }
       case Expr::Kind::Test: {
+        // transformers' global functions are defined: `strftime_now is defined` is true.
+        if ((expr.name == "defined" || expr.name == "undefined") &&
+            expr.object->kind == Expr::Kind::Name && !is_bound(expr.object->name) &&
+            is_global_function(expr.object->name)) {
+          return Value(expr.name == "defined");
+        }
         const Value value = evaluate(*expr.object);
         return Value(apply_test(expr.name, value, evaluate_arguments(expr), expr.position));
       }
