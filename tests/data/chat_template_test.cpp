@@ -186,8 +186,10 @@ TEST(ChatTemplate, Qwen3MatchesReference) {
       cases.push_back(std::move(c));
     }
   }
+  // transformers' tojson escapes no HTML (Jinja's own would write \u003c for '<').
   ordered_json tools = ordered_json::parse(R"([
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+    {"type": "function", "function": {"name": "get_weather",
+     "description": "Weather of a <city> & its 'region'",
      "parameters": {"type": "object", "properties": {"city": {"type": "string"},
                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
                     "required": ["city"]}}},
