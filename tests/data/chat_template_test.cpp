@@ -375,6 +375,14 @@ TEST(ChatTemplate, ConstructsMatchPythonJinja) {
       {"chained comparison", "{{ (1 < 2 < 3) | tojson }}{{ (3 > 2 > 2) | tojson }}", "truefalse"},
       {"unknown escapes stay", "{{ '\\d' }}", "\\d"},
       {"tuples", "{{ () | length }}{{ (1,) | length }}{{ (1, 2) | length }}", "012"},
+      {"generators, tuples, dict views and ranges are not lists",
+       "{% if [] | select %}true{% endif %}|{{ [1, 2] == (1, 2) }}|{{ (1, 2) == (1, 2) }}|"
+       "{{ d.items() | list | length }}|{{ d.keys()[0] is defined }}|{{ range(3)[1] }}|"
+       "{{ (msgs | map(attribute='role') | list)[1] }}",
+       "true|False|True|3|False|1|assistant"},
+      {"odd, even and divisibleby of floats",
+       "{{ (1.5 is odd) ~ (2.0 is even) ~ (4.5 is divisibleby 1.5) ~ (true is odd) }}",
+       "FalseTrueTrueTrue"},
       {"transformers' global functions are defined",
        "{% if strftime_now is defined and raise_exception is defined %}yes{% endif %}|"
        "{{ strftime_now('%Y') | length }}",
@@ -471,6 +479,14 @@ TEST(ChatTemplate, FailsWhereTransformersRaises) {
             std::string::npos);
   EXPECT_NE(thrown<std::runtime_error>("{{ u.x }}").find("'u' is undefined"), std::string::npos);
   EXPECT_NE(thrown<std::runtime_error>("{{ 1 + 'a' }}").find("unsupported operand"),
+            std::string::npos);
+  // select, map and their kin return generators, which have no length (`| list` first).
+  EXPECT_NE(thrown<std::runtime_error>("{{ [1] | select | length }}")
+                .find("line 1, column 19: object of type 'generator' has no len()"),
+            std::string::npos);
+  // Jinja slices with Python's subscript: other types fail rather than give undefined.
+  EXPECT_NE(thrown<std::runtime_error>("{{ x[1:] }}", {{"x", 5}})
+                .find("'int' object is not subscriptable"),
             std::string::npos);
   // Qwen3's template reads an assistant's content as a string: None fails there, as in Python.
   SKIP_WITHOUT_REFERENCE();

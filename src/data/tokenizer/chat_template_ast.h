@@ -20,7 +20,7 @@ struct Expr {
     Literal,      // value
     Name,         // name
     List,         // items
-    Tuple,        // items (a list to the renderer, as Jinja's tuples are read-only lists)
+    Tuple,        // items
     Dict,         // items: key, value, key, value, ...
     Attribute,    // object.name
     Item,         // object[items[0]]

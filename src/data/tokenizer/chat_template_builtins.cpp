@@ -212,7 +212,11 @@ bool starts_or_ends_with(const std::string& text, const Value& affixes, bool sta
     return start ? text.compare(0, a.size(), a) == 0
                  : text.compare(text.size() - a.size(), a.size(), a) == 0;
   };
-  if (affixes.type() == Value::Type::List) {  // a tuple of prefixes
+  if (affixes.type() == Value::Type::List) {
+    if (affixes.sequence() != Value::Sequence::Tuple) {
+      fail(position, std::string(start ? "startswith" : "endswith") +
+                         " first arg must be str or a tuple of str, not " + type_name(affixes));
+    }
     return std::any_of(affixes.as_list().begin(), affixes.as_list().end(), matches);
   }
   return matches(affixes);
@@ -250,6 +254,9 @@ int64_t length(const Value& value, Position position) {
     case Value::Type::String:
       return static_cast<int64_t>(decode_utf8(value.as_string(), position).size());
     case Value::Type::List:
+      if (value.sequence() == Value::Sequence::Generator) {
+        fail(position, "object of type 'generator' has no len()");
+      }
       return static_cast<int64_t>(value.as_list().size());
     case Value::Type::Dict:
       return static_cast<int64_t>(value.as_dict().size());
@@ -300,7 +307,7 @@ Value select(const std::string& filter, const Value& value, const Arguments& arg
         test.empty() ? truthy(tested) : apply_test(test, tested, test_arguments, position);
     if (passes == keep) kept.push_back(item);
   }
-  return Value::list(std::move(kept));
+  return Value::list(std::move(kept), Value::Sequence::Generator);
 }
 
 Value map(const Value& value, const Arguments& arguments, Position position) {
@@ -322,7 +329,7 @@ Value map(const Value& value, const Arguments& arguments, Position position) {
       mapped.push_back(apply_filter(filter, item, rest, position));
     }
   }
-  return Value::list(std::move(mapped));
+  return Value::list(std::move(mapped), Value::Sequence::Generator);
 }
 
 // Python's int() of a filter's input, or the default where it cannot convert.
@@ -383,7 +390,7 @@ Value tojson(const Value& value, const Arguments& arguments, Position position) 
   }
   if (bound[2] && !bound[2]->is_none()) {
     const Value& separators = *bound[2];
-    if (separators.type() != Value::Type::List || separators.as_list().size() != 2) {
+    if (!separators.is_indexable_sequence() || separators.as_list().size() != 2) {
       fail(position, "tojson's separators must be a pair of str");
     }
     style.separators =
@@ -455,10 +462,10 @@ Value get_item(const Value& object, const Value& key, Position position) {
     return Value::undefined("'" + type_name(object) + " object' has no attribute '" +
                             key.as_string() + "'");
   }
-  if (key.is_integral() &&
-      (object.type() == Value::Type::List || object.type() == Value::Type::String)) {
-    const List items = object.type() == Value::Type::List ? List{} : iterate(object, position);
-    const List& sequence = object.type() == Value::Type::List ? object.as_list() : items;
+  // Generators and dict views cannot be indexed: Jinja's undefined.
+  if (key.is_integral() && (object.is_indexable_sequence() || object.is_string())) {
+    const List items = object.is_string() ? iterate(object, position) : List{};
+    const List& sequence = object.is_string() ? items : object.as_list();
     int64_t index = key.as_int();
     if (index < 0) index += static_cast<int64_t>(sequence.size());
     if (index >= 0 && index < static_cast<int64_t>(sequence.size())) return sequence[index];
@@ -496,7 +503,10 @@ Value apply_filter(const std::string& name, const Value& value, const Arguments&
   }
   if (name == "first" || name == "last") {
     bind(arguments, {}, what, position);
-    if (value.is_undefined() && name == "last") fail(position, "last of an undefined value");
+    if (name == "last" && value.type() == Value::Type::List &&
+        value.sequence() == Value::Sequence::Generator) {
+      fail(position, "'" + type_name(value) + "' object is not reversible");
+    }
     const List items = iterate(value, position);
     if (items.empty()) return Value::undefined("No " + name + " item, sequence was empty.");
     return name == "first" ? items.front() : items.back();
@@ -524,18 +534,25 @@ Value apply_filter(const std::string& name, const Value& value, const Arguments&
       std::reverse(code_points.begin(), code_points.end());
       return Value(encode_utf8(code_points));
     }
-    if (value.is_undefined()) fail(position, "reverse of an undefined value");
+    // Jinja returns reversed(value), an iterator, or a list where value is a generator.
     List items = iterate(value, position);
     std::reverse(items.begin(), items.end());
-    return Value::list(std::move(items));
+    return Value::list(std::move(items), value.sequence() == Value::Sequence::Generator
+                                             ? Value::Sequence::List
+                                             : Value::Sequence::Generator);
   }
   if (name == "items") {
     bind(arguments, {}, what, position);
-    if (value.is_undefined()) return Value::list({});
-    if (value.type() != Value::Type::Dict) fail(position, "items expects a dict");
+    // A generator of (key, value) tuples.
     List pairs;
-    for (const auto& [key, item] : value.as_dict()) pairs.push_back(Value::list({key, item}));
-    return Value::list(std::move(pairs));
+    if (!value.is_undefined()) {
+      if (value.type() != Value::Type::Dict)
+        fail(position, "Can only get item pairs from a mapping.");
+      for (const auto& [key, item] : value.as_dict()) {
+        pairs.push_back(Value::list({key, item}, Value::Sequence::Tuple));
+      }
+    }
+    return Value::list(std::move(pairs), Value::Sequence::Generator);
   }
   if (name == "replace") {
     const auto bound = bind(arguments, {"old", "new", "count"}, what, position);
@@ -543,6 +560,11 @@ Value apply_filter(const std::string& name, const Value& value, const Arguments&
     const int64_t count = bound[2] && !bound[2]->is_none() ? bound[2]->as_int() : -1;
     return Value(replace(to_str(value, position), to_str(*bound[0], position),
                          to_str(*bound[1], position), count, position));
+  }
+  // int() and float() of undefined fail, as Jinja's Undefined.__int__ does.
+  if ((name == "int" || name == "float") && value.is_undefined()) {
+    fail(position,
+         value.undefined_what().empty() ? "the value is undefined" : value.undefined_what());
   }
   if (name == "int") {
     const auto bound = bind(arguments, {"default"}, what, position);
@@ -588,16 +610,31 @@ bool apply_test(const std::string& name, const Value& value, const Arguments& ar
   if (name == "number") return value.is_number();  // Python's bool is a number
   if (name == "string") return type == Type::String;
   if (name == "mapping") return type == Type::Dict;
-  // Jinja's undefined iterates (as empty) and has a length.
-  if (name == "iterable" || name == "sequence") {
+  // Jinja's undefined iterates (as empty) and has a length; a sequence has a length and items.
+  if (name == "iterable") {
     return type == Type::String || type == Type::List || type == Type::Dict ||
            type == Type::Undefined;
   }
+  if (name == "sequence") {
+    return type == Type::String || value.is_indexable_sequence() || type == Type::Dict ||
+           type == Type::Undefined;
+  }
   if (name == "odd" || name == "even" || name == "divisibleby") {
-    const int64_t divisor = name == "divisibleby" ? other().as_int() : 2;
-    if (!value.is_integral()) fail(position, what + " expects an int");
-    if (divisor == 0) fail(position, "integer division or modulo by zero");
-    const int64_t remainder = ((value.as_int() % divisor) + divisor) % divisor;
+    // value % 2 == 1, value % 2 == 0, value % num == 0, with Python's modulo.
+    const Value divisor = name == "divisibleby" ? other() : Value(int64_t{2});
+    if (!value.is_number() || !divisor.is_number()) {
+      fail(position, what + " expects numbers, not '" + type_name(value) + "'");
+    }
+    if (divisor.as_float() == 0) fail(position, "integer division or modulo by zero");
+    double remainder;
+    if (value.is_integral() && divisor.is_integral()) {
+      const int64_t d = divisor.as_int();
+      remainder = static_cast<double>(((value.as_int() % d) + d) % d);
+    } else {
+      const double d = divisor.as_float();
+      remainder = std::fmod(value.as_float(), d);
+      if (remainder != 0 && ((remainder < 0) != (d < 0))) remainder += d;
+    }
     return name == "odd" ? remainder == 1 : remainder == 0;
   }
   if (one_of(name, {"eq", "equalto", "=="})) return equals(value, other());
@@ -674,7 +711,7 @@ Value call_global_function(const std::string& name, const Arguments& arguments, 
       if (numbers.size() >= 100000) fail(position, "range too big, maximum size is 100000");
       numbers.emplace_back(i);
     }
-    return Value::list(std::move(numbers));
+    return Value::list(std::move(numbers), Value::Sequence::Range);
   }
   if (name == "strftime_now") {
     // transformers: datetime.now().strftime(format), local time.
@@ -751,11 +788,13 @@ Value call_method(const Value& object, const std::string& name, const Arguments&
       bind(arguments, {}, "dict." + name, position);
       List items;
       for (const auto& [key, item] : object.as_dict()) {
-        items.push_back(name == "items"  ? Value::list({key, item})
+        items.push_back(name == "items"  ? Value::list({key, item}, Value::Sequence::Tuple)
                         : name == "keys" ? Value(key)
                                          : item);
       }
-      return Value::list(std::move(items));
+      return Value::list(std::move(items), name == "items"  ? Value::Sequence::DictItems
+                                           : name == "keys" ? Value::Sequence::DictKeys
+                                                            : Value::Sequence::DictValues);
     }
     if (name == "get") {
       const auto bound = bind(arguments, {"key", "default"}, "dict.get", position);

@@ -51,7 +51,7 @@ Value repeat(const Value& sequence, int64_t times) {
   for (int64_t i = 0; i < times; ++i) {
     out.insert(out.end(), sequence.as_list().begin(), sequence.as_list().end());
   }
-  return Value::list(std::move(out));
+  return Value::list(std::move(out), sequence.sequence());
 }
 
 Value arithmetic(const std::string& op, const Value& a, const Value& b, Position position) {
@@ -115,13 +115,20 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, Position
       return Value(std::pow(x, y));
     }
   }
-  const bool sequence_a = a.is_string() || a.type() == Value::Type::List;
-  const bool sequence_b = b.is_string() || b.type() == Value::Type::List;
-  if (op == "+" && sequence_a && a.type() == b.type()) {
+  // Lists and tuples add and repeat (a list to a list, a tuple to a tuple), as strings do.
+  auto concatenable = [](const Value& v) {
+    return v.is_string() ||
+           (v.type() == Value::Type::List &&
+            (v.sequence() == Value::Sequence::List || v.sequence() == Value::Sequence::Tuple));
+  };
+  const bool sequence_a = concatenable(a);
+  const bool sequence_b = concatenable(b);
+  if (op == "+" && sequence_a && sequence_b && a.type() == b.type() &&
+      a.sequence() == b.sequence()) {
     if (a.is_string()) return Value(a.as_string() + b.as_string());
     List items = a.as_list();
     items.insert(items.end(), b.as_list().begin(), b.as_list().end());
-    return Value::list(std::move(items));
+    return Value::list(std::move(items), a.sequence());
   }
   if (op == "*" && sequence_a && b.is_integral()) return repeat(a, b.as_int());
   if (op == "*" && sequence_b && a.is_integral()) return repeat(b, a.as_int());
@@ -147,6 +154,10 @@ bool contains(const Value& container, const Value& item, Position position) {
       }
       return false;
     case Value::Type::Dict:
+      if (item.type() == Value::Type::List || item.type() == Value::Type::Dict ||
+          item.type() == Value::Type::Namespace) {
+        fail(position, "unhashable type: '" + type_name(item) + "'");
+      }
       return item.is_string() && container.find(item.as_string()) != nullptr;
     default:
       fail(position, "argument of type '" + type_name(container) + "' is not iterable");
@@ -169,8 +180,10 @@ bool compare(const std::string& op, const Value& a, const Value& b, Position pos
 // Python's sequence[start:stop:step] (PySlice_AdjustIndices).
 Value slice(const Value& object, const Value* bounds[3], Position position) {
   if (object.is_undefined()) fail_undefined(object, position);
-  if (object.type() != Value::Type::List && !object.is_string()) {
-    return Value::undefined("'" + type_name(object) + "' object is not subscriptable");
+  // Jinja slices with Python's own subscript, not its getitem: no undefined for other types.
+  if (object.type() == Value::Type::Dict) fail(position, "unhashable type: 'slice'");
+  if (!object.is_indexable_sequence() && !object.is_string()) {
+    fail(position, "'" + type_name(object) + "' object is not subscriptable");
   }
   for (int i = 0; i < 3; ++i) {
     if (bounds[i] && !bounds[i]->is_none() && !bounds[i]->is_integral()) {
@@ -206,7 +219,7 @@ Value slice(const Value& object, const Value* bounds[3], Position position) {
   for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
     out.push_back(object.as_list()[i]);
   }
-  return Value::list(std::move(out));
+  return Value::list(std::move(out), object.sequence());
 }
 
 class Renderer {
@@ -390,7 +403,9 @@ class Renderer {
       case Expr::Kind::Tuple: {
         List items;
         for (const ExprPtr& item : expr.items) items.push_back(evaluate(*item));
-        return Value::list(std::move(items));
+        return Value::list(std::move(items), expr.kind == Expr::Kind::Tuple
+                                                 ? Value::Sequence::Tuple
+                                                 : Value::Sequence::List);
       }
       case Expr::Kind::Dict: {
         Dict items;

@@ -41,9 +41,10 @@ Value::Value(int64_t value) : type_(Type::Int), data_(value) {}
 Value::Value(double value) : type_(Type::Float), data_(value) {}
 Value::Value(std::string value) : type_(Type::String), data_(std::move(value)) {}
 
-Value Value::list(List items) {
+Value Value::list(List items, Sequence kind) {
   Value value;
   value.type_ = Type::List;
+  value.sequence_ = kind;
   value.data_ = std::make_shared<List>(std::move(items));
   return value;
 }
@@ -127,6 +128,22 @@ std::string type_name(const Value& value) {
     case Value::Type::String:
       return "str";
     case Value::Type::List:
+      switch (value.sequence()) {
+        case Value::Sequence::List:
+          return "list";
+        case Value::Sequence::Tuple:
+          return "tuple";
+        case Value::Sequence::Range:
+          return "range";
+        case Value::Sequence::Generator:
+          return "generator";
+        case Value::Sequence::DictItems:
+          return "dict_items";
+        case Value::Sequence::DictKeys:
+          return "dict_keys";
+        case Value::Sequence::DictValues:
+          return "dict_values";
+      }
       return "list";
     case Value::Type::Dict:
       return "dict";
@@ -149,8 +166,8 @@ bool truthy(const Value& value) {
       return value.as_float() != 0.0;
     case Value::Type::String:
       return !value.as_string().empty();
-    case Value::Type::List:
-      return !value.as_list().empty();
+    case Value::Type::List:  // a generator is an object, true however many items it yields
+      return value.sequence() == Value::Sequence::Generator || !value.as_list().empty();
     case Value::Type::Dict:
       return !value.as_dict().empty();
     case Value::Type::Namespace:
@@ -172,6 +189,9 @@ bool equals(const Value& a, const Value& b) {
     case Value::Type::String:
       return a.as_string() == b.as_string();
     case Value::Type::List:
+      // A list equals no tuple; generators and dict views equal nothing here (Python compares
+      // views as sets or by identity).
+      if (a.sequence() != b.sequence() || !a.is_indexable_sequence()) return false;
       return std::equal(a.as_list().begin(), a.as_list().end(), b.as_list().begin(),
                         b.as_list().end(), equals);
     case Value::Type::Dict: {
@@ -197,7 +217,8 @@ bool less(const Value& a, const Value& b, Position position) {
   }
   // UTF-8's byte order is its code points' order, which is Python's.
   if (a.is_string() && b.is_string()) return a.as_string() < b.as_string();
-  if (a.type() == Value::Type::List && b.type() == Value::Type::List) {
+  if (a.is_indexable_sequence() && b.is_indexable_sequence() && a.sequence() == b.sequence() &&
+      a.sequence() != Value::Sequence::Range) {
     const List& x = a.as_list();
     const List& y = b.as_list();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -375,6 +396,9 @@ void append_json(std::string& out, const Value& value, const JsonStyle& style, i
       append_json_string(out, value.as_string(), style.ensure_ascii, position);
       return;
     case Value::Type::List: {
+      if (value.sequence() != Value::Sequence::List && value.sequence() != Value::Sequence::Tuple) {
+        fail(position, "Object of type " + type_name(value) + " is not JSON serializable");
+      }
       const List& items = value.as_list();
       if (items.empty()) {
         out += "[]";

@@ -52,7 +52,11 @@ class Value {
   Value(double value);                                     // NOLINT
   Value(std::string value);                                // NOLINT
   Value(const char* value) : Value(std::string(value)) {}  // NOLINT
-  static Value list(List items);
+  // Python's sequences that Jinja yields besides lists differ from them in what works: a tuple
+  // equals no list, a generator (what map and select return) is always true and has no length,
+  // a dict's views and generators cannot be indexed (Jinja's undefined) or dumped to JSON.
+  enum class Sequence { List, Tuple, Range, Generator, DictItems, DictKeys, DictValues };
+  static Value list(List items, Sequence kind = Sequence::List);
   static Value dict(Dict items);
   // A namespace() object: the one value a template may change (`set ns.attribute = ...`), shared
   // by every copy, as a Python object is.
@@ -74,6 +78,12 @@ class Value {
   const Dict& as_dict() const { return *std::get<std::shared_ptr<Dict>>(data_); }  // or namespace
   Dict& namespace_attributes() const { return *std::get<std::shared_ptr<Dict>>(data_); }
   const std::string& undefined_what() const { return undefined_what_; }
+  Sequence sequence() const { return sequence_; }
+  // A list, tuple or range: what Python can index, slice, compare and (but a range) dump.
+  bool is_indexable_sequence() const {
+    return type_ == Type::List && (sequence_ == Sequence::List || sequence_ == Sequence::Tuple ||
+                                   sequence_ == Sequence::Range);
+  }
 
   // The value of `key` in a dict or namespace, null where absent.
   const Value* find(std::string_view key) const;
@@ -84,6 +94,7 @@ class Value {
                std::shared_ptr<Dict>>
       data_;
   std::string undefined_what_;
+  Sequence sequence_ = Sequence::List;
 };
 
 Value from_json(const nlohmann::ordered_json& json);
