@@ -239,6 +239,12 @@ TEST(ChatTemplate, ConstructsMatchReference) {
       {"break and continue",
        "{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break "
        "%}{% endif %}{{ i }}{% endfor %}"},
+      // Jinja runs a for's else unless an iteration reached the end of its body.
+      {"for else after break and continue",
+       "{% set x = 'out' %}{% for i in [1, 2] %}{% if loop.first %}{% continue %}{% endif %}"
+       "{% break %}{% else %}[{{ x }}]{% endfor %}|{% for i in [1] %}{% else %}E{% endfor %}|"
+       "{% for i in [1, 2] %}{% set y %}{{ i }}{% if i == 2 %}{% break %}{% endif %}{% endset %}"
+       "{{ y }}{% endfor %}"},
       {"loop.previtem and nextitem",
        "{% for m in items %}{{ loop.previtem | default('-') }}{{ loop.nextitem | default('-') }}{% "
        "endfor %}"},
@@ -375,6 +381,10 @@ TEST(ChatTemplate, ConstructsMatchPythonJinja) {
       {"chained comparison", "{{ (1 < 2 < 3) | tojson }}{{ (3 > 2 > 2) | tojson }}", "truefalse"},
       {"unknown escapes stay", "{{ '\\d' }}", "\\d"},
       {"tuples", "{{ () | length }}{{ (1,) | length }}{{ (1, 2) | length }}", "012"},
+      {"set blocks and for's else keep their assignments",
+       "{% set y %}{% set w = 1 %}{% endset %}{{ w is defined }}|"
+       "{% for i in [] %}{% else %}{% set w = 2 %}{% endfor %}{{ w is defined }}",
+       "False|False"},
       {"generators, tuples, dict views and ranges are not lists",
        "{% if [] | select %}true{% endif %}|{{ [1, 2] == (1, 2) }}|{{ (1, 2) == (1, 2) }}|"
        "{{ d.items() | list | length }}|{{ d.keys()[0] is defined }}|{{ range(3)[1] }}|"

@@ -254,16 +254,20 @@ class Renderer {
         }
         return run(stmt.else_body, out);
       case Stmt::Kind::For:
-        run_for(stmt, out);
-        return Flow::Normal;
+        return run_for(stmt, out);
       case Stmt::Kind::Set:
         assign(stmt, evaluate(*stmt.expr));
         return Flow::Normal;
       case Stmt::Kind::SetBlock: {
+        // The block's own assignments stay inside it, as in Jinja.
+        // A break or continue inside it leaves the enclosing loop's iteration at once, the
+        // variable unset.
         std::string captured;
-        run(stmt.body, captured);
-        assign(stmt, Value(std::move(captured)));
-        return Flow::Normal;
+        scopes_.emplace_back();
+        const Flow flow = run(stmt.body, captured);
+        scopes_.pop_back();
+        if (flow == Flow::Normal) assign(stmt, Value(std::move(captured)));
+        return flow;
       }
       case Stmt::Kind::Break:
         return Flow::Break;
@@ -308,8 +312,9 @@ class Renderer {
   }
 
   // Jinja's for: the `if` filter first, then `loop` counts the items that passed; each
-  // iteration's variables are its own.
-  void run_for(const Stmt& stmt, std::string& out) {
+  // iteration's variables are its own. Returns the else block's break or continue, which is the
+  // enclosing loop's.
+  Flow run_for(const Stmt& stmt, std::string& out) {
     const Value iterable = evaluate(*stmt.expr);
     List items;
     switch (iterable.type()) {
@@ -340,10 +345,9 @@ class Renderer {
       }
       items = std::move(kept);
     }
-    if (items.empty()) {
-      run(stmt.else_body, out);
-      return;
-    }
+    // Jinja runs the else block unless an iteration ran its body to the end: a loop left by
+    // `break`, or whose every iteration ended in `continue`, runs it too.
+    bool completed_an_iteration = false;
     const auto count = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < count; ++i) {
       scopes_.emplace_back();
@@ -362,8 +366,15 @@ class Renderer {
       scopes_.back()["loop"] = Value::dict(std::move(loop));
       const Flow flow = run(stmt.body, out);
       scopes_.pop_back();
+      if (flow == Flow::Normal) completed_an_iteration = true;
       if (flow == Flow::Break) break;
     }
+    if (completed_an_iteration) return Flow::Normal;
+    // Its assignments stay inside it; it sees neither the loop variables nor `loop`.
+    scopes_.emplace_back();
+    const Flow flow = run(stmt.else_body, out);
+    scopes_.pop_back();
+    return flow;
   }
 
   bool is_bound(const std::string& name) const {
