@@ -436,14 +436,13 @@ bool has_method(const Value& object, std::string_view name) {
 
 Value get_attribute(const Value& object, const std::string& name, Position position) {
   if (object.is_undefined()) {
-    fail(position,
-         object.undefined_what().empty() ? "the value is undefined" : object.undefined_what());
+    fail_undefined(object, position);
   }
   if (is_python_method(object, name)) {
+    const std::string key = "['" + name + "']";
     refuse(position, "the method '" + name + "' of a " + type_name(object) +
-                         " used without calling it (a dict's key of that name is read with "
-                         "['" +
-                         name + "'])");
+                         " used without calling it (a dict's key of that name is read with " + key +
+                         ")");
   }
   if (const Value* found = object.find(name)) return *found;
   return Value::undefined("'" + type_name(object) + " object' has no attribute '" + name + "'");
@@ -451,8 +450,7 @@ Value get_attribute(const Value& object, const std::string& name, Position posit
 
 Value get_item(const Value& object, const Value& key, Position position) {
   if (object.is_undefined()) {
-    fail(position,
-         object.undefined_what().empty() ? "the value is undefined" : object.undefined_what());
+    fail_undefined(object, position);
   }
   if (key.is_string()) {
     if (const Value* found = object.find(key.as_string())) return *found;
@@ -471,7 +469,7 @@ Value get_item(const Value& object, const Value& key, Position position) {
     if (index >= 0 && index < static_cast<int64_t>(sequence.size())) return sequence[index];
   }
   return Value::undefined("'" + type_name(object) + " object' has no item " +
-                          to_str(key, position));
+                          (key.is_number() ? to_str(key, position) : "of type " + type_name(key)));
 }
 
 Value apply_filter(const std::string& name, const Value& value, const Arguments& arguments,
@@ -563,8 +561,7 @@ Value apply_filter(const std::string& name, const Value& value, const Arguments&
   }
   // int() and float() of undefined fail, as Jinja's Undefined.__int__ does.
   if ((name == "int" || name == "float") && value.is_undefined()) {
-    fail(position,
-         value.undefined_what().empty() ? "the value is undefined" : value.undefined_what());
+    fail_undefined(value, position);
   }
   if (name == "int") {
     const auto bound = bind(arguments, {"default"}, what, position);
@@ -590,10 +587,11 @@ Value apply_filter(const std::string& name, const Value& value, const Arguments&
 bool apply_test(const std::string& name, const Value& value, const Arguments& arguments,
                 Position position) {
   const std::string what = "the test '" + name + "'";
+  // The one argument of a comparison test (`x is eq 1`).
   auto other = [&]() -> const Value& {
-    const auto bound = bind(arguments, {"other"}, what, position);
-    if (arguments.positional.size() + arguments.keywords.size() != 1) {
-      fail(position, what + " needs one argument");
+    bind(arguments, {"other"}, what, position);  // refuses other keywords, extra arguments
+    if (arguments.positional.empty() && arguments.keywords.empty()) {
+      fail(position, what + " needs an argument");
     }
     return arguments.positional.empty() ? arguments.keywords[0].second : arguments.positional[0];
   };
@@ -732,8 +730,7 @@ Value call_global_function(const std::string& name, const Arguments& arguments, 
 Value call_method(const Value& object, const std::string& name, const Arguments& arguments,
                   Position position) {
   if (object.is_undefined()) {
-    fail(position,
-         object.undefined_what().empty() ? "the value is undefined" : object.undefined_what());
+    fail_undefined(object, position);
   }
   const std::string what = "str." + name;
   if (object.is_string()) {

@@ -9,11 +9,6 @@ namespace pipetrain::jinja {
 
 namespace {
 
-[[noreturn]] void fail_undefined(const Value& value, Position position) {
-  fail(position,
-       value.undefined_what().empty() ? "the value is undefined" : value.undefined_what());
-}
-
 // Python's ints are unbounded; these are 64 bits, and a result beyond them is refused.
 void check_overflow(bool overflowed, Position position) {
   if (overflowed) refuse(position, "integers beyond 64 bits are not supported");

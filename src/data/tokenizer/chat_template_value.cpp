@@ -24,6 +24,11 @@ void fail(Position position, const std::string& message) {
   throw std::runtime_error(where(position) + message);
 }
 
+void fail_undefined(const Value& value, Position position) {
+  fail(position,
+       value.undefined_what().empty() ? "the value is undefined" : value.undefined_what());
+}
+
 Value Value::undefined(std::string what) {
   Value value;
   value.undefined_what_ = std::move(what);

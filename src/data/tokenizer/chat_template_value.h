@@ -99,6 +99,9 @@ class Value {
 
 Value from_json(const nlohmann::ordered_json& json);
 
+// Jinja's UndefinedError, for what an undefined value cannot do (its attributes, arithmetic).
+[[noreturn]] void fail_undefined(const Value& value, Position position);
+
 // Python's type name ("str", "int", "dict", "NoneType"), for error messages.
 std::string type_name(const Value& value);
 
