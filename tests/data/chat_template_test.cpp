@@ -245,6 +245,22 @@ TEST(ChatTemplate, ConstructsMatchReference) {
        "{% break %}{% else %}[{{ x }}]{% endfor %}|{% for i in [1] %}{% else %}E{% endfor %}|"
        "{% for i in [1, 2] %}{% set y %}{{ i }}{% if i == 2 %}{% break %}{% endif %}{% endset %}"
        "{{ y }}{% endfor %}"},
+      // Macros see their parameters and the variables around their definition as they are when
+      // called, not the caller's; their own assignments stay inside them.
+      {"macro parameters and defaults",
+       "{% set a = 1 %}{% macro m(x, y='d') %}[{{ x }}{{ y }}{{ a }}{{ b }}]{% endmacro %}"
+       "{% set a = 2 %}{% set b = 3 %}{{ m(1) }}{% for i in [1] %}{% set a = 5 %}{% set b = 6 %}"
+       "{{ m(i, y=2) }}{% endfor %}"},
+      {"macro assignments stay inside",
+       "{% macro m(x) %}{% set a = 9 %}{{ x }}{{ a }}{% endmacro %}"
+       "{% set a = 1 %}{{ m(2) }}{{ a }}"},
+      {"macro defined in a loop",
+       "{% for i in [1,2] %}{% macro m(x) %}{{ x }}{{ i }}{% endmacro %}{{ m(0) }}{% endfor %}"},
+      {"recursive macro",
+       "{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}"},
+      {"macro changing a namespace",
+       "{% set ns = namespace(v=1) %}{% macro m() %}{% set ns.v = ns.v + 1 %}{% endmacro %}"
+       "{{ m() }}{{ m() }}{{ ns.v }}"},
       {"loop.previtem and nextitem",
        "{% for m in items %}{{ loop.previtem | default('-') }}{{ loop.nextitem | default('-') }}{% "
        "endfor %}"},
@@ -393,6 +409,14 @@ TEST(ChatTemplate, ConstructsMatchPythonJinja) {
       {"odd, even and divisibleby of floats",
        "{{ (1.5 is odd) ~ (2.0 is even) ~ (4.5 is divisibleby 1.5) ~ (true is odd) }}",
        "FalseTrueTrueTrue"},
+      {"a macro's output is a string",
+       "{% macro m(x) -%}\n  {{ x }}\n{%- endmacro %}{{ m(1) | length }}{{ (m(1) ~ 'a') }}"
+       "{{ m(1) is string }}",
+       "11aTrue"},
+      {"a macro with a for filter and keyword arguments",
+       "{% macro keys(o, skip) %}{% for k in o if k not in skip %}<{{ k }}>{{ o[k] | string }}"
+       "{% endfor %}{% endmacro %}{{ keys(d, ['a']) }}|{{ keys(d, skip=[]) }}",
+       "<b>two<é>True|<a>1<b>two<é>True"},
       {"transformers' global functions are defined",
        "{% if strftime_now is defined and raise_exception is defined %}yes{% endif %}|"
        "{{ strftime_now('%Y') | length }}",
@@ -442,7 +466,8 @@ std::string thrown(const std::string& source,
 
 TEST(ChatTemplate, RefusesWhatItDoesNotImplementNamingItsPosition) {
   const std::pair<const char*, const char*> refused[] = {
-      {"{% macro m() %}{% endmacro %}", "line 1, column 4: the statement 'macro'"},
+      {"{% macro m() %}{% call m() %}x{% endcall %}{% endmacro %}",
+       "line 1, column 19: the statement 'call'"},
       {"{% include 'x' %}", "line 1, column 4: the statement 'include'"},
       {"x\n{% raw %}{{ y }}{% endraw %}", "line 2, column 4: the statement 'raw'"},
       {"a\n  {{ x | wordwrap }}", "line 2, column 10: the filter 'wordwrap'"},
@@ -489,6 +514,9 @@ TEST(ChatTemplate, FailsWhereTransformersRaises) {
             std::string::npos);
   EXPECT_NE(thrown<std::runtime_error>("{{ u.x }}").find("'u' is undefined"), std::string::npos);
   EXPECT_NE(thrown<std::runtime_error>("{{ 1 + 'a' }}").find("unsupported operand"),
+            std::string::npos);
+  EXPECT_NE(thrown<std::runtime_error>("{% macro m(x) %}{% endmacro %}{{ m(1, 2) }}")
+                .find("line 1, column 34: macro 'm' takes not more than 1 argument(s)"),
             std::string::npos);
   // select, map and their kin return generators, which have no length (`| list` first).
   EXPECT_NE(thrown<std::runtime_error>("{{ [1] | select | length }}")

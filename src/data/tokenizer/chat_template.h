@@ -4,10 +4,11 @@
 // raise_exception.
 //
 // The renderer implements the Jinja that chat templates use (if/elif/else, for with loop and
-// else, set and namespace, break/continue, generation, the usual filters, tests and str/dict
-// methods); anything else is refused with std::invalid_argument naming the construct and its
-// line and column, never rendered differently from transformers. A template that fails on a
-// context (raise_exception, an undefined variable's attribute, a type error) throws
+// else, set and set blocks, namespace, macros, break/continue, generation, the usual filters,
+// tests and str/dict methods); anything else (call blocks, include, filter blocks, Python's
+// repr of a list, non-ASCII case mapping, ...) is refused with std::invalid_argument naming the
+// construct and its line and column, never rendered differently from transformers. A template that
+// fails on a context (raise_exception, an undefined variable's attribute, a type error) throws
 // std::runtime_error, with its position, where transformers would raise.
 #pragma once
 

@@ -61,6 +61,7 @@ struct Stmt {
     Break,       // {% break %}
     Continue,    // {% continue %}
     Generation,  // {% generation %} body {% endgeneration %}: transformers' marker, renders body
+    Macro,       // {% macro targets[0](parameters) %} body {% endmacro %}
   };
   Kind kind;
   Position position;
@@ -70,6 +71,7 @@ struct Stmt {
   std::vector<std::string> targets;
   std::string attribute;
   std::vector<std::pair<ExprPtr, Body>> branches;
+  Keywords parameters;  // a macro's, in order, each with its default or null
   Body body;
   Body else_body;
 };

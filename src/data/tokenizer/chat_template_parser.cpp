@@ -11,12 +11,21 @@ namespace {
 
 // Statements of Jinja that chat templates could use and this renderer does not implement.
 constexpr const char* kUnsupportedStatements[] = {
-    "macro", "call", "filter",     "include", "import", "from",      "extends",
-    "block", "with", "autoescape", "do",      "trans",  "pluralize", "raw"};
+    "call", "filter",     "include", "import", "from",      "extends", "block",
+    "with", "autoescape", "do",      "trans",  "pluralize", "raw"};
 
 class Parser {
  public:
-  explicit Parser(const std::vector<Token>& tokens) : tokens_(tokens) {}
+  explicit Parser(const std::vector<Token>& tokens) : tokens_(tokens) {
+    // The names the template defines macros of, wherever: what `name(...)` may call besides the
+    // global functions.
+    for (size_t i = 0; i + 2 < tokens.size(); ++i) {
+      if (tokens[i].type == Token::Type::BlockBegin && tokens[i + 1].type == Token::Type::Name &&
+          tokens[i + 1].value == "macro" && tokens[i + 2].type == Token::Type::Name) {
+        macro_names_.push_back(tokens[i + 2].value);
+      }
+    }
+  }
 
   Body parse_template() {
     Body body = parse_body({});
@@ -138,6 +147,7 @@ class Parser {
       expect_block_end();
       return stmt;
     }
+    if (name == "macro") return parse_macro();
     if (name == "generation") {
       Stmt stmt = statement(Stmt::Kind::Generation, token.position);
       advance();
@@ -153,6 +163,31 @@ class Parser {
       }
     }
     refuse(token.position, "unknown or unexpected statement '" + name + "'");
+  }
+
+  // {% macro name(a, b='default') %} body {% endmacro %}
+  Stmt parse_macro() {
+    Stmt stmt = statement(Stmt::Kind::Macro, current().position);
+    advance();
+    stmt.targets.push_back(expect_name());
+    expect_operator("(");
+    while (!at_operator(")")) {
+      if (!stmt.parameters.empty()) expect_operator(",");
+      if (at_operator(")")) break;
+      std::string parameter = expect_name();
+      ExprPtr default_value = skip_operator("=") ? parse_expression() : nullptr;
+      stmt.parameters.emplace_back(std::move(parameter), std::move(default_value));
+    }
+    advance();
+    expect_block_end();
+    const int enclosing_loops = loop_depth_;
+    loop_depth_ = 0;  // a loop around the definition is not the macro's
+    stmt.body = parse_body({"endmacro"});
+    loop_depth_ = enclosing_loops;
+    advance();
+    if (current().type == Token::Type::Name && current().value == stmt.targets[0]) advance();
+    expect_block_end();
+    return stmt;
   }
 
   Stmt parse_if() {
@@ -543,7 +578,9 @@ class Parser {
   ExprPtr parse_call(ExprPtr callee) {
     ExprPtr call = make(Expr::Kind::Call, current().position);
     if (callee->kind == Expr::Kind::Name) {
-      if (!is_global_function(callee->name)) {
+      const bool macro =
+          std::find(macro_names_.begin(), macro_names_.end(), callee->name) != macro_names_.end();
+      if (!macro && !is_global_function(callee->name)) {
         refuse(callee->position, "the function '" + callee->name + "' is not supported");
       }
     } else if (callee->kind == Expr::Kind::Attribute) {
@@ -609,6 +646,7 @@ class Parser {
   }
 
   const std::vector<Token>& tokens_;
+  std::vector<std::string> macro_names_;
   size_t index_ = 0;
   int loop_depth_ = 0;
 };

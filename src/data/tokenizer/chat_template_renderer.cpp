@@ -1,13 +1,27 @@
 #include "data/tokenizer/chat_template_renderer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <memory>
 #include <unordered_map>
 
 #include "data/tokenizer/chat_template_builtins.h"
 
 namespace pipetrain::jinja {
 
+// A macro as a value: its definition, and how many scopes were open where it was defined, which
+// are what its body sees besides its parameters (Jinja's macros see the variables around their
+// definition as they are when called, not the caller's).
+struct Macro {
+  const Stmt* definition;
+  size_t depth;
+};
+
 namespace {
+
+// Jinja's macros can recurse; Python stops a runaway recursion, and so does this.
+constexpr int kMaxMacroDepth = 100;
 
 // Python's ints are unbounded; these are 64 bits, and a result beyond them is refused.
 void check_overflow(bool overflowed, Position position) {
@@ -270,6 +284,10 @@ class Renderer {
         return Flow::Continue;
       case Stmt::Kind::Generation:
         return run(stmt.body, out);
+      case Stmt::Kind::Macro:
+        scopes_.back()[stmt.targets[0]] =
+            Value::macro(std::make_shared<const Macro>(Macro{&stmt, scopes_.size()}));
+        return Flow::Normal;
     }
     return Flow::Normal;
   }
@@ -390,6 +408,55 @@ class Renderer {
     return Value::undefined("'" + name + "' is undefined");
   }
 
+  // A macro's output for `arguments`, bound to its parameters as Jinja binds them.
+  Value call_macro(const Macro& macro, const Arguments& arguments, Position position) {
+    const Stmt& definition = *macro.definition;
+    const std::string& name = definition.targets[0];
+    if (macro.depth > scopes_.size()) fail(position, "macro '" + name + "' called out of scope");
+    if (macro_depth_ >= kMaxMacroDepth) fail(position, "macro recursion too deep");
+    const Keywords& parameters = definition.parameters;
+    if (arguments.positional.size() > parameters.size()) {
+      fail(position, "macro '" + name + "' takes not more than " +
+                         std::to_string(parameters.size()) + " argument(s)");
+    }
+    // The caller's own scopes are out of the macro's sight while it runs.
+    std::vector<std::unordered_map<std::string, Value>> callers(
+        std::make_move_iterator(scopes_.begin() + macro.depth),
+        std::make_move_iterator(scopes_.end()));
+    scopes_.resize(macro.depth);
+    scopes_.emplace_back();
+    auto& scope = scopes_.back();
+    for (size_t i = 0; i < arguments.positional.size(); ++i) {
+      scope[parameters[i].first] = arguments.positional[i];
+    }
+    for (const auto& [keyword, value] : arguments.keywords) {
+      const auto parameter = std::find_if(parameters.begin(), parameters.end(),
+                                          [&](const auto& p) { return p.first == keyword; });
+      if (parameter == parameters.end()) {
+        fail(position, "macro '" + name + "' takes no keyword argument '" + keyword + "'");
+      }
+      if (static_cast<size_t>(parameter - parameters.begin()) < arguments.positional.size()) {
+        fail(position, "macro '" + name + "' got multiple values for argument '" + keyword + "'");
+      }
+      scope[keyword] = value;
+    }
+    for (const auto& [parameter, default_value] : parameters) {
+      if (scope.count(parameter)) continue;
+      scopes_.back()[parameter] =
+          default_value ? evaluate(*default_value)
+                        : Value::undefined("parameter '" + parameter + "' was not provided");
+    }
+    scopes_.back()["varargs"] = Value::list({}, Value::Sequence::Tuple);
+    scopes_.back()["kwargs"] = Value::dict({});
+    std::string out;
+    ++macro_depth_;
+    run(definition.body, out);
+    --macro_depth_;
+    scopes_.pop_back();
+    for (auto& caller : callers) scopes_.push_back(std::move(caller));
+    return Value(std::move(out));
+  }
+
   Arguments evaluate_arguments(const Expr& expr) {
     Arguments arguments;
     for (const ExprPtr& item : expr.items) arguments.positional.push_back(evaluate(*item));
@@ -449,6 +516,16 @@ class Renderer {
       case Expr::Kind::Call: {
         const Expr& callee = *expr.object;
         if (callee.kind == Expr::Kind::Name) {
+          if (is_bound(callee.name)) {
+            const Value function = lookup(callee.name, callee.position);
+            if (function.type() != Value::Type::Macro) {
+              fail(callee.position, "'" + type_name(function) + "' object is not callable");
+            }
+            return call_macro(function.as_macro(), evaluate_arguments(expr), callee.position);
+          }
+          if (!is_global_function(callee.name)) {
+            fail(callee.position, "'" + callee.name + "' is undefined");
+          }
           return call_global_function(callee.name, evaluate_arguments(expr), callee.position);
         }
         const Value object = evaluate(*callee.object);
@@ -524,6 +601,7 @@ class Renderer {
   }
 
   std::vector<std::unordered_map<std::string, Value>> scopes_;
+  int macro_depth_ = 0;
 };
 
 }  // namespace

@@ -67,6 +67,13 @@ Value Value::make_namespace(Dict items) {
   return value;
 }
 
+Value Value::macro(std::shared_ptr<const Macro> macro) {
+  Value value;
+  value.type_ = Type::Macro;
+  value.data_ = std::move(macro);
+  return value;
+}
+
 int64_t Value::as_int() const {
   return type_ == Type::Bool ? int64_t{as_bool()} : std::get<int64_t>(data_);
 }
@@ -154,6 +161,8 @@ std::string type_name(const Value& value) {
       return "dict";
     case Value::Type::Namespace:
       return "Namespace";
+    case Value::Type::Macro:
+      return "Macro";
   }
   return "?";
 }
@@ -176,6 +185,7 @@ bool truthy(const Value& value) {
     case Value::Type::Dict:
       return !value.as_dict().empty();
     case Value::Type::Namespace:
+    case Value::Type::Macro:
       return true;
   }
   return false;
@@ -210,6 +220,8 @@ bool equals(const Value& a, const Value& b) {
     }
     case Value::Type::Namespace:  // Python compares objects by identity
       return &a.namespace_attributes() == &b.namespace_attributes();
+    case Value::Type::Macro:
+      return &a.as_macro() == &b.as_macro();
     default:
       return false;
   }

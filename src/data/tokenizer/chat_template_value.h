@@ -35,12 +35,13 @@ struct Position {
 
 class Value;
 using List = std::vector<Value>;
+struct Macro;  // a `{% macro %}` as a value (chat_template_renderer.cpp)
 // Python's dict keeps insertion order; templates print tools with tojson, so the order shows.
 using Dict = std::vector<std::pair<std::string, Value>>;
 
 class Value {
  public:
-  enum class Type { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace };
+  enum class Type { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Macro };
 
   // Undefined: a missing variable, key or attribute. `what` says which, for error messages.
   Value() = default;
@@ -61,6 +62,7 @@ class Value {
   // A namespace() object: the one value a template may change (`set ns.attribute = ...`), shared
   // by every copy, as a Python object is.
   static Value make_namespace(Dict items);
+  static Value macro(std::shared_ptr<const Macro> macro);
 
   Type type() const { return type_; }
   bool is_undefined() const { return type_ == Type::Undefined; }
@@ -77,6 +79,7 @@ class Value {
   const List& as_list() const { return *std::get<std::shared_ptr<List>>(data_); }
   const Dict& as_dict() const { return *std::get<std::shared_ptr<Dict>>(data_); }  // or namespace
   Dict& namespace_attributes() const { return *std::get<std::shared_ptr<Dict>>(data_); }
+  const Macro& as_macro() const { return *std::get<std::shared_ptr<const Macro>>(data_); }
   const std::string& undefined_what() const { return undefined_what_; }
   Sequence sequence() const { return sequence_; }
   // A list, tuple or range: what Python can index, slice, compare and (but a range) dump.
@@ -91,7 +94,7 @@ class Value {
  private:
   Type type_ = Type::Undefined;
   std::variant<std::monostate, bool, int64_t, double, std::string, std::shared_ptr<List>,
-               std::shared_ptr<Dict>>
+               std::shared_ptr<Dict>, std::shared_ptr<const Macro>>
       data_;
   std::string undefined_what_;
   Sequence sequence_ = Sequence::List;
