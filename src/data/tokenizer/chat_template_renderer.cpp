@@ -268,9 +268,8 @@ class Renderer {
         assign(stmt, evaluate(*stmt.expr));
         return Flow::Normal;
       case Stmt::Kind::SetBlock: {
-        // The block's own assignments stay inside it, as in Jinja.
-        // A break or continue inside it leaves the enclosing loop's iteration at once, the
-        // variable unset.
+        // The block's own assignments stay inside it, as in Jinja; a break or continue inside
+        // it leaves the enclosing loop's iteration at once, the variable unset.
         std::string captured;
         scopes_.emplace_back();
         const Flow flow = run(stmt.body, captured);
@@ -440,11 +439,14 @@ class Renderer {
       }
       scope[keyword] = value;
     }
+    // Defaults are evaluated in the macro's scope, which a default calling a macro may move:
+    // scopes_.back(), not `scope`, from here on.
     for (const auto& [parameter, default_value] : parameters) {
-      if (scope.count(parameter)) continue;
-      scopes_.back()[parameter] =
-          default_value ? evaluate(*default_value)
+      if (scopes_.back().count(parameter)) continue;
+      Value value = default_value
+                        ? evaluate(*default_value)
                         : Value::undefined("parameter '" + parameter + "' was not provided");
+      scopes_.back()[parameter] = std::move(value);
     }
     scopes_.back()["varargs"] = Value::list({}, Value::Sequence::Tuple);
     scopes_.back()["kwargs"] = Value::dict({});
