@@ -256,6 +256,10 @@ TEST(ChatTemplate, ConstructsMatchReference) {
        "{% set a = 1 %}{{ m(2) }}{{ a }}"},
       {"macro defined in a loop",
        "{% for i in [1,2] %}{% macro m(x) %}{{ x }}{{ i }}{% endmacro %}{{ m(0) }}{% endfor %}"},
+      {"macro defaults calling macros",
+       "{% macro a(x, y=b(1)) %}[{{ x }}{{ y }}]{% endmacro %}{% macro b(z, w=c()) %}({{ z }}"
+       "{{ w }}){% endmacro %}{% macro c() %}c{% endmacro %}{% for i in [1,2] %}{% for j in [3] %}"
+       "{{ a(i) }}{% endfor %}{% endfor %}"},
       {"recursive macro",
        "{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}"},
       {"macro changing a namespace",
@@ -526,6 +530,22 @@ TEST(ChatTemplate, FailsWhereTransformersRaises) {
   EXPECT_NE(thrown<std::runtime_error>("{{ x[1:] }}", {{"x", 5}})
                 .find("'int' object is not subscriptable"),
             std::string::npos);
+}
+
+// Qwen3's template strips only newlines around the thought and the answer
+// (`reasoning_content.strip('\n')`, `content.lstrip('\n')`): their indentation stays. (The
+// reference, @huggingface/jinja 0.5.13, ignores strip's argument and strips the spaces too; the
+// expected string is Python's Jinja's.)
+TEST(ChatTemplate, Qwen3KeepsIndentationAsTransformers) {
+  SKIP_WITHOUT_CHAT_REFERENCE();
+  const ordered_json context = {
+      {"messages", ordered_json::array(
+                       {message("user", "Indent?"),
+                        message("assistant", "<think>\n  plan\n</think>\n\n  indented answer")})},
+      {"add_generation_prompt", false}};
+  EXPECT_EQ(render_chat_template(model_template("tokenizer-qwen3"), context),
+            "<|im_start|>user\nIndent?<|im_end|>\n<|im_start|>assistant\n<think>\n  plan\n"
+            "</think>\n\n  indented answer<|im_end|>\n");
 }
 
 // Qwen3's template reads an assistant's content as a string: None fails there, as in Python.
