@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -33,7 +34,8 @@ class ChatTemplate {
   // `add_generation_prompt`, `bos_token`, `eos_token`, and whatever else the template reads
   // (`tools`, `enable_thinking`, ...). An ordered_json, as a dict's key order shows in tojson's
   // output. transformers always passes `tools` and `documents` (None unless given): a caller
-  // mirroring apply_chat_template sets them to null where it has none.
+  // mirroring apply_chat_template sets them to null where it has none. Several threads may
+  // render with one ChatTemplate at once.
   std::string render(const nlohmann::ordered_json& context) const;
 
  private:
