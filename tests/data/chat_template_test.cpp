@@ -2,9 +2,10 @@
 // and every construct on its own, compared with @huggingface/jinja (transformers.js's Jinja, run
 // by node on tests/reference/chat_template.js) wherever it agrees with Python's Jinja, which
 // transformers renders with; where it does not (it prints true as "true", lacks filters and
-// methods, reads "\r\n" and `{%+` otherwise), the expected strings below were rendered by
-// Python's Jinja 3.1.6 with transformers' settings. And every construct the renderer does not
-// implement refused, naming it and its position.
+// methods, ignores strip's argument, has map and select return lists, reads "\r\n" and `{%+`
+// otherwise), the expected strings below were rendered by Python's Jinja 3.1.6 with
+// transformers' settings. And every construct the renderer does not implement refused, naming it
+// and its position.
 #include "data/tokenizer/chat_template.h"
 
 #include <gtest/gtest.h>
