@@ -317,23 +317,16 @@ class Parser {
     return expr;
   }
 
-  ExprPtr parse_or() {
-    ExprPtr left = parse_and();
-    while (at_name("or")) {
-      ExprPtr node = make(Expr::Kind::Or, advance().position);
-      node->items.push_back(std::move(left));
-      node->items.push_back(parse_and());
-      left = std::move(node);
-    }
-    return left;
-  }
+  // `or` binds looser than `and`, which binds looser than `not`; both left-associative.
+  ExprPtr parse_or() { return parse_logical("or", Expr::Kind::Or, &Parser::parse_and); }
+  ExprPtr parse_and() { return parse_logical("and", Expr::Kind::And, &Parser::parse_not); }
 
-  ExprPtr parse_and() {
-    ExprPtr left = parse_not();
-    while (at_name("and")) {
-      ExprPtr node = make(Expr::Kind::And, advance().position);
+  ExprPtr parse_logical(const char* word, Expr::Kind kind, ExprPtr (Parser::*operand)()) {
+    ExprPtr left = (this->*operand)();
+    while (at_name(word)) {
+      ExprPtr node = make(kind, advance().position);
       node->items.push_back(std::move(left));
-      node->items.push_back(parse_not());
+      node->items.push_back((this->*operand)());
       left = std::move(node);
     }
     return left;
