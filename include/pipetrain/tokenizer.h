@@ -18,6 +18,12 @@
 
 namespace pipetrain {
 
+// One turn of a conversation, as chat templates read it ({"role": ..., "content": ...}).
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant", ...
+  std::string content;
+};
+
 class Tokenizer {
  public:
   // Reads `path`: a tokenizer.json, or a folder holding one (a Hub model's folder), and the
@@ -55,6 +61,17 @@ class Tokenizer {
   std::optional<int64_t> pad_token_id() const;
   // The Jinja chat template of tokenizer_config.json ("" when it has none).
   const std::string& chat_template() const;
+  // `messages` rendered with the chat template as transformers' apply_chat_template(messages,
+  // tokenize=False, add_generation_prompt=...) renders them: the config's special tokens
+  // (bos_token, eos_token, ...) are the template's variables, tools and documents are None, and
+  // `variables_json`, a JSON object, adds or overrides others ({"enable_thinking": false}).
+  // Encode the result with add_special_tokens = false: the template writes its own BOS. Throws
+  // std::invalid_argument where there is no chat template or it uses a construct pipetrain does
+  // not implement (named, with its line and column), std::runtime_error where the template
+  // fails (its raise_exception(), say).
+  std::string apply_chat_template(const std::vector<ChatMessage>& messages,
+                                  bool add_generation_prompt = false,
+                                  const std::string& variables_json = "{}") const;
   // The file this tokenizer was read from.
   const std::string& path() const;
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 
 #include "data/tokenizer/added_vocabulary.h"
 #include "data/tokenizer/bpe.h"
+#include "data/tokenizer/chat_template.h"
 #include "data/tokenizer/normalizer.h"
 #include "data/tokenizer/post_processor.h"
 #include "data/tokenizer/pre_tokenizer.h"
@@ -32,6 +34,11 @@ struct Tokenizer::Impl {
   std::unique_ptr<TokenDecoder> decoder;
   std::optional<int64_t> bos, eos, pad;
   std::string chat_template;
+  // tokenizer_config.json's special tokens by name (bos_token, ...), the template's variables.
+  nlohmann::ordered_json special_tokens_map = nlohmann::ordered_json::object();
+  // Parsed on first use: a template with a construct pipetrain lacks must not stop encoding.
+  mutable std::once_flag parse_once;
+  mutable std::unique_ptr<ChatTemplate> parsed_template;
 };
 
 namespace {
@@ -130,6 +137,12 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
       return id;
     };
     try {
+      for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                              "cls_token", "mask_token"}) {
+        if (const auto token = config_token(config, key)) {
+          tokenizer.impl_->special_tokens_map[key] = *token;
+        }
+      }
       tokenizer.impl_->bos = id_of("bos_token");
       tokenizer.impl_->eos = id_of("eos_token");
       tokenizer.impl_->pad = id_of("pad_token");
@@ -260,6 +273,41 @@ std::optional<int64_t> Tokenizer::bos_token_id() const { return impl_->bos; }
 std::optional<int64_t> Tokenizer::eos_token_id() const { return impl_->eos; }
 std::optional<int64_t> Tokenizer::pad_token_id() const { return impl_->pad; }
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messages,
+                                           bool add_generation_prompt,
+                                           const std::string& variables_json) const {
+  const Impl& impl = *impl_;
+  if (impl.chat_template.empty()) {
+    throw std::invalid_argument("the tokenizer " + impl.path +
+                                " has no chat template (tokenizer_config.json's chat_template)");
+  }
+  std::call_once(impl.parse_once, [&] {
+    impl.parsed_template = std::make_unique<ChatTemplate>(ChatTemplate::parse(impl.chat_template));
+  });
+  nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  context["messages"] = nlohmann::ordered_json::array();
+  for (const ChatMessage& message : messages) {
+    context["messages"].push_back({{"role", message.role}, {"content", message.content}});
+  }
+  context["tools"] = nullptr;
+  context["documents"] = nullptr;
+  context["add_generation_prompt"] = add_generation_prompt;
+  context.update(impl.special_tokens_map);
+  nlohmann::ordered_json variables;
+  try {
+    variables = nlohmann::ordered_json::parse(variables_json);
+  } catch (const nlohmann::json::exception& error) {
+    throw std::invalid_argument("the chat template's variables are not JSON: " +
+                                std::string(error.what()));
+  }
+  if (!variables.is_object()) {
+    throw std::invalid_argument("the chat template's variables must be a JSON object, not " +
+                                variables_json);
+  }
+  context.update(variables);
+  return impl.parsed_template->render(context);
+}
+
 const std::string& Tokenizer::path() const { return impl_->path; }
 
 }  // namespace pipetrain

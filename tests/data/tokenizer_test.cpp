@@ -384,6 +384,38 @@ TEST(Tokenizer, AConfigNamingATokenTheFileLacksIsRefused) {
   EXPECT_EQ(tokenizer.encode("hello"), std::vector<int64_t>{*tokenizer.eos_token_id()});
 }
 
+TEST(Tokenizer, AppliesTheChatTemplateAsTransformers) {
+  SKIP_WITHOUT_REFERENCES();
+  const Tokenizer qwen3 = Tokenizer::from_file(real_tokenizer("qwen3").string());
+  const std::vector<ChatMessage> conversation = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "2+2?"}};
+  // Rendered by Python's Jinja as transformers sets it up (trim_blocks, lstrip_blocks), from the
+  // same tokenizer_config.json.
+  EXPECT_EQ(qwen3.apply_chat_template(conversation, true),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(qwen3.apply_chat_template({{"user", "Hi"}}, true, R"({"enable_thinking": false})"),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  const auto ids = qwen3.encode(qwen3.apply_chat_template({{"user", "Hi"}}), false);
+  EXPECT_EQ(ids.front(), qwen3.token_to_id("<|im_start|>"));
+
+  const Tokenizer llama3 = Tokenizer::from_file(real_tokenizer("llama3").string());
+  EXPECT_EQ(llama3.apply_chat_template({{"user", "Hi"}}, true),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+
+  const Tokenizer gpt2 = Tokenizer::from_file(real_tokenizer("gpt2").string());
+  EXPECT_NE(error_of<std::invalid_argument>([&] {
+              gpt2.apply_chat_template({{"user", "Hi"}});
+            }).find("has no chat template"),
+            std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] {
+              qwen3.apply_chat_template({}, false, "[1]");
+            }).find("must be a JSON object"),
+            std::string::npos);
+}
+
 class RealTokenizer : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RealTokenizer, EncodesAndDecodesTheCorpusAsHuggingFaceTokenizers) {
