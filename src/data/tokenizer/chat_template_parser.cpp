@@ -444,8 +444,8 @@ class Parser {
         return node;
       case Token::Type::Operator:
         if (token.value == "(") return parse_parenthesized();
-        if (token.value == "[") return parse_list();
-        if (token.value == "{") return parse_dict();
+        if (token.value == "[") return parse_collection(Expr::Kind::List, "]");
+        if (token.value == "{") return parse_collection(Expr::Kind::Dict, "}");
         break;
       default:
         break;
@@ -469,28 +469,20 @@ class Parser {
     return tuple;
   }
 
-  ExprPtr parse_list() {
-    ExprPtr list = make(Expr::Kind::List, advance().position);
-    while (!at_operator("]")) {
-      if (!list->items.empty()) expect_operator(",");
-      if (at_operator("]")) break;
-      list->items.push_back(parse_expression());
+  // A list literal's items, or a dict literal's keys and values one after the other.
+  ExprPtr parse_collection(Expr::Kind kind, const char* close) {
+    ExprPtr collection = make(kind, advance().position);
+    while (!at_operator(close)) {
+      if (!collection->items.empty()) expect_operator(",");
+      if (at_operator(close)) break;
+      collection->items.push_back(parse_expression());
+      if (kind == Expr::Kind::Dict) {
+        expect_operator(":");
+        collection->items.push_back(parse_expression());
+      }
     }
     advance();
-    return list;
-  }
-
-  ExprPtr parse_dict() {
-    ExprPtr dict = make(Expr::Kind::Dict, advance().position);
-    while (!at_operator("}")) {
-      if (!dict->items.empty()) expect_operator(",");
-      if (at_operator("}")) break;
-      dict->items.push_back(parse_expression());
-      expect_operator(":");
-      dict->items.push_back(parse_expression());
-    }
-    advance();
-    return dict;
+    return collection;
   }
 
   // `.name`, `.0`, `[index]`, `[start:stop:step]` and calls, left to right.
@@ -592,12 +584,7 @@ class Parser {
     while (true) {
       if (at_operator("|")) {
         advance();
-        ExprPtr filter = make(Expr::Kind::Filter, current().position);
-        filter->name = expect_name();
-        if (at_operator(".")) refuse(current().position, "dotted filter names are not supported");
-        if (!is_filter(filter->name)) {
-          refuse(filter->position, "the filter '" + filter->name + "' is not supported");
-        }
+        ExprPtr filter = parse_named(Expr::Kind::Filter, "filter", is_filter);
         if (at_operator("(")) parse_arguments(*filter);
         filter->object = std::move(node);
         node = std::move(filter);
@@ -611,15 +598,21 @@ class Parser {
     }
   }
 
+  // A filter's or test's name, refused unless `known` knows it.
+  ExprPtr parse_named(Expr::Kind kind, const std::string& what, bool (*known)(std::string_view)) {
+    ExprPtr node = make(kind, current().position);
+    node->name = expect_name();
+    if (at_operator(".")) refuse(current().position, "dotted " + what + " names are not supported");
+    if (!known(node->name)) {
+      refuse(node->position, "the " + what + " '" + node->name + "' is not supported");
+    }
+    return node;
+  }
+
   ExprPtr parse_test(ExprPtr node) {
     advance();  // is
     const bool negated = skip_name("not");
-    ExprPtr test = make(Expr::Kind::Test, current().position);
-    test->name = expect_name();
-    if (at_operator(".")) refuse(current().position, "dotted test names are not supported");
-    if (!is_test(test->name)) {
-      refuse(test->position, "the test '" + test->name + "' is not supported");
-    }
+    ExprPtr test = parse_named(Expr::Kind::Test, "test", is_test);
     const Token& next = current();
     if (at_operator("(")) {
       parse_arguments(*test);

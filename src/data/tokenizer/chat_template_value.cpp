@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "data/tokenizer/utf8.h"
+
 namespace pipetrain::jinja {
 
 namespace {
@@ -388,6 +390,17 @@ void append_json(std::string& out, const Value& value, const JsonStyle& style, i
     out += '\n';
     for (int i = 0; i < level; ++i) out += *style.indent;
   };
+  // `count` items between brackets, each written by `append_item(i)`; "[]" or "{}" when empty.
+  auto append_items = [&](size_t count, char open, char close, const auto& append_item) {
+    out += open;
+    for (size_t i = 0; i < count; ++i) {
+      if (i > 0) out += item_separator;
+      newline(depth + 1);
+      append_item(i);
+    }
+    if (count > 0) newline(depth);
+    out += close;
+  };
   switch (value.type()) {
     case Value::Type::None:
       out += "null";
@@ -417,18 +430,8 @@ void append_json(std::string& out, const Value& value, const JsonStyle& style, i
         fail(position, "Object of type " + type_name(value) + " is not JSON serializable");
       }
       const List& items = value.as_list();
-      if (items.empty()) {
-        out += "[]";
-        return;
-      }
-      out += '[';
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (i > 0) out += item_separator;
-        newline(depth + 1);
-        append_json(out, items[i], style, depth + 1, position);
-      }
-      newline(depth);
-      out += ']';
+      append_items(items.size(), '[', ']',
+                   [&](size_t i) { append_json(out, items[i], style, depth + 1, position); });
       return;
     }
     case Value::Type::Dict: {
@@ -438,20 +441,11 @@ void append_json(std::string& out, const Value& value, const JsonStyle& style, i
         std::stable_sort(items.begin(), items.end(),
                          [](const auto* a, const auto* b) { return a->first < b->first; });
       }
-      if (items.empty()) {
-        out += "{}";
-        return;
-      }
-      out += '{';
-      for (size_t i = 0; i < items.size(); ++i) {
-        if (i > 0) out += item_separator;
-        newline(depth + 1);
+      append_items(items.size(), '{', '}', [&](size_t i) {
         append_json_string(out, items[i]->first, style.ensure_ascii, position);
         out += key_separator;
         append_json(out, items[i]->second, style, depth + 1, position);
-      }
-      newline(depth);
-      out += '}';
+      });
       return;
     }
     default:
@@ -508,23 +502,7 @@ std::u32string decode_utf8(std::string_view text, Position position) {
 std::string encode_utf8(std::u32string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (char32_t c : text) {
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xc0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3f));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xe0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (c & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (c & 0x3f));
-    }
-  }
+  for (const char32_t c : text) tokenizer::append_utf8(out, c);
   return out;
 }
 
