@@ -23,6 +23,7 @@
 #include "pipetrain/safetensors.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 
 namespace pipetrain::testing::hf_decoder_test {
 namespace {
@@ -60,15 +61,9 @@ struct Variant {
 };
 
 nn::DecoderConfig config_of(const Variant& variant) {
-  nn::DecoderConfig config;
-  config.vocab_size = 64;
-  config.n_layer = 2;
-  config.n_embd = 32;
-  config.n_head = 4;
-  config.n_kv_head = 2;
+  nn::DecoderConfig config = tiny_decoder_config(/*vocab_size=*/64, /*n_layer=*/2,
+                                                 /*block_size=*/16);
   config.head_dim = variant.head_dim;
-  config.intermediate_size = 48;
-  config.block_size = 16;
   config.max_position_embeddings = 128;
   config.rms_norm_eps = 1e-5;
   config.tie_word_embeddings = variant.tied;

@@ -18,6 +18,7 @@
 #include "support/command.h"
 #include "support/fit_run.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 #include "support/trainer_run.h"
 
 namespace pipetrain::testing::decoder_test {
@@ -26,14 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 
 nn::DecoderConfig small_llama() {
-  nn::DecoderConfig config;
-  config.vocab_size = 40;
-  config.n_layer = 3;
-  config.n_embd = 32;
-  config.n_head = 4;
-  config.n_kv_head = 2;
-  config.intermediate_size = 48;
-  config.block_size = 8;
+  nn::DecoderConfig config = tiny_decoder_config(/*vocab_size=*/40, /*n_layer=*/3,
+                                                 /*block_size=*/8);
   config.tie_word_embeddings = true;
   config.rope.theta(500000).rope_type("llama3").factor(32).original_max_position_embeddings(4);
   return config;

@@ -25,4 +25,16 @@ at::Tensor MseRegression::training_step(const Batch& batch, int64_t) {
   return loss;
 }
 
+nn::DecoderConfig tiny_decoder_config(int64_t vocab_size, int64_t n_layer, int64_t block_size) {
+  nn::DecoderConfig config;
+  config.vocab_size = vocab_size;
+  config.n_layer = n_layer;
+  config.n_embd = 32;
+  config.n_head = 4;
+  config.n_kv_head = 2;
+  config.intermediate_size = 48;
+  config.block_size = block_size;
+  return config;
+}
+
 }  // namespace pipetrain::testing

@@ -1,5 +1,5 @@
 // The small models tests train through the Trainer: a tanh MLP, a Module stepped by SGD at a fixed
-// learning rate, and a regression by mean squared error.
+// learning rate, a regression by mean squared error, and a decoder's shape.
 #pragma once
 
 #include <torch/torch.h>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pipetrain/module.h"
+#include "pipetrain/nn/decoder.h"
 
 namespace pipetrain::testing {
 
@@ -31,5 +32,9 @@ class MseRegression : public SgdModule {
   using SgdModule::SgdModule;
   at::Tensor training_step(const Batch& batch, int64_t batch_idx) override;
 };
+
+// A decoder of Llama's shape small enough for any test: width 32, 4 query and 2 key-value heads,
+// an MLP of 48; the caller sets what it varies (RoPE, ties, norms).
+nn::DecoderConfig tiny_decoder_config(int64_t vocab_size, int64_t n_layer, int64_t block_size);
 
 }  // namespace pipetrain::testing
