@@ -429,8 +429,10 @@ class Renderer {
       scope[parameters[i].first] = arguments.positional[i];
     }
     for (const auto& [keyword, value] : arguments.keywords) {
+      // A copy: lambdas may not capture structured bindings before C++20 (clang refuses).
+      const std::string& name_given = keyword;
       const auto parameter = std::find_if(parameters.begin(), parameters.end(),
-                                          [&](const auto& p) { return p.first == keyword; });
+                                          [&](const auto& p) { return p.first == name_given; });
       if (parameter == parameters.end()) {
         fail(position, "macro '" + name + "' takes no keyword argument '" + keyword + "'");
       }
