@@ -48,17 +48,23 @@ std::string normalized(std::string_view text, NormalForm form) {
 
 #else
 
-bool is_nonspacing_mark(char32_t) { require_unicode_data("StripAccents"); }
-char32_t simple_lowercase(char32_t) { require_unicode_data("Lowercase"); }
-std::string normalized(std::string_view, NormalForm) { require_unicode_data("a normal form"); }
+namespace {
+[[noreturn]] void missing_utf8proc(const std::string& component) {
+  throw std::invalid_argument(
+      component + " needs Unicode data from utf8proc, which this build of pipetrain lacks: " +
+      "install libutf8proc-dev (Debian) and rebuild pipetrain");
+}
+}  // namespace
+
+bool is_nonspacing_mark(char32_t) { missing_utf8proc("StripAccents"); }
+char32_t simple_lowercase(char32_t) { missing_utf8proc("Lowercase"); }
+std::string normalized(std::string_view, NormalForm) { missing_utf8proc("a normal form"); }
 
 #endif
 
 void require_unicode_data([[maybe_unused]] const std::string& component) {
 #ifndef PIPETRAIN_HAS_UTF8PROC
-  throw std::invalid_argument(
-      component + " needs Unicode data from utf8proc, which this build of pipetrain lacks: " +
-      "install libutf8proc-dev (Debian) and rebuild pipetrain");
+  missing_utf8proc(component);
 #endif
 }
 
