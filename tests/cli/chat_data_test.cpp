@@ -3,8 +3,9 @@
 // are its chat template's rendering and the mask is 1 exactly on the assistant turns (their
 // content and the template's end of turn); a prompt-completion line is its prompt's ids, its
 // completion's and EOS, the latter two masked in; bad lines are usage errors naming file and
-// line; and a small Llama fine-tuned on the masked tokens under pipe and ddp logs the losses of
-// one process (the mean over the unmasked targets of each global batch).
+// line; --model gpt refuses masked tokens; and a small Llama fine-tuned on the masked tokens under
+// pipe and ddp logs the losses of one process (the mean over the unmasked targets of each global
+// batch), validates as it, and resumes exactly.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -93,10 +94,11 @@ class ChatData : public ::testing::Test {
     return dir + "/" + name;
   }
   CommandResult prepare(const std::string& tokenizer, const std::string& format,
-                        const std::string& input, const std::string& output) const {
-    return run_command(
-        pipetrain_command({"prepare-data", "--tokenizer", tokenizer, "--format", format, "--input",
-                           input, "--output", output, "--val-fraction", "0", "--name", "d"}));
+                        const std::string& input, const std::string& output,
+                        const std::string& val_fraction = "0") const {
+    return run_command(pipetrain_command({"prepare-data", "--tokenizer", tokenizer, "--format",
+                                          format, "--input", input, "--output", output,
+                                          "--val-fraction", val_fraction, "--name", "d"}));
   }
   std::string dir = make_temp_dir("chat-data");
 };
@@ -163,6 +165,17 @@ TEST_F(ChatData, APromptCompletionLineIsItsPromptThenItsCompletionAndEosWhichCar
   EXPECT_FALSE(fs::exists(dir + "/out/d_train_000000.mask"));
 }
 
+TEST_F(ChatData, TheCharacterGptRefusesMaskedTokens) {
+  const auto input = write("pc.jsonl", "{\"prompt\": \"Say hi\", \"completion\": \" hi\"}\n");
+  ASSERT_EQ(prepare(kGpt2, "prompt-completion", input, dir + "/out").exit_code, 0);
+  const auto refused =
+      run_command(pipetrain_command({"fit", "--model", "gpt", "--vocab-size", "50257",
+                                     "--block-size", "2", "--train-data", dir + "/out"}));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--model gpt does not read loss masks"), std::string::npos)
+      << refused.output;
+}
+
 TEST_F(ChatData, BadLinesAreUsageErrorsNamingFileAndLine) {
   const auto expect_error = [&](const std::string& tokenizer, const std::string& format,
                                 const std::string& input, const std::string& says) {
@@ -219,7 +232,9 @@ TEST_F(ChatData, ALlamaFineTunedOnConversationsUnderPipeAndDdpLogsTheLossesOfOne
 #ifndef PIPETRAIN_HAS_GLOO
   GTEST_SKIP() << "this libtorch has no Gloo for CPU ranks";
 #endif
-  ASSERT_EQ(prepare(kQwen3, "chat", write("chat.jsonl", conversations()), dir + "/data").exit_code,
+  // Every fourth conversation validates.
+  ASSERT_EQ(prepare(kQwen3, "chat", write("chat.jsonl", conversations()), dir + "/data", "0.25")
+                .exit_code,
             0);
   const std::string vocabulary = std::to_string(Tokenizer::from_file(kQwen3).vocab_size());
   // Four steps of a 2-layer Llama of Qwen3's vocabulary on the masked tokens, global batches of 4
@@ -248,7 +263,8 @@ TEST_F(ChatData, ALlamaFineTunedOnConversationsUnderPipeAndDdpLogsTheLossesOfOne
                                    "--enable-progress-bar",
                                    "false"};
     flags.insert(flags.end(), strategy.begin(), strategy.end());
-    const auto result = run_command(csv_logged_command("fit", "llama", dir + "/" + name, 0, flags),
+    flags.insert(flags.end(), {"--val-check-interval", "2"});
+    const auto result = run_command(csv_logged_command("fit", "llama", dir + "/" + name, 2, flags),
                                     {}, std::chrono::seconds(300));
     EXPECT_EQ(result.exit_code, 0) << result.output;
   };
@@ -261,6 +277,13 @@ TEST_F(ChatData, ALlamaFineTunedOnConversationsUnderPipeAndDdpLogsTheLossesOfOne
   // Sums over other groupings of the same targets: float32 rounding apart.
   expect_same_train_losses(dir + "/single", dir + "/pipe", 1e-5);
   expect_same_train_losses(dir + "/single", dir + "/ddp", 1e-5);
+  // Validation's loss too is the mean over the unmasked targets (of two batches of 4 rows: the
+  // pipe's; ddp's replicas validate on batches of 2).
+  const auto val_single = read_csv_column(metrics_csv(dir + "/single"), "val_loss");
+  const auto val_pipe = read_csv_column(metrics_csv(dir + "/pipe"), "val_loss");
+  ASSERT_EQ(val_single.size(), 2u);
+  ASSERT_EQ(val_pipe.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(val_pipe[i], val_single[i], 1e-5 * val_single[i]);
   // Stopped after two steps and resumed: the batches, masks and losses of the whole run.
   fit("parts", {"--strategy", "single", "--batch-size", "4", "--max-steps", "2"});
   fit("parts", {"--strategy", "single", "--batch-size", "4", "--ckpt-path", "last"});
