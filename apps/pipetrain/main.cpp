@@ -876,8 +876,11 @@ int main(int argc, char** argv) {
   prepare_command->add_option("--tokenizer", prepare.tokenizer,
                               "a Hugging Face tokenizer.json, or a model's folder holding one");
   prepare_command->add_option("--format", prepare.format,
-                              "the input's format, with --tokenizer: text (a file is a document) "
-                              "or jsonl (a line is one); default: jsonl for .jsonl files");
+                              "the input's format, with --tokenizer: text (a file is a document), "
+                              "jsonl (a line is one), chat (a line is {\"messages\": [{\"role\", "
+                              "\"content\"}, ...]}: the assistant turns carry loss) or "
+                              "prompt-completion (a line is {\"prompt\", \"completion\"}: the "
+                              "completion carries loss); default: jsonl for .jsonl files");
   prepare_command->add_option("--text-field", prepare.text_field,
                               "with --tokenizer: the JSONL field that holds a document's text");
   prepare_command->add_option("--shard-size", prepare.shard_size,
@@ -950,6 +953,12 @@ int main(int argc, char** argv) {
         refuse_given({"--file-format", "--token-dtype"},
                      " is for byte tokens: a tokenizer's ids are written as llm.c shards, of a "
                      "width its vocabulary gives");
+        if (prepare.format == "chat" || prepare.format == "prompt-completion") {
+          refuse_given({"--text-field"},
+                       " is for --format jsonl: a chat line's fields are "
+                       "messages, a prompt-completion line's prompt and "
+                       "completion");
+        }
       } else {
         refuse_given({"--text-field", "--shard-size", "--name", "--threads"},
                      " is for a tokenizer's shards: pass --tokenizer");

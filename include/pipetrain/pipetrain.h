@@ -27,6 +27,7 @@
 // Data: datasets and the loader; LibTorch datasets and token files (one, or a folder of shards)
 // as datasets; Hugging Face tokenizers.
 #include "pipetrain/data.h"
+#include "pipetrain/loss_mask.h"
 #include "pipetrain/token_dataset.h"
 #include "pipetrain/token_shards.h"
 #include "pipetrain/tokenizer.h"

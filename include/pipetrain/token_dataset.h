@@ -9,9 +9,13 @@
 //   (vocabularies above 65536 ids need those).
 // Window i starts at token i x block_size, so consecutive windows share one token and every token
 // but the first is a target exactly once per epoch; the DataLoader shuffles the windows' order.
+// A loss mask beside the file (pipetrain/loss_mask.h: `train.bin` -> `train.mask`), where there is
+// one, says which tokens carry loss: a target whose mask is 0 is kMaskedTarget (-100), the ignore
+// index of the losses.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +23,8 @@
 #include "pipetrain/data.h"
 
 namespace pipetrain {
+
+class LossMask;
 
 // kNanoGpt: raw tokens, no header; kLlmc: llm.c's 1024-byte header first.
 enum class TokenFileFormat { kNanoGpt, kLlmc };
@@ -36,6 +42,8 @@ class TokenDataset : public Dataset {
   // more (the first one's position named). Every id is read for that once, here, in slices
   // whose pages are dropped again (0.2 s a GiB from the page cache, 16M tokens resident at most;
   // where not cached, the disk's read speed); a vocabulary above the width's largest id skips it.
+  // Also refused: a loss mask given as the token file, and a loss mask beside it that LossMask
+  // refuses or whose token count is not the file's.
   TokenDataset(const std::string& path, int64_t block_size, int64_t vocab_size,
                std::optional<TokenDtype> dtype = std::nullopt);
   ~TokenDataset() override;
@@ -44,7 +52,8 @@ class TokenDataset : public Dataset {
 
   // Windows in the file.
   int64_t size() const override;
-  // data [n, block_size] and target [n, block_size], int64. Reads only these windows' bytes (and
+  // data [n, block_size] and target [n, block_size], int64 (a target the loss mask masks is
+  // kMaskedTarget). Reads only these windows' bytes (and
   // lets the kernel drop their pages again, so resident memory does not grow with the file).
   Batch get_batch(const std::vector<int64_t>& indices, const FieldsWanted& wanted) const override;
 
@@ -52,6 +61,8 @@ class TokenDataset : public Dataset {
   int64_t block_size() const { return block_size_; }
   TokenFileFormat format() const { return format_; }
   TokenDtype dtype() const { return dtype_; }
+  // Whether a loss mask lies beside the file (its targets may be kMaskedTarget).
+  bool masked() const { return mask_ != nullptr; }
 
  private:
   std::string path_;
@@ -62,6 +73,7 @@ class TokenDataset : public Dataset {
   size_t mapped_bytes_ = 0;
   const unsigned char* tokens_ = nullptr;  // the first token's byte
   int64_t num_tokens_ = 0;
+  std::unique_ptr<const LossMask> mask_;  // null: every target carries loss
 };
 
 // Writes `tokens` to `path` in `format`, replacing the file atomically, at the tokens' width:

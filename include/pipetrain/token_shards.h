@@ -30,8 +30,9 @@ std::vector<std::string> find_token_files(const std::string& source, const std::
 class TokenShards : public Dataset {
  public:
   // Opens every file of `paths` as TokenDataset(path, block_size, vocab_size, dtype), with its
-  // checks and errors. Throws std::invalid_argument for no paths, or files of different widths
-  // (tokens of one vocabulary are written at one width).
+  // checks and errors. Throws std::invalid_argument for no paths, files of different widths
+  // (tokens of one vocabulary are written at one width), or files with a loss mask beside them
+  // mixed with files without one (naming one of each: their targets would be weighed unlike).
   TokenShards(const std::vector<std::string>& paths, int64_t block_size, int64_t vocab_size,
               std::optional<TokenDtype> dtype = std::nullopt);
 
@@ -43,6 +44,8 @@ class TokenShards : public Dataset {
   const std::vector<std::shared_ptr<const TokenDataset>>& files() const { return files_; }
   int64_t num_tokens() const;
   TokenDtype dtype() const { return files_.front()->dtype(); }
+  // Whether the files have loss masks (pipetrain/loss_mask.h): targets may be kMaskedTarget.
+  bool masked() const { return files_.front()->masked(); }
 
  private:
   std::vector<std::shared_ptr<const TokenDataset>> files_;

@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <stdexcept>
 
 #include "io/file_writer.h"
+#include "pipetrain/loss_mask.h"
 
 namespace pipetrain {
 namespace {
@@ -171,6 +173,13 @@ TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t 
            (payload % width ? " and " + std::to_string(payload % width) + " bytes more" : "") +
            "): the file is truncated or not an llm.c shard");
     }
+  } else if (magic == kLossMaskMagic) {
+    fail("is a loss mask (magic " + std::to_string(magic) +
+         "), not tokens: give the token file it lies beside (" +
+         (path.size() > 5 && path.compare(path.size() - 5, 5, ".mask") == 0
+              ? path.substr(0, path.size() - 5) + ".bin"
+              : std::string("its name with .bin for .mask")) +
+         ")");
   } else if (looks_like_llmc_header(bytes, mapped_bytes_)) {
     int32_t header[3];
     std::memcpy(header, bytes, sizeof(header));
@@ -221,6 +230,19 @@ TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t 
          ", not below the vocabulary size " + std::to_string(vocab_size) +
          " (--vocab-size): give the vocabulary the file was tokenized with");
   }
+  const std::string mask_path = loss_mask_path(path);
+  if (std::filesystem::exists(mask_path)) {
+    try {
+      mask_ = std::make_unique<const LossMask>(mask_path);
+    } catch (const std::invalid_argument& e) {
+      fail("has a loss mask beside it that cannot be read: " + std::string(e.what()));
+    }
+    if (mask_->num_tokens() != num_tokens_) {
+      fail("holds " + std::to_string(num_tokens_) + " tokens, and its loss mask " + mask_path +
+           " " + std::to_string(mask_->num_tokens()) +
+           ": they were not written together; prepare the data again");
+    }
+  }
 }
 
 TokenDataset::~TokenDataset() {
@@ -263,7 +285,19 @@ Batch TokenDataset::get_batch(const std::vector<int64_t>& indices,
   }
   Batch batch;
   if (wanted.data) batch.data = windows.slice(1, 0, block_size_).contiguous();
-  if (wanted.target) batch.target = windows.slice(1, 1, width).contiguous();
+  if (wanted.target) {
+    batch.target = windows.slice(1, 1, width).contiguous();
+    if (mask_) {
+      // Target t of window i is token i x block_size + 1 + t: masked where its mask is 0.
+      int64_t* targets = batch.target.data_ptr<int64_t>();
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t first = indices[static_cast<size_t>(row)] * block_size_ + 1;
+        for (int64_t t = 0; t < block_size_; ++t) {
+          if (!mask_->carries_loss(first + t)) targets[row * block_size_ + t] = kMaskedTarget;
+        }
+      }
+    }
+  }
   return batch;
 }
 

@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "pipetrain/loss_mask.h"
+
 namespace pipetrain {
 namespace {
 
@@ -88,6 +90,13 @@ TokenShards::TokenShards(const std::vector<std::string>& paths, int64_t block_si
           "token file " + path + " holds " + width(file->dtype()) + "-bit tokens and " + paths[0] +
           " " + width(files_.front()->dtype()) +
           "-bit ones: the files of one dataset come from one tokenizer, written at one width");
+    }
+    if (!files_.empty() && file->masked() != files_.front()->masked()) {
+      const auto& masked = file->masked() ? path : paths[0];
+      const auto& unmasked = file->masked() ? paths[0] : path;
+      throw std::invalid_argument("token file " + masked + " has a loss mask beside it (" +
+                                  loss_mask_path(masked) + ") and " + unmasked +
+                                  " has none: the files of one dataset are all masked or none is");
     }
     first_window_.push_back(first_window_.back() + file->size());
     files_.push_back(std::move(file));

@@ -4,7 +4,6 @@
 #include <utility>
 
 #include <pipetrain/checkpoint_io.h>
-#include <pipetrain/cross_entropy.h>
 
 #include "models/hf_decoder.h"
 
@@ -40,9 +39,8 @@ DecoderModel::DecoderModel(const nn::DecoderConfig& config, const OptimizerRecip
     : LanguageModel(layers_read_from(config, init_from), config, recipe) {}
 
 at::Tensor DecoderModel::loss(const Batch& batch) {
-  // The logits' gradient goes over them (nothing reads them after the loss); every position is a
-  // target, so no ignore_index (and no masking pass).
-  return chunked_cross_entropy_(forward(batch.data), batch.target, std::nullopt);
+  // The logits' gradient goes over them (nothing reads them after the loss).
+  return next_token_loss(forward(batch.data), batch.target);
 }
 
 OptimizerConfig DecoderModel::configure_optimizers() {

@@ -29,7 +29,8 @@ DocumentReader::DocumentReader(const std::vector<std::string>& inputs, const std
     : text_field_(std::move(text_field)) {
   if (!format.empty() && format != "text" && format != "jsonl") {
     throw std::invalid_argument("--format " + format +
-                                ": use text (a file is a document) or jsonl (a line is one)");
+                                ": use text (a file is a document), jsonl (a line is one), chat "
+                                "(a line is a conversation) or prompt-completion");
   }
   const auto add = [&](const std::string& path) {
     const bool jsonl = format.empty() ? has_jsonl_extension(path) : format == "jsonl";
@@ -109,6 +110,10 @@ bool DocumentReader::next(std::string& document) {
       ++line_;
       bytes_read_ += line.size() + 1;
       if (is_blank(line)) continue;
+      if (text_field_.empty()) {
+        document = std::move(line);
+        return true;
+      }
       const std::string where = this->where() + ": ";
       nlohmann::json object;
       try {

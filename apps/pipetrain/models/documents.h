@@ -19,7 +19,8 @@ class DocumentReader {
   // `inputs`: files, folders (their regular files not starting with '.', sorted; not their
   // subfolders) or "-" (standard input). `format`: "text", "jsonl", or "" to tell by the file's
   // extension (.jsonl is JSONL, anything else text; standard input is text). `text_field`: the
-  // field of a JSONL line's object that holds the document. Throws std::invalid_argument naming an
+  // field of a JSONL line's object that holds the document; empty: the line itself is the
+  // document, for the caller to parse. Throws std::invalid_argument naming an
   // input that does not exist, an empty folder, or an unknown format.
   DocumentReader(const std::vector<std::string>& inputs, const std::string& format,
                  std::string text_field);

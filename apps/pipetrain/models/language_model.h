@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <pipetrain/cross_entropy.h>
+#include <pipetrain/loss_mask.h>
 #include <pipetrain/module.h>
 
 namespace pipetrain::cli {
@@ -56,6 +58,9 @@ class LanguageModel : public Module {
   }
 
   const Config& config() const { return config_; }
+  // Whether the data's targets may be kMaskedTarget (token files with loss masks): the loss is
+  // then the mean over the targets not masked of each optimizer step's whole batch.
+  void set_masked_targets(bool masked) { masked_targets_ = masked; }
 
  protected:
   LanguageModel(torch::nn::Sequential layers, const Config& config, OptimizerRecipe recipe)
@@ -67,12 +72,23 @@ class LanguageModel : public Module {
   // The mean cross-entropy of predicting batch.target (the token after each position) from
   // batch.data (token ids [B, T]).
   virtual at::Tensor loss(const Batch& batch) = 0;
+  // The mean cross-entropy of `logits` predicting `target`, written over the logits
+  // (chunked_cross_entropy_). Without masks every position is a target: no ignore_index and no
+  // masking pass. With them, sum_over() the targets not masked, so that every micro-batch, replica
+  // and accumulated batch weighs its targets alike: a mean per micro-batch would weigh a
+  // micro-batch of few unmasked targets as much as one of many.
+  at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& target) {
+    if (!masked_targets_) return chunked_cross_entropy_(logits, target, std::nullopt);
+    return sum_over(chunked_cross_entropy_sum_(logits, target, kMaskedTarget),
+                    target.ne(kMaskedTarget).sum());
+  }
   double lr() const { return recipe_.lr; }
   const OptimizerRecipe& recipe() const { return recipe_; }
 
  private:
   Config config_;
   OptimizerRecipe recipe_;
+  bool masked_targets_ = false;
 };
 
 }  // namespace pipetrain::cli

@@ -117,11 +117,14 @@ std::shared_ptr<const Dataset> rows(const TensorDataset& data, int64_t begin, in
 constexpr int64_t kByteVocabulary = 256;
 
 // A language model's data: --train-data, and --val-data or what lies beside the training data.
-void read_token_files(const ModelOptions& options, int64_t block_size, int64_t vocab_size,
+// Returns whether either has loss masks (its targets may be kMaskedTarget).
+bool read_token_files(const ModelOptions& options, int64_t block_size, int64_t vocab_size,
                       BuiltInModel& built) {
   auto data = read_token_data(options.train_data, options.val_data, block_size, vocab_size);
+  const bool masked = data.train->masked() || (data.val && data.val->masked());
   built.train = std::move(data.train);
   built.val = std::move(data.val);
+  return masked;
 }
 
 std::string all_bytes() {
@@ -477,9 +480,10 @@ BuiltInModel make_model(const ModelOptions& options) {
     }
     const Gpt2Config config = gpt2_config(options);
     // Built per rank: each process reads its own layers' tensors of --init-from.
-    built.module =
-        std::make_unique<Gpt2Model>(config, optimizer_recipe(options), options.init_from);
-    read_token_files(options, config.block_size, config.vocab_size, built);
+    auto model = std::make_unique<Gpt2Model>(config, optimizer_recipe(options), options.init_from);
+    model->set_masked_targets(
+        read_token_files(options, config.block_size, config.vocab_size, built));
+    built.module = std::move(model);
   } else if (is_decoder(options.name)) {
     if (options.train_data.empty()) {
       throw std::invalid_argument("--model " + options.name +
@@ -488,16 +492,22 @@ BuiltInModel make_model(const ModelOptions& options) {
     }
     const nn::DecoderConfig config = decoder_config(options);
     // Built per rank: each process reads its own layers' tensors of --init-from.
-    built.module =
+    auto model =
         std::make_unique<DecoderModel>(config, optimizer_recipe(options), options.init_from);
-    read_token_files(options, config.block_size, config.vocab_size, built);
+    model->set_masked_targets(
+        read_token_files(options, config.block_size, config.vocab_size, built));
+    built.module = std::move(model);
   } else if (options.name == "gpt" && !options.train_data.empty()) {
     GptConfig config;
     config.vocab_size = options.vocab_size > 0 ? options.vocab_size : kByteVocabulary;
     if (options.block_size > 0) config.block_size = options.block_size;
     config.dropout = options.dropout;
     built.module = std::make_unique<GptModel>(config, options.lr);
-    read_token_files(options, config.block_size, config.vocab_size, built);
+    if (read_token_files(options, config.block_size, config.vocab_size, built)) {
+      throw std::invalid_argument("--model gpt does not read loss masks, which lie beside " +
+                                  options.train_data +
+                                  "'s token files: fine-tune gpt2, llama or qwen3 on them");
+    }
     // Byte tokens read back as text: the vocabulary of every byte, in byte order.
     if (config.vocab_size == kByteVocabulary) built.vocabulary = CharVocabulary(all_bytes());
   } else if (options.name == "gpt") {

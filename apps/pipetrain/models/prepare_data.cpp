@@ -8,6 +8,7 @@
 #include <future>
 #include <iterator>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include <pipetrain/tokenizer.h>
 
 #include "models/documents.h"
+#include "models/loss_masked_examples.h"
 #include "models/prepare_progress.h"
 #include "models/shard_writer.h"
 #include "models/tokenizer_info.h"
@@ -139,12 +141,22 @@ std::string prepare_tokens(const PrepareDataOptions& options) {
         " names no EOS token (tokenizer_config.json's eos_token), which ends every document: "
         "give a tokenizer folder with its tokenizer_config.json");
   }
-  DocumentReader reader(options.inputs, options.format, options.text_field);
+  // Examples of fine-tuning, a JSONL line each, whose tokens carry loss only in part.
+  const bool masked = is_loss_masked_format(options.format);
+  if (options.format == "chat" && tokenizer.chat_template().empty()) {
+    throw std::invalid_argument(
+        "--tokenizer " + options.tokenizer + ": " + tokenizer.path() +
+        " has no chat template (tokenizer_config.json's chat_template), which --format chat "
+        "renders conversations with: give a chat model's tokenizer folder, or write the examples "
+        "as --format prompt-completion");
+  }
+  DocumentReader reader(options.inputs, masked ? "jsonl" : options.format,
+                        masked ? "" : options.text_field);
   create_folder(options.output);
   const std::string name = options.name.empty() ? folder_name(options.output) : options.name;
   const bool wide = tokenizer.vocab_size() > 65536;
-  ShardWriter train(options.output, name, "train", options.shard_size, wide);
-  ShardWriter val(options.output, name, "val", options.shard_size, wide);
+  ShardWriter train(options.output, name, "train", options.shard_size, wide, masked);
+  ShardWriter val(options.output, name, "val", options.shard_size, wide, masked);
   TokenizerInfo info;
 
   PrepareProgress progress(reader.total_bytes());
@@ -164,7 +176,24 @@ std::string prepare_tokens(const PrepareDataOptions& options) {
     return batch;
   };
   const auto threads = static_cast<int>(options.threads);
-  const auto encode = [&tokenizer, threads](const Documents& batch) {
+  // Each example's ids and mask, its lines spread over the threads as encode_batch spreads texts.
+  const auto encode_examples = [&](const Documents& batch) {
+    const size_t parts = std::max<size_t>(
+        1, threads > 0 ? static_cast<size_t>(threads) : std::thread::hardware_concurrency());
+    std::vector<LossMaskedIds> examples(batch.texts.size());
+    std::vector<std::future<void>> running;
+    for (size_t part = 0; part < parts; ++part) {
+      running.push_back(std::async(std::launch::async, [&, part] {
+        for (size_t i = part; i < examples.size(); i += parts) {
+          examples[i] =
+              encode_loss_masked(tokenizer, options.format, batch.texts[i], batch.sources[i], *eos);
+        }
+      }));
+    }
+    for (auto& part : running) part.get();  // the first part's error, if any
+    return examples;
+  };
+  const auto encode_documents = [&tokenizer, threads](const Documents& batch) {
     try {
       return tokenizer.encode_batch(batch.texts, /*add_special_tokens=*/true, threads);
     } catch (const std::invalid_argument& e) {
@@ -179,15 +208,24 @@ std::string prepare_tokens(const PrepareDataOptions& options) {
       throw;
     }
   };
+  // Text documents end with the EOS; examples say their own ends.
+  const auto encode = [&](const Documents& batch) {
+    if (masked) return encode_examples(batch);
+    std::vector<LossMaskedIds> documents;
+    for (auto& ids : encode_documents(batch)) {
+      ids.push_back(*eos);
+      documents.push_back({std::move(ids), {}});
+    }
+    return documents;
+  };
   int64_t documents = 0;
   for (Documents batch = read_batch(); !batch.texts.empty();) {
     auto encoding = std::async(std::launch::async,
                                [&encode, batch = std::move(batch)] { return encode(batch); });
     batch = read_batch();  // the next batch is read while this one is encoded
-    for (auto& ids : encoding.get()) {
-      ids.push_back(*eos);
+    for (const auto& document : encoding.get()) {
       const bool validation = is_validation(documents++, options.val_fraction);
-      (validation ? val : train).append(ids);
+      (validation ? val : train).append(document.ids, document.mask);
       ++(validation ? info.val : info.train).documents;
     }
     progress.update(documents, reader.bytes_read(), train.tokens() + val.tokens());
@@ -210,8 +248,9 @@ std::string prepare_tokens(const PrepareDataOptions& options) {
   write_tokenizer_info(options.output, info);
   return "wrote " + count_of(static_cast<size_t>(documents), "document") + " as " +
          shard_count(train, "train") + " and " + shard_count(val, "val") + " of " + info.dtype +
-         " tokens to " + options.output + ", named " + name + "_<split>_<number>.bin, and " +
-         kTokenizerInfoFile + " (train with --train-data " + options.output +
+         " tokens to " + options.output + ", named " + name + "_<split>_<number>.bin" +
+         (masked ? " with a loss mask each (.mask: 1 for the tokens that carry loss)" : "") +
+         ", and " + kTokenizerInfoFile + " (train with --train-data " + options.output +
          " and a model of vocabulary " + std::to_string(info.vocab_size) + " or more)";
 }
 
@@ -225,7 +264,8 @@ std::string prepare_data(const PrepareDataOptions& options) {
   if (options.format == "nanogpt" || options.format == "llmc") {
     throw std::invalid_argument("--format " + options.format + " is now --file-format " +
                                 options.format +
-                                " (--format names the input's format: text or jsonl)");
+                                " (--format names the input's format: text, jsonl, chat or "
+                                "prompt-completion)");
   }
   if (options.tokenizer.empty()) {
     if (!options.format.empty()) {

@@ -1,11 +1,13 @@
 #include "models/shard_writer.h"
 
+#include <cstddef>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <stdexcept>
 #include <utility>
 
+#include <pipetrain/loss_mask.h>
 #include <pipetrain/token_dataset.h>
 
 namespace pipetrain::cli {
@@ -28,12 +30,13 @@ void append_as(std::vector<Token>& buffer, const int64_t* ids, size_t count) {
 }  // namespace
 
 ShardWriter::ShardWriter(std::string folder, std::string name, std::string split,
-                         int64_t shard_size, bool wide)
+                         int64_t shard_size, bool wide, bool masked)
     : folder_(std::move(folder)),
       name_(std::move(name)),
       split_(std::move(split)),
       shard_size_(shard_size),
-      wide_(wide) {
+      wide_(wide),
+      masked_(masked) {
   if (shard_size < 1 || shard_size > std::numeric_limits<int32_t>::max()) {
     throw std::invalid_argument("--shard-size " + std::to_string(shard_size) +
                                 ": give 1 to 2147483647 tokens (what an llm.c header counts)");
@@ -46,7 +49,12 @@ std::string ShardWriter::shard_name(size_t number) const {
   return name_ + "_" + split_ + "_" + digits + ".bin";
 }
 
-void ShardWriter::append(const std::vector<int64_t>& ids) {
+void ShardWriter::append(const std::vector<int64_t>& ids, const std::vector<uint8_t>& mask) {
+  if (mask.size() != (masked_ ? ids.size() : 0)) {
+    throw std::invalid_argument("a loss mask of " + std::to_string(mask.size()) + " values for " +
+                                std::to_string(ids.size()) + " tokens" +
+                                (masked_ ? "" : " of shards without masks"));
+  }
   // A shard at a time: the ids that fill the one being filled, then the rest.
   size_t from = 0;
   while (from < ids.size()) {
@@ -56,6 +64,10 @@ void ShardWriter::append(const std::vector<int64_t>& ids) {
       append_as(wide_tokens_, ids.data() + from, take);
     } else {
       append_as(narrow_, ids.data() + from, take);
+    }
+    if (masked_) {
+      const auto first = mask.begin() + static_cast<std::ptrdiff_t>(from);
+      mask_.insert(mask_.end(), first, first + static_cast<std::ptrdiff_t>(take));
     }
     from += take;
     tokens_ += static_cast<int64_t>(take);
@@ -72,6 +84,14 @@ void ShardWriter::write_shard() {
     write_token_file(path, narrow_, TokenFileFormat::kLlmc);
     narrow_.clear();
   }
+  if (masked_) {
+    write_loss_mask(loss_mask_path(path), mask_);
+    mask_.clear();
+  } else {
+    // A mask an earlier run left beside this name would be read as this shard's.
+    std::error_code error;
+    fs::remove(loss_mask_path(path), error);
+  }
   shards_.push_back(fs::path(path).filename().string());
 }
 
@@ -80,7 +100,9 @@ void ShardWriter::finish() {
   // An earlier run's shards past this run's last would read as part of this data.
   for (size_t number = shards_.size();; ++number) {
     std::error_code error;
-    if (!fs::remove(fs::path(folder_) / shard_name(number), error)) break;
+    const fs::path shard = fs::path(folder_) / shard_name(number);
+    fs::remove(loss_mask_path(shard.string()), error);
+    if (!fs::remove(shard, error)) break;
   }
 }
 
