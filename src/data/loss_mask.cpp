@@ -1,16 +1,13 @@
 #include "pipetrain/loss_mask.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <stdexcept>
 
+#include "data/map_file.h"
 #include "io/file_writer.h"
 
 namespace pipetrain {
@@ -51,24 +48,9 @@ void write_loss_mask(const std::string& path, const std::vector<uint8_t>& mask) 
 }
 
 LossMask::LossMask(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw std::invalid_argument("cannot open loss mask " + path + ": " + std::strerror(errno));
-  }
-  struct stat info {};
-  if (fstat(fd, &info) != 0) {
-    const int error = errno;
-    close(fd);
-    throw std::invalid_argument("cannot read loss mask " + path + ": " + std::strerror(error));
-  }
-  mapped_bytes_ = static_cast<size_t>(info.st_size);
-  if (mapped_bytes_ > 0) mapping_ = mmap(nullptr, mapped_bytes_, PROT_READ, MAP_SHARED, fd, 0);
-  const int map_error = errno;
-  close(fd);  // the mapping keeps the file
-  if (mapping_ == MAP_FAILED) {
-    mapping_ = nullptr;
-    throw std::invalid_argument("cannot map loss mask " + path + ": " + std::strerror(map_error));
-  }
+  const FileMapping mapped = map_file(path, "loss mask");
+  mapping_ = mapped.address;
+  mapped_bytes_ = mapped.bytes;
   // The destructor does not run if the constructor throws: unmap by hand.
   const auto fail = [&](const std::string& what) {
     if (mapping_ != nullptr) munmap(mapping_, mapped_bytes_);

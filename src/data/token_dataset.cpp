@@ -1,19 +1,17 @@
 #include "pipetrain/token_dataset.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <stdexcept>
 
+#include "data/map_file.h"
 #include "io/file_writer.h"
 #include "pipetrain/loss_mask.h"
 
@@ -113,26 +111,9 @@ TokenDataset::TokenDataset(const std::string& path, int64_t block_size, int64_t 
     throw std::invalid_argument("vocabulary size " + std::to_string(vocab_size) +
                                 " must be at least 1 (--vocab-size)");
   }
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw std::invalid_argument("cannot open token file " + path + ": " + std::strerror(errno));
-  }
-  struct stat info {};
-  if (fstat(fd, &info) != 0) {
-    const int error = errno;
-    close(fd);
-    throw std::invalid_argument("cannot read token file " + path + ": " + std::strerror(error));
-  }
-  mapped_bytes_ = static_cast<size_t>(info.st_size);
-  if (mapped_bytes_ > 0) {
-    mapping_ = mmap(nullptr, mapped_bytes_, PROT_READ, MAP_SHARED, fd, 0);
-  }
-  const int map_error = errno;
-  close(fd);  // the mapping keeps the file
-  if (mapping_ == MAP_FAILED) {
-    mapping_ = nullptr;
-    throw std::invalid_argument("cannot map token file " + path + ": " + std::strerror(map_error));
-  }
+  const FileMapping mapped = map_file(path, "token file");
+  mapping_ = mapped.address;
+  mapped_bytes_ = mapped.bytes;
   // From here on the destructor does not run if the constructor throws: unmap by hand.
   auto fail = [&](const std::string& what) {
     if (mapping_ != nullptr) munmap(mapping_, mapped_bytes_);
