@@ -25,9 +25,10 @@
 #include "pipetrain/trainer_options.h"
 
 // Data: datasets and the loader; LibTorch datasets and token files (one, or a folder of shards)
-// as datasets; Hugging Face tokenizers.
+// as datasets, with loss masks and packed documents; Hugging Face tokenizers.
 #include "pipetrain/data.h"
 #include "pipetrain/loss_mask.h"
+#include "pipetrain/packed_documents.h"
 #include "pipetrain/token_dataset.h"
 #include "pipetrain/token_shards.h"
 #include "pipetrain/tokenizer.h"
@@ -54,6 +55,7 @@
 #include "pipetrain/linear.h"
 #include "pipetrain/nn/attention.h"
 #include "pipetrain/nn/decoder.h"
+#include "pipetrain/nn/documents.h"
 #include "pipetrain/nn/embedding.h"
 #include "pipetrain/nn/mlp.h"
 #include "pipetrain/nn/rms_norm.h"

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include <pipetrain/linear.h>
+#include <pipetrain/nn/documents.h>
 
 #include "pipeline/fused_linear.h"
 #include "util/compat.h"
@@ -21,13 +22,15 @@ at::Tensor repeat_heads(const at::Tensor& x, int64_t groups) {
   return x.repeat_interleave(groups, /*dim=*/1);
 }
 
+// `allowed`: [B, 1, T, T], true where a query may attend to a key; undefined: causal.
 at::Tensor explicit_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                              double dropout) {
+                              double dropout, const at::Tensor& allowed) {
   const int64_t time = q.size(-2);
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
   const auto steps = torch::arange(time, q.options().dtype(torch::kInt64));
-  const auto future = steps.unsqueeze(0) > steps.unsqueeze(1);  // [T, T], true above diagonal
-  scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+  const auto masked = allowed.defined() ? allowed.logical_not()
+                                        : steps.unsqueeze(0) > steps.unsqueeze(1);  // the future
+  scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
   auto weights = torch::softmax(scores, -1);
   if (dropout > 0) weights = torch::dropout(weights, dropout, /*train=*/true);
   return torch::matmul(weights, v);
@@ -40,7 +43,7 @@ at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
 }  // namespace
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout, AttentionKernel kernel) {
+                            double dropout, AttentionKernel kernel, const at::Tensor& documents) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.size(1) % k.size(1) != 0) {
     throw std::invalid_argument(
         "causal_attention: q [B, H, T, D] and k, v [B, Hkv, T, D] with H a multiple of Hkv; got " +
@@ -48,6 +51,25 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
         " heads and " + std::to_string(k.dim() == 4 ? k.size(1) : 0) + " key heads");
   }
   const int64_t groups = q.size(1) / k.size(1);
+  if (documents.defined()) {
+    if (documents.dim() != 2 || documents.size(0) != q.size(0) || documents.size(1) != q.size(2)) {
+      throw std::invalid_argument("causal_attention: documents [B, T] of q's B " +
+                                  std::to_string(q.size(0)) + " and T " +
+                                  std::to_string(q.size(2)) + ", got " +
+                                  std::to_string(documents.dim()) + "-D");
+    }
+    const auto allowed = document_attention_mask(documents);
+#if TORCH_VERSION_MAJOR >= 2
+    // Keys and values repeated per query head: the memory-efficient kernel, which takes a mask,
+    // has no grouped-query form.
+    if (kernel == AttentionKernel::kSdpa) {
+      return at::scaled_dot_product_attention(q, repeat_heads(k, groups), repeat_heads(v, groups),
+                                              allowed, dropout, /*is_causal=*/false);
+    }
+#endif
+    return explicit_attention(q, repeat_heads(k, groups), repeat_heads(v, groups), dropout,
+                              allowed);
+  }
   (void)kernel;  // a Torch without scaled_dot_product_attention has the written-out path alone
 #if TORCH_VERSION_MAJOR >= 2
   if (kernel == AttentionKernel::kSdpa) {
@@ -61,7 +83,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 #endif
   }
 #endif
-  return explicit_attention(q, repeat_heads(k, groups), repeat_heads(v, groups), dropout);
+  return explicit_attention(q, repeat_heads(k, groups), repeat_heads(v, groups), dropout, {});
 }
 
 void check_attention_options(const CausalSelfAttentionOptions& options) {
@@ -118,7 +140,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOption
   resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(options.dropout()));
 }
 
-at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& documents) {
   const int64_t batch = x.size(0), time = x.size(1);
   const int64_t head_dim = options.head_dim();
   // [B, T, H * D] -> [B, T, H, D]; the per-head norms apply there, then heads go first.
@@ -156,10 +178,11 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     if (q.is_cuda() && autocast_enabled(c10::DeviceType::CUDA)) {
       dtype = autocast_dtype(c10::DeviceType::CUDA);
     }
-    std::tie(q, k) = rotary->rotate(q, k, dtype);
+    const auto positions = documents.defined() ? document_positions(documents) : at::Tensor();
+    std::tie(q, k) = rotary->rotate(q, k, dtype, positions);
   }
-  const auto y =
-      causal_attention(q, k, v, is_training() ? options.dropout() : 0.0, options.kernel());
+  const auto y = causal_attention(q, k, v, is_training() ? options.dropout() : 0.0,
+                                  options.kernel(), documents);
   const auto merged = y.transpose(1, 2).reshape({batch, time, options.n_head() * head_dim});
   return resid_dropout_(linear(output, merged));
 }

@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 
+#include <pipetrain/nn/documents.h>
 #include <pipetrain/nn/embedding.h>
 
 namespace pipetrain::nn {
@@ -21,7 +22,10 @@ DecoderBlockImpl::DecoderBlockImpl(const DecoderBlockOptions& options_)
           RMSNorm(RMSNormOptions(options_.attention().n_embd()).eps(options_.norm_eps())))),
       mlp(register_module("mlp", SwiGLU(options_.mlp()))) {}
 
-at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) {
+at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) { return forward_in_documents(x, {}); }
+
+at::Tensor DecoderBlockImpl::forward_in_documents(const at::Tensor& x,
+                                                  const at::Tensor& documents) {
   // input_layernorm(x) beside x, then h = x + self_attn(...) and post_attention_layernorm(h) in
   // one pass; each RMSNorm's backward adds the residual stream's gradient (the two modules hold
   // the weights). Their outputs are read by matmuls alone (q, k and v; gate and up), so under
@@ -30,7 +34,7 @@ at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) {
   const auto first =
       residual_rms_norm(x, input_layernorm->weight, input_layernorm->options.eps(), to_matmuls);
   const auto second =
-      add_rms_norm(first.residual, self_attn(first.normalised), post_attention_layernorm->weight,
+      add_rms_norm(first.residual, self_attn(first.normalised, documents), post_attention_layernorm->weight,
                    post_attention_layernorm->options.eps(), to_matmuls);
   return second.residual + mlp(second.normalised);
 }
@@ -59,6 +63,10 @@ void check_decoder_config(const DecoderConfig& config) {
   require(config.rms_norm_eps > 0, "rms_norm_eps (--rms-norm-eps) must be positive");
   require(config.n_kv_head >= 0 && config.head_dim >= 0 && config.max_position_embeddings >= 0,
           "n_kv_head, head_dim and max_position_embeddings are positive, or 0 for their defaults");
+  require(!config.document_separator ||
+              (*config.document_separator >= 0 && *config.document_separator < config.vocab_size),
+          "document_separator " + std::to_string(config.document_separator.value_or(0)) +
+              " is not an id of the vocabulary of " + std::to_string(config.vocab_size));
   auto rope = config.rope;
   rope.head_dim(config.head_size());
   check_rotary_options(rope);
@@ -162,20 +170,27 @@ DecoderBlockOptions block_options(const DecoderConfig& config) {
       .norm_eps(config.rms_norm_eps);
 }
 
-Embedding make_embedding(const DecoderConfig& config) {
+// The layers of a decoder over packed documents (documents.h) where the config has a separator,
+// else of one over plain rows: the same parameters under the same names. A Sequential calls the
+// forward of the type it is given, so each comes as an AnyModule of its own type.
+torch::nn::AnyModule make_embedding(const DecoderConfig& config) {
   torch::NoGradGuard no_grad;
-  Embedding embedding(EmbeddingOptions(config.vocab_size, config.n_embd));
+  const EmbeddingOptions options(config.vocab_size, config.n_embd);
+  if (config.document_separator) {
+    DocumentEmbedding embedding(options, *config.document_separator);
+    embedding->weight.normal_(0, config.init_std);
+    return torch::nn::AnyModule(embedding);
+  }
+  Embedding embedding(options);
   embedding->weight.normal_(0, config.init_std);
-  return embedding;
+  return torch::nn::AnyModule(embedding);
 }
 
-DecoderBlock make_block(const DecoderConfig& config, const DecoderBlockOptions& options,
-                        int64_t l) {
+// torchtitan's depth initialisation: what block l adds to the residual stream shrinks with l.
+void initialise_block(DecoderBlockImpl& decoder_block, const DecoderConfig& config, int64_t l) {
   torch::NoGradGuard no_grad;
-  DecoderBlock decoder_block(options);
-  // torchtitan's depth initialisation: what block l adds to the residual stream shrinks with l.
   const double residual_std = config.init_std / std::sqrt(2.0 * static_cast<double>(l + 1));
-  for (auto& item : decoder_block->named_parameters()) {
+  for (auto& item : decoder_block.named_parameters()) {
     const std::string& name = item.key();
     auto& tensor = item.value();
     if (name.find("norm") != std::string::npos) continue;  // RMSNorm weights: ones
@@ -188,11 +203,29 @@ DecoderBlock make_block(const DecoderConfig& config, const DecoderBlockOptions& 
       tensor.normal_(0, config.init_std);
     }
   }
-  return decoder_block;
 }
 
-RMSNorm make_norm(const DecoderConfig& config) {
-  return RMSNorm(RMSNormOptions(config.n_embd).eps(config.rms_norm_eps));
+torch::nn::AnyModule make_block(const DecoderConfig& config, const DecoderBlockOptions& options,
+                                int64_t l) {
+  if (config.document_separator) {
+    DocumentDecoderBlock decoder_block(options);
+    initialise_block(*decoder_block, config, l);
+    return torch::nn::AnyModule(decoder_block);
+  }
+  DecoderBlock decoder_block(options);
+  initialise_block(*decoder_block, config, l);
+  return torch::nn::AnyModule(decoder_block);
+}
+
+torch::nn::AnyModule make_norm(const DecoderConfig& config) {
+  const auto options = RMSNormOptions(config.n_embd).eps(config.rms_norm_eps);
+  if (config.document_separator) return torch::nn::AnyModule(DocumentRMSNorm(options));
+  return torch::nn::AnyModule(RMSNorm(options));
+}
+
+// The embedding in layer 0 of `layers` (a DocumentEmbedding is one too).
+Embedding embedding_of(const torch::nn::Sequential& layers) {
+  return Embedding(std::dynamic_pointer_cast<EmbeddingImpl>(layers->ptr(0)));
 }
 
 LMHead make_untied_head(const DecoderConfig& config) {
@@ -208,11 +241,11 @@ torch::nn::Sequential decoder(const DecoderConfig& config) {
   check_decoder_config(config);
   const auto block = block_options(config);
   torch::nn::Sequential layers;
-  const Embedding embedding = make_embedding(config);
-  layers->push_back(embedding);
+  layers->push_back(make_embedding(config));
   for (int64_t l = 0; l < config.n_layer; ++l) layers->push_back(make_block(config, block, l));
   layers->push_back(make_norm(config));
-  layers->push_back(config.tie_word_embeddings ? LMHead(embedding) : make_untied_head(config));
+  layers->push_back(config.tie_word_embeddings ? LMHead(embedding_of(layers))
+                                               : make_untied_head(config));
   return layers;
 }
 
@@ -230,7 +263,7 @@ std::vector<LayerSpec> decoder_layers(const DecoderConfig& config) {
     layers.push_back(
         layer([config] { return LMHead(config.n_embd, config.vocab_size); }, vocab * width)
             .tie("weight", "0.weight", [](const torch::nn::Sequential& built) {
-              return LMHead(Embedding(built->ptr<EmbeddingImpl>(0)));
+              return LMHead(embedding_of(built));
             }));
   } else {
     layers.push_back(layer([config] { return make_untied_head(config); }, vocab * width));

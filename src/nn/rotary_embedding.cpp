@@ -232,8 +232,19 @@ at::Tensor RotaryEmbeddingImpl::forward(const at::Tensor& x) {
 }
 
 std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::rotate(
-    const at::Tensor& q, const at::Tensor& k, std::optional<at::ScalarType> dtype) {
-  const auto [cos, sin] = tables_for(q);
+    const at::Tensor& q, const at::Tensor& k, std::optional<at::ScalarType> dtype,
+    const at::Tensor& positions) {
+  auto [cos, sin] = tables_for(q);
+  if (positions.defined()) {
+    // Each row's own positions: the tables' rows gathered to [B, 1, T, head_dim], which broadcast
+    // over the heads (ATen's ops below; the kernels take one table for every row).
+    const auto rows = [&](const at::Tensor& table) {
+      return table.index_select(0, positions.reshape(-1))
+          .view({positions.size(0), 1, positions.size(1), table.size(1)});
+    };
+    cos = rows(cos);
+    sin = rows(sin);
+  }
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
   const auto rotated_type = dtype.value_or(cos.scalar_type());
   if (kernels_take(q, cos, sin) && kernels_take(k, cos, sin) && k.size(0) == q.size(0) &&

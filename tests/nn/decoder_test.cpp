@@ -334,6 +334,9 @@ TEST(Decoder, RefusesAShapeThatDoesNotFit) {
   config = small_llama();
   config.rope.rope_type("yarn");
   EXPECT_THROW(nn::decoder(config), std::invalid_argument);
+  config = small_llama();
+  config.document_separator = 40;  // packed documents' separator, outside a vocabulary of 40
+  EXPECT_THROW(nn::decoder(config), std::invalid_argument);
 }
 
 }  // namespace

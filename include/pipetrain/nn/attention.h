@@ -4,6 +4,8 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/common.h>
+#include <torch/nn/modules/container/any_value.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
@@ -21,11 +23,14 @@ namespace pipetrain::nn {
 // at::scaled_dot_product_attention (flash and memory-efficient kernels; on Torch 2.5 and later GQA
 // without materialising repeated keys and values) where the Torch has it (2.x), else it is
 // kExplicit: softmax(q k^T / sqrt(D) masked above the diagonal) v, written out, the same numbers on
-// every Torch.
+// every Torch. `documents` [B, T] (pipetrain/nn/documents.h), where defined, keeps each token to
+// the keys of its own document as well (a block-diagonal causal mask: SDPA's memory-efficient
+// kernel rather than flash, which takes no mask).
 enum class AttentionKernel { kSdpa, kExplicit };
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double dropout = 0.0, AttentionKernel kernel = AttentionKernel::kSdpa);
+                            double dropout = 0.0, AttentionKernel kernel = AttentionKernel::kSdpa,
+                            const at::Tensor& documents = {});
 
 struct CausalSelfAttentionOptions {
   CausalSelfAttentionOptions(int64_t n_embd, int64_t n_head) : n_embd_(n_embd), n_head_(n_head) {}
@@ -54,12 +59,14 @@ struct CausalSelfAttentionOptions {
 void check_attention_options(const CausalSelfAttentionOptions& options);
 
 // x [B, T, n_embd] -> [B, T, n_embd]. The projections go through pipetrain::linear (the bias in
-// the GEMM's epilogue; gradient accumulation fused where a pipe stage asks for it).
+// the GEMM's epilogue; gradient accumulation fused where a pipe stage asks for it). `documents`
+// [B, T], where defined: packed documents (pipetrain/nn/documents.h), each token attending within
+// its own and rotated by its position in it.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const CausalSelfAttentionOptions& options);
 
-  at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& documents = {});
 
   CausalSelfAttentionOptions options;
   // Set as options say; the others are empty holders.
@@ -70,6 +77,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   torch::nn::Dropout resid_dropout_{nullptr};
+
+ protected:
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(at::Tensor())})
 };
 TORCH_MODULE(CausalSelfAttention);
 

@@ -15,6 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ class DecoderBlockImpl : public torch::nn::Module {
  public:
   explicit DecoderBlockImpl(const DecoderBlockOptions& options);
   at::Tensor forward(const at::Tensor& x);
+  // The block over packed documents (pipetrain/nn/documents.h): `documents` [B, T] the document
+  // index of each token; undefined: one document a row, as forward().
+  at::Tensor forward_in_documents(const at::Tensor& x, const at::Tensor& documents);
 
   DecoderBlockOptions options;
   RMSNorm input_layernorm{nullptr};
@@ -68,6 +72,9 @@ struct DecoderConfig {
   RotaryEmbeddingOptions rope;          // rope_theta, rope_scaling (head_dim is filled in)
   AttentionKernel attention_kernel = AttentionKernel::kSdpa;
   double init_std = 0.02;  // initializer_range
+  // Document masking (pipetrain/nn/documents.h): the token id that ends each document packed in a
+  // row (the data's EOS); unset: a row is one sequence.
+  std::optional<int64_t> document_separator;
 
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
@@ -86,7 +93,9 @@ std::vector<std::string> decoder_preset_names();
 // N(0, init_std) (Hugging Face's initializer_range), except that block l's projections into the
 // residual stream (o_proj, and the MLP's up_proj and down_proj) are N(0, init_std / sqrt(2 (l +
 // 1))) (l from 0), torchtitan's depth scaling (torchtitan itself truncates its normals and draws
-// the embedding at 1 and its untied head at n_embd^-1/2); RMSNorm weights 1, biases 0.
+// the embedding at 1 and its untied head at n_embd^-1/2); RMSNorm weights 1, biases 0. With a
+// document_separator, its first n_layer + 2 layers are the Document kinds of documents.h (the same
+// parameters under the same names).
 torch::nn::Sequential decoder(const DecoderConfig& config);
 
 // The same layers described one by one, for a model built per rank (pipetrain/layer_spec.h): each

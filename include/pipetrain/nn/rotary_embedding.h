@@ -56,9 +56,12 @@ class RotaryEmbeddingImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   // q and k both, as forward() each, the tables looked up once; where `dtype` is given (q's own
   // or the tables'), each result then cast to it, in the same pass on a GPU. Attention asks for
-  // autocast's dtype, into which attention itself would cast fp32 results at once.
+  // autocast's dtype, into which attention itself would cast fp32 results at once. `positions`
+  // [B, T], where defined, are each token's own (packed documents: pipetrain/nn/documents.h)
+  // instead of 0..T-1.
   std::tuple<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k,
-                                            std::optional<at::ScalarType> dtype = std::nullopt);
+                                            std::optional<at::ScalarType> dtype = std::nullopt,
+                                            const at::Tensor& positions = {});
 
   RotaryEmbeddingOptions options;
 
