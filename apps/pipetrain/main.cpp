@@ -210,6 +210,9 @@ void add_shape_flags(CLI::App& app, pipetrain::cli::ModelOptions& m) {
                     "of its own (unset: the preset's)");
   add("--init-from", m.init_from,
       "gpt2, llama, qwen3: start from a Hugging Face folder (config.json, *.safetensors)");
+  add("--document-masking", m.document_masking,
+      "llama, qwen3: documents packed in a window attend only within themselves, their positions "
+      "restarting (their ends: the EOS of the token files' tokenizer_info.json)");
 }
 
 // The flags of every subcommand, declared once: each writes the options field it names.

@@ -117,14 +117,13 @@ std::shared_ptr<const Dataset> rows(const TensorDataset& data, int64_t begin, in
 constexpr int64_t kByteVocabulary = 256;
 
 // A language model's data: --train-data, and --val-data or what lies beside the training data.
-// Returns whether either has loss masks (its targets may be kMaskedTarget).
+// Returns whether targets may be kMaskedTarget (loss masks, or document masking).
 bool read_token_files(const ModelOptions& options, int64_t block_size, int64_t vocab_size,
                       BuiltInModel& built) {
   auto data = read_token_data(options.train_data, options.val_data, block_size, vocab_size);
-  const bool masked = data.train->masked() || (data.val && data.val->masked());
   built.train = std::move(data.train);
   built.val = std::move(data.val);
-  return masked;
+  return data.masked;
 }
 
 std::string all_bytes() {
@@ -419,6 +418,7 @@ void check_flags_apply(const ModelOptions& options) {
   unless(decoder, options.rope_theta > 0, "--rope-theta");
   unless(decoder, options.rms_norm_eps > 0, "--rms-norm-eps");
   unless(decoder, options.tie_word_embeddings.has_value(), "--tie-word-embeddings");
+  unless(decoder, options.document_masking, "--document-masking");
   unless(!decoder, options.dropout != defaults.dropout, "--dropout");
   unless(decoder || gpt2, !options.init_from.empty(), "--init-from");
   unless(decoder || gpt2, !options.model_size.empty(), "--model-size");
@@ -490,13 +490,17 @@ BuiltInModel make_model(const ModelOptions& options) {
                                   " trains on token files: pass --train-data FILE (tokens of the "
                                   "model's vocabulary, 32-bit above 65535 tokens)");
     }
-    const nn::DecoderConfig config = decoder_config(options);
+    nn::DecoderConfig config = decoder_config(options);
+    auto data = read_token_data(options.train_data, options.val_data, config.block_size,
+                                config.vocab_size, options.document_masking);
+    config.document_separator = data.document_separator;
     // Built per rank: each process reads its own layers' tensors of --init-from.
     auto model =
         std::make_unique<DecoderModel>(config, optimizer_recipe(options), options.init_from);
-    model->set_masked_targets(
-        read_token_files(options, config.block_size, config.vocab_size, built));
+    model->set_masked_targets(data.masked);
     built.module = std::move(model);
+    built.train = std::move(data.train);
+    built.val = std::move(data.val);
   } else if (options.name == "gpt" && !options.train_data.empty()) {
     GptConfig config;
     config.vocab_size = options.vocab_size > 0 ? options.vocab_size : kByteVocabulary;

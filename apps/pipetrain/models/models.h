@@ -43,6 +43,10 @@ struct ModelOptions {
   double rope_theta = 0;
   double rms_norm_eps = 0;
   std::optional<bool> tie_word_embeddings;
+  // llama, qwen3: several documents packed in one window train as if each were alone (attention
+  // within a document, positions restarting, its first token not a target); their ends are the
+  // EOS that tokenizer_info.json beside the token files names.
+  bool document_masking = false;
   // gpt2, llama, qwen3: a Hugging Face folder (config.json, safetensors) to start from.
   std::string init_from;
   // gpt2, llama, qwen3: a folder whose config.json alone gives the shape (no weights read): the

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -226,7 +227,13 @@ std::string prepare_tokens(const PrepareDataOptions& options) {
     for (const auto& document : encoding.get()) {
       const bool validation = is_validation(documents++, options.val_fraction);
       (validation ? val : train).append(document.ids, document.mask);
-      ++(validation ? info.val : info.train).documents;
+      SplitCounts& counts = validation ? info.val : info.train;
+      ++counts.documents;
+      // Every document ends with the EOS; one that holds it before, too, cannot be told apart from
+      // two by document masking.
+      if (std::find(document.ids.begin(), document.ids.end() - 1, *eos) != document.ids.end() - 1) {
+        ++counts.documents_with_eos_inside;
+      }
     }
     progress.update(documents, reader.bytes_read(), train.tokens() + val.tokens());
   }

@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include <pipetrain/packed_documents.h>
+
 #include "models/tokenizer_info.h"
 
 namespace pipetrain::cli {
@@ -56,11 +58,34 @@ std::string default_val_data(const std::string& train_data) {
 }  // namespace
 
 TokenData read_token_data(const std::string& train_data, const std::string& val_data,
-                          int64_t block_size, int64_t vocab_size) {
-  TokenData data;
-  data.train = open_files("--train-data", train_data, "train", block_size, vocab_size);
+                          int64_t block_size, int64_t vocab_size, bool document_masking) {
   const std::string val = val_data.empty() ? default_val_data(train_data) : val_data;
-  if (!val.empty()) data.val = open_files("--val-data", val, "val", block_size, vocab_size);
+  const auto train_files = open_files("--train-data", train_data, "train", block_size, vocab_size);
+  const auto val_files =
+      val.empty() ? nullptr : open_files("--val-data", val, "val", block_size, vocab_size);
+  TokenData data;
+  data.train = train_files;
+  data.val = val_files;
+  data.masked = train_files->masked() || (val_files && val_files->masked());
+  if (!document_masking) return data;
+  const auto separator = [](const std::string& split, const std::string& flag,
+                            const std::string& source) {
+    return document_separator(find_token_files(source, split), split, flag, source);
+  };
+  data.document_separator = separator("train", "--train-data", train_data);
+  data.train = mask_document_starts(data.train, *data.document_separator);
+  if (val_files) {
+    const int64_t val_separator = separator("val", "--val-data", val);
+    if (val_separator != *data.document_separator) {
+      throw std::invalid_argument("--document-masking: --val-data " + val +
+                                  " ends its documents with token " +
+                                  std::to_string(val_separator) + ", --train-data " + train_data +
+                                  " with " + std::to_string(*data.document_separator) +
+                                  ": prepare both with one tokenizer");
+    }
+    data.val = mask_document_starts(data.val, val_separator);
+  }
+  data.masked = true;
   return data;
 }
 

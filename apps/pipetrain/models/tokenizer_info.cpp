@@ -18,7 +18,26 @@ using Json = nlohmann::json;
 Json optional_id(const std::optional<int64_t>& id) { return id ? Json(*id) : Json(nullptr); }
 
 Json counts(const SplitCounts& split) {
-  return {{"documents", split.documents}, {"tokens", split.tokens}, {"shards", split.shards}};
+  return {{"documents", split.documents},
+          {"tokens", split.tokens},
+          {"shards", split.shards},
+          {"documents_with_eos_inside", split.documents_with_eos_inside}};
+}
+
+// The folders holding `files`.
+std::set<fs::path> folders_of(const std::vector<std::string>& files) {
+  std::set<fs::path> folders;
+  for (const auto& file : files) folders.insert(fs::path(file).parent_path());
+  return folders;
+}
+
+// `path` (a tokenizer_info.json) parsed; std::invalid_argument naming `where` if it is not JSON.
+Json read_info(const fs::path& path, const std::string& where) {
+  try {
+    return Json::parse(std::ifstream(path));
+  } catch (const Json::exception& e) {
+    throw std::invalid_argument(where + ": " + path.string() + " is not JSON: " + e.what());
+  }
 }
 
 }  // namespace
@@ -37,18 +56,10 @@ void write_tokenizer_info(const std::string& folder, const TokenizerInfo& info) 
 
 void check_tokenizer_vocabulary(const std::vector<std::string>& files, int64_t vocab_size,
                                 const std::string& flag, const std::string& source) {
-  std::set<fs::path> folders;
-  for (const auto& file : files) folders.insert(fs::path(file).parent_path());
-  for (const auto& folder : folders) {
+  for (const auto& folder : folders_of(files)) {
     const fs::path path = folder / kTokenizerInfoFile;
     if (!fs::exists(path)) continue;
-    Json info;
-    try {
-      info = Json::parse(std::ifstream(path));
-    } catch (const Json::exception& e) {
-      throw std::invalid_argument(flag + " " + source + ": " + path.string() +
-                                  " is not JSON: " + e.what());
-    }
+    const Json info = read_info(path, flag + " " + source);
     const auto size = info.find("vocab_size");
     if (size == info.end() || !size->is_number_integer()) {
       throw std::invalid_argument(flag + " " + source + ": " + path.string() +
@@ -64,6 +75,43 @@ void check_tokenizer_vocabulary(const std::vector<std::string>& files, int64_t v
           "prepare the data with the model's own tokenizer");
     }
   }
+}
+
+int64_t document_separator(const std::vector<std::string>& files, const std::string& split,
+                           const std::string& flag, const std::string& source) {
+  const std::string where = "--document-masking: " + flag + " " + source;
+  std::optional<int64_t> separator;
+  for (const auto& folder : folders_of(files)) {
+    const fs::path path = folder / kTokenizerInfoFile;
+    if (!fs::exists(path)) {
+      throw std::invalid_argument(
+          where + " has no " + kTokenizerInfoFile + " beside its files (" + path.string() +
+          "), which says the token that ends each document: make the files with pipetrain "
+          "prepare-data --tokenizer, or train without --document-masking");
+    }
+    const Json info = read_info(path, where);
+    const auto eos = info.find("eos_token_id");
+    if (eos == info.end() || !eos->is_number_integer()) {
+      throw std::invalid_argument(where + ": " + path.string() +
+                                  " gives no eos_token_id to end documents with");
+    }
+    if (separator && *separator != eos->get<int64_t>()) {
+      throw std::invalid_argument(where + ": its folders end documents with different tokens (" +
+                                  std::to_string(*separator) + " and " +
+                                  std::to_string(eos->get<int64_t>()) + ", " + path.string() + ")");
+    }
+    separator = eos->get<int64_t>();
+    const int64_t inside = info.value(split, Json::object()).value("documents_with_eos_inside", 0);
+    if (inside > 0) {
+      throw std::invalid_argument(
+          where + ": the EOS " + std::to_string(*separator) + " also stands inside " +
+          std::to_string(inside) + " of its " + split + " documents (" + path.string() +
+          "; a chat template's end of turn), so it cannot mark where one document ends: train "
+          "without --document-masking");
+    }
+  }
+  if (!separator) throw std::invalid_argument(where + " names no token files");
+  return *separator;
 }
 
 }  // namespace pipetrain::cli

@@ -3,7 +3,8 @@
 // before it trains on ids it has no embedding for). Its keys: "tokenizer" (the tokenizer.json
 // read), "vocab_size", "bos_token_id" and "eos_token_id" (null where the tokenizer has none),
 // "dtype" ("uint16" or "uint32"), "shard_size", and per split ("train", "val") the documents,
-// tokens and shard file names.
+// tokens and shard file names, and "documents_with_eos_inside": those whose EOS stands before their
+// end too (a chat template's end of turn), which document masking cannot tell apart.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@ struct SplitCounts {
   int64_t documents = 0;
   int64_t tokens = 0;
   std::vector<std::string> shards;  // file names, in order
+  int64_t documents_with_eos_inside = 0;
 };
 
 struct TokenizerInfo {
@@ -38,5 +40,12 @@ void write_tokenizer_info(const std::string& folder, const TokenizerInfo& info);
 // and both sizes. Files in a folder without one pass.
 void check_tokenizer_vocabulary(const std::vector<std::string>& files, int64_t vocab_size,
                                 const std::string& flag, const std::string& source);
+
+// The token that ends every document of the `split` ("train", "val") files `files`, for document
+// masking: their folder's tokenizer_info.json's eos_token_id. Throws std::invalid_argument naming
+// `flag` and `source` where a folder has none (the files say nothing of their documents), its
+// tokenizer has no EOS, the folders disagree, or the EOS stands inside documents too.
+int64_t document_separator(const std::vector<std::string>& files, const std::string& split,
+                           const std::string& flag, const std::string& source);
 
 }  // namespace pipetrain::cli
