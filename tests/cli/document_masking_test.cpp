@@ -3,7 +3,7 @@
 // proven equal to documents run alone in tests/nn/documents_test.cpp): under `pipe` on 2 stages,
 // the documents crossing the stage boundary beside the activations, a small Llama logs the losses
 // of one process (relative 1e-5, float32 sums in other orders), and they are not the losses
-// without masking. prepare-data counts the documents whose EOS also stands inside them, and fit
+// without masking. prepare-data counts the documents that its EOS does not delimit (a chat template's end of turn), and fit
 // refuses masking where it cannot find the documents: such data, token files without
 // tokenizer_info.json, and a model that does not mask (gpt2).
 #include <gtest/gtest.h>
@@ -81,7 +81,7 @@ TEST_F(DocumentMasking, PackedDocumentsUnderPipeLogTheLossesOfOneProcess) {
   GTEST_SKIP() << "this libtorch has no Gloo for CPU ranks";
 #endif
   prepare(kGpt2, "jsonl", short_documents(), "data");
-  EXPECT_EQ(tokenizer_info("data")["train"]["documents_with_eos_inside"], 0);
+  EXPECT_EQ(tokenizer_info("data")["train"]["documents_not_delimited_by_eos"], 0);
   const std::vector<std::string> masking{"--document-masking", "true", "--val-check-interval", "3"};
   auto result = fit("single", masking);
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -113,11 +113,11 @@ TEST_F(DocumentMasking, IsRefusedWhereTheDocumentsCannotBeFound) {
           {R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]})",
            R"({"messages": [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye."}]})"},
           "chat");
-  EXPECT_EQ(tokenizer_info("chat")["train"]["documents_with_eos_inside"], 2);
+  EXPECT_EQ(tokenizer_info("chat")["train"]["documents_not_delimited_by_eos"], 2);
   fs::rename(dir + "/chat", dir + "/data");
   auto result = fit("chat", {"--document-masking", "true", "--vocab-size", "151936"});
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  EXPECT_NE(result.output.find("also stands inside 2 of its train documents"), std::string::npos)
+  EXPECT_NE(result.output.find("does not end 2 of its train documents alone"), std::string::npos)
       << result.output;
 
   // Token files without tokenizer_info.json say nothing of their documents.

@@ -229,10 +229,12 @@ std::string prepare_tokens(const PrepareDataOptions& options) {
       (validation ? val : train).append(document.ids, document.mask);
       SplitCounts& counts = validation ? info.val : info.train;
       ++counts.documents;
-      // Every document ends with the EOS; one that holds it before, too, cannot be told apart from
-      // two by document masking.
-      if (std::find(document.ids.begin(), document.ids.end() - 1, *eos) != document.ids.end() - 1) {
-        ++counts.documents_with_eos_inside;
+      // Document masking finds a document's end by its EOS: one that does not end with it (a
+      // conversation whose template ends its turns otherwise), or holds it before (a template's end
+      // of turn), would be read as part of its neighbour, or as several.
+      const auto& ids = document.ids;
+      if (ids.empty() || ids.back() != *eos || std::find(ids.begin(), ids.end() - 1, *eos) != ids.end() - 1) {
+        ++counts.documents_not_delimited_by_eos;
       }
     }
     progress.update(documents, reader.bytes_read(), train.tokens() + val.tokens());

@@ -21,7 +21,7 @@ Json counts(const SplitCounts& split) {
   return {{"documents", split.documents},
           {"tokens", split.tokens},
           {"shards", split.shards},
-          {"documents_with_eos_inside", split.documents_with_eos_inside}};
+          {"documents_not_delimited_by_eos", split.documents_not_delimited_by_eos}};
 }
 
 // The folders holding `files`.
@@ -101,13 +101,20 @@ int64_t document_separator(const std::vector<std::string>& files, const std::str
                                   std::to_string(eos->get<int64_t>()) + ", " + path.string() + ")");
     }
     separator = eos->get<int64_t>();
-    const int64_t inside = info.value(split, Json::object()).value("documents_with_eos_inside", 0);
-    if (inside > 0) {
+    const auto split_counts = info.value(split, Json::object());
+    const auto undelimited = split_counts.find("documents_not_delimited_by_eos");
+    if (undelimited == split_counts.end() || !undelimited->is_number_integer()) {
+      throw std::invalid_argument(where + ": " + path.string() + " does not count the " + split +
+                                  " documents that its EOS does not delimit (an older "
+                                  "prepare-data wrote it): prepare the data again");
+    }
+    if (undelimited->get<int64_t>() > 0) {
       throw std::invalid_argument(
-          where + ": the EOS " + std::to_string(*separator) + " also stands inside " +
-          std::to_string(inside) + " of its " + split + " documents (" + path.string() +
-          "; a chat template's end of turn), so it cannot mark where one document ends: train "
-          "without --document-masking");
+          where + ": the EOS " + std::to_string(*separator) + " does not end " +
+          std::to_string(undelimited->get<int64_t>()) + " of its " + split +
+          " documents alone (" + path.string() +
+          "; a chat template ends turns with it, or ends conversations otherwise), so it cannot "
+          "mark where one document ends: train without --document-masking");
     }
   }
   if (!separator) throw std::invalid_argument(where + " names no token files");

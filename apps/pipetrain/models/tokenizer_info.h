@@ -3,8 +3,9 @@
 // before it trains on ids it has no embedding for). Its keys: "tokenizer" (the tokenizer.json
 // read), "vocab_size", "bos_token_id" and "eos_token_id" (null where the tokenizer has none),
 // "dtype" ("uint16" or "uint32"), "shard_size", and per split ("train", "val") the documents,
-// tokens and shard file names, and "documents_with_eos_inside": those whose EOS stands before their
-// end too (a chat template's end of turn), which document masking cannot tell apart.
+// tokens and shard file names, and "documents_not_delimited_by_eos": those whose last token is not
+// the EOS, or which hold it before their end too (a chat template's end of turn), whose ends
+// document masking cannot find.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,7 @@ struct SplitCounts {
   int64_t documents = 0;
   int64_t tokens = 0;
   std::vector<std::string> shards;  // file names, in order
-  int64_t documents_with_eos_inside = 0;
+  int64_t documents_not_delimited_by_eos = 0;
 };
 
 struct TokenizerInfo {
