@@ -41,6 +41,7 @@
 #include "models/hf_decoder.h"
 #include "models/hf_gpt2.h"
 #include "models/models.h"
+#include "models/generate_command.h"
 #include "models/plan_command.h"
 #include "models/prepare_data.h"
 #include "models/run_config.h"
@@ -861,6 +862,37 @@ int main(int argc, char** argv) {
   export_command->add_option("--max-shard-size", exported.max_shard_size,
                              "llama, qwen3: the largest weights file, as transformers spells it "
                              "(5GB, 500MB, 2GiB)");
+  pipetrain::cli::GenerateRequest generation;
+  CLI::App* generate_command = app.add_subcommand(
+      "generate", "continue prompts with a Llama or Qwen3 Hugging Face folder's model");
+  generate_command
+      ->add_option("--init-from", generation.init_from,
+                   "the model's Hugging Face folder (config.json, weights, tokenizer.json): the "
+                   "Hub's, or a checkpoint's export")
+      ->required();
+  generate_command->add_option("--tokenizer", generation.tokenizer,
+                               "a tokenizer.json or its folder (default: --init-from's)");
+  generate_command->add_option("--prompt", generation.prompts,
+                               "text to continue; repeatable (all run as one batch)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  generate_command->add_option("--prompts-file", generation.prompts_file,
+                               "prompts, one a line or JSONL {\"prompt\": ...}; - reads standard "
+                               "input");
+  generate_command->add_flag("--chat", generation.chat,
+                             "each prompt a user turn of the model's chat template, the "
+                             "assistant's turn to come");
+  generate_command->add_option("--max-new-tokens", generation.max_new_tokens,
+                               "tokens made per prompt at the most");
+  generate_command->add_option("--temperature", generation.temperature,
+                               "0: greedy; above: sampling from softmax(logits / temperature)");
+  generate_command->add_option("--top-k", generation.top_k,
+                               "sample among the k most likely tokens alone (0: all)");
+  generate_command->add_option("--top-p", generation.top_p,
+                               "sample among the fewest most likely tokens whose probabilities "
+                               "reach p (1: all)");
+  generate_command->add_option("--seed", generation.seed, "seeds the sampling");
+  generate_command->add_option("--accelerator", generation.accelerator,
+                               "cpu (fp32), cuda (bf16) or auto (cuda when a GPU is visible)");
   pipetrain::cli::PrepareDataOptions prepare;
   CLI::App* prepare_command = app.add_subcommand(
       "prepare-data",
@@ -939,6 +971,10 @@ int main(int argc, char** argv) {
   try {
     if (export_command->parsed()) {
       export_checkpoint(exported);
+      return 0;
+    }
+    if (generate_command->parsed()) {
+      pipetrain::cli::generate_text(generation, std::cout);
       return 0;
     }
     if (prepare_command->parsed()) {

@@ -57,6 +57,8 @@
 #include "pipetrain/nn/decoder.h"
 #include "pipetrain/nn/documents.h"
 #include "pipetrain/nn/embedding.h"
+#include "pipetrain/nn/generate.h"
+#include "pipetrain/nn/kv_cache.h"
 #include "pipetrain/nn/mlp.h"
 #include "pipetrain/nn/rms_norm.h"
 #include "pipetrain/nn/rotary_embedding.h"

@@ -58,17 +58,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
                                   std::to_string(q.size(2)) + ", got " +
                                   std::to_string(documents.dim()) + "-D");
     }
-    const auto allowed = document_attention_mask(documents);
-#if TORCH_VERSION_MAJOR >= 2
-    // Keys and values repeated per query head: the memory-efficient kernel, which takes a mask,
-    // has no grouped-query form.
-    if (kernel == AttentionKernel::kSdpa) {
-      return at::scaled_dot_product_attention(q, repeat_heads(k, groups), repeat_heads(v, groups),
-                                              allowed, dropout, /*is_causal=*/false);
-    }
-#endif
-    return explicit_attention(q, repeat_heads(k, groups), repeat_heads(v, groups), dropout,
-                              allowed);
+    return masked_attention(q, k, v, document_attention_mask(documents), dropout, kernel);
   }
   (void)kernel;  // a Torch without scaled_dot_product_attention has the written-out path alone
 #if TORCH_VERSION_MAJOR >= 2
@@ -84,6 +74,21 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   }
 #endif
   return explicit_attention(q, repeat_heads(k, groups), repeat_heads(v, groups), dropout, {});
+}
+
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& allowed, double dropout, AttentionKernel kernel) {
+  const int64_t groups = q.size(1) / k.size(1);
+  (void)kernel;
+#if TORCH_VERSION_MAJOR >= 2
+  // Keys and values repeated per query head: the memory-efficient kernel, which takes a mask, has
+  // no grouped-query form.
+  if (kernel == AttentionKernel::kSdpa) {
+    return at::scaled_dot_product_attention(q, repeat_heads(k, groups), repeat_heads(v, groups),
+                                            allowed, dropout, /*is_causal=*/false);
+  }
+#endif
+  return explicit_attention(q, repeat_heads(k, groups), repeat_heads(v, groups), dropout, allowed);
 }
 
 void check_attention_options(const CausalSelfAttentionOptions& options) {
@@ -140,7 +145,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const CausalSelfAttentionOption
   resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(options.dropout()));
 }
 
-at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& documents) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> CausalSelfAttentionImpl::project(
+    const at::Tensor& x, const at::Tensor& positions, int64_t positions_below) {
   const int64_t batch = x.size(0), time = x.size(1);
   const int64_t head_dim = options.head_dim();
   // [B, T, H * D] -> [B, T, H, D]; the per-head norms apply there, then heads go first.
@@ -178,13 +184,41 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x, const at::Tenso
     if (q.is_cuda() && autocast_enabled(c10::DeviceType::CUDA)) {
       dtype = autocast_dtype(c10::DeviceType::CUDA);
     }
-    const auto positions = documents.defined() ? document_positions(documents) : at::Tensor();
-    std::tie(q, k) = rotary->rotate(q, k, dtype, positions);
+    std::tie(q, k) = rotary->rotate(q, k, dtype, positions, positions_below);
   }
-  const auto y = causal_attention(q, k, v, is_training() ? options.dropout() : 0.0,
-                                  options.kernel(), documents);
-  const auto merged = y.transpose(1, 2).reshape({batch, time, options.n_head() * head_dim});
+  return {q, k, v};
+}
+
+at::Tensor CausalSelfAttentionImpl::merge(const at::Tensor& y) {
+  const auto merged =
+      y.transpose(1, 2).reshape({y.size(0), y.size(2), options.n_head() * options.head_dim()});
   return resid_dropout_(linear(output, merged));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& documents) {
+  const auto positions = documents.defined() ? document_positions(documents) : at::Tensor();
+  const auto [q, k, v] = project(x, positions, x.size(1));
+  return merge(causal_attention(q, k, v, is_training() ? options.dropout() : 0.0,
+                                options.kernel(), documents));
+}
+
+at::Tensor CausalSelfAttentionImpl::forward_cached(const at::Tensor& x, KVCache::Layer& cache,
+                                                   const CachedStep& step) {
+  const int64_t time = x.size(1), end = step.start + time;
+  const auto [q, k, v] = project(x, step.positions, end);
+  if (!cache.keys.defined()) {
+    cache.keys = at::zeros({k.size(0), k.size(1), step.capacity, k.size(3)}, k.options());
+    cache.values = at::zeros_like(cache.keys);
+  }
+  if (end > cache.keys.size(2)) {
+    throw std::invalid_argument("CausalSelfAttention: a cache of " +
+                                std::to_string(cache.keys.size(2)) + " tokens cannot hold " +
+                                std::to_string(end));
+  }
+  cache.keys.narrow(2, step.start, time).copy_(k);
+  cache.values.narrow(2, step.start, time).copy_(v);
+  return merge(masked_attention(q, cache.keys.narrow(2, 0, end), cache.values.narrow(2, 0, end),
+                                step.allowed, /*dropout=*/0.0, options.kernel()));
 }
 
 }  // namespace pipetrain::nn

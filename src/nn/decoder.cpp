@@ -26,6 +26,20 @@ at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) { return forward_in_do
 
 at::Tensor DecoderBlockImpl::forward_in_documents(const at::Tensor& x,
                                                   const at::Tensor& documents) {
+  return forward_with(x, [&](const at::Tensor& normalised) {
+    return self_attn->forward(normalised, documents);
+  });
+}
+
+at::Tensor DecoderBlockImpl::forward_cached(const at::Tensor& x, KVCache::Layer& cache,
+                                            const CachedStep& step) {
+  return forward_with(x, [&](const at::Tensor& normalised) {
+    return self_attn->forward_cached(normalised, cache, step);
+  });
+}
+
+template <typename Attend>
+at::Tensor DecoderBlockImpl::forward_with(const at::Tensor& x, const Attend& attend) {
   // input_layernorm(x) beside x, then h = x + self_attn(...) and post_attention_layernorm(h) in
   // one pass; each RMSNorm's backward adds the residual stream's gradient (the two modules hold
   // the weights). Their outputs are read by matmuls alone (q, k and v; gate and up), so under
@@ -34,7 +48,7 @@ at::Tensor DecoderBlockImpl::forward_in_documents(const at::Tensor& x,
   const auto first =
       residual_rms_norm(x, input_layernorm->weight, input_layernorm->options.eps(), to_matmuls);
   const auto second =
-      add_rms_norm(first.residual, self_attn(first.normalised, documents), post_attention_layernorm->weight,
+      add_rms_norm(first.residual, attend(first.normalised), post_attention_layernorm->weight,
                    post_attention_layernorm->options.eps(), to_matmuls);
   return second.residual + mlp(second.normalised);
 }

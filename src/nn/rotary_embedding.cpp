@@ -221,9 +221,10 @@ std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::tables(int64_t length, c
   return {cos.narrow(0, 0, length), sin.narrow(0, 0, length)};
 }
 
-std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::tables_for(const at::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::tables_for(const at::Tensor& x,
+                                                                   int64_t length) {
   const auto dtype = autocast_enabled(x.device().type()) ? at::kFloat : x.scalar_type();
-  return tables(x.size(-2), x.device(), dtype);
+  return tables(length > 0 ? length : x.size(-2), x.device(), dtype);
 }
 
 at::Tensor RotaryEmbeddingImpl::forward(const at::Tensor& x) {
@@ -233,8 +234,8 @@ at::Tensor RotaryEmbeddingImpl::forward(const at::Tensor& x) {
 
 std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::rotate(
     const at::Tensor& q, const at::Tensor& k, std::optional<at::ScalarType> dtype,
-    const at::Tensor& positions) {
-  auto [cos, sin] = tables_for(q);
+    const at::Tensor& positions, int64_t positions_below) {
+  auto [cos, sin] = tables_for(q, positions.defined() ? positions_below : 0);
   if (positions.defined()) {
     // Each row's own positions: the tables' rows gathered to [B, 1, T, head_dim], which broadcast
     // over the heads (ATen's ops below; the kernels take one table for every row).

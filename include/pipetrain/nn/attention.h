@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 
+#include <pipetrain/nn/kv_cache.h>
 #include <pipetrain/nn/rms_norm.h>
 #include <pipetrain/nn/rotary_embedding.h>
 
@@ -31,6 +32,12 @@ enum class AttentionKernel { kSdpa, kExplicit };
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             double dropout = 0.0, AttentionKernel kernel = AttentionKernel::kSdpa,
                             const at::Tensor& documents = {});
+
+// The attention of q [B, H, Tq, D] over k, v [B, Hkv, Tk, D] where `allowed` [B, 1, Tq, Tk] is
+// true (each query must be allowed one key at least).
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& allowed, double dropout = 0.0,
+                            AttentionKernel kernel = AttentionKernel::kSdpa);
 
 struct CausalSelfAttentionOptions {
   CausalSelfAttentionOptions(int64_t n_embd, int64_t n_head) : n_embd_(n_embd), n_head_(n_head) {}
@@ -67,6 +74,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   explicit CausalSelfAttentionImpl(const CausalSelfAttentionOptions& options);
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& documents = {});
+  // x [B, T, n_embd], new tokens after those `cache` holds (pipetrain/nn/kv_cache.h): their keys
+  // and values written into it at step.start, their queries attending as `step` allows.
+  at::Tensor forward_cached(const at::Tensor& x, KVCache::Layer& cache, const CachedStep& step);
 
   CausalSelfAttentionOptions options;
   // Set as options say; the others are empty holders.
@@ -76,6 +86,14 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   RotaryEmbedding rotary{nullptr};
 
  private:
+  // q [B, H, T, D], k and v [B, Hkv, T, D] of x, q and k rotated by `positions` [B, T], all
+  // below `positions_below` (undefined: 0..T-1).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> project(const at::Tensor& x,
+                                                         const at::Tensor& positions,
+                                                         int64_t positions_below);
+  // Attention's result y [B, H, T, D] through the output projection.
+  at::Tensor merge(const at::Tensor& y);
+
   torch::nn::Dropout resid_dropout_{nullptr};
 
  protected:

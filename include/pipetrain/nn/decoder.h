@@ -45,12 +45,19 @@ class DecoderBlockImpl : public torch::nn::Module {
   // The block over packed documents (pipetrain/nn/documents.h): `documents` [B, T] the document
   // index of each token; undefined: one document a row, as forward().
   at::Tensor forward_in_documents(const at::Tensor& x, const at::Tensor& documents);
+  // The block over new tokens after those its attention's `cache` holds (pipetrain/nn/kv_cache.h).
+  at::Tensor forward_cached(const at::Tensor& x, KVCache::Layer& cache, const CachedStep& step);
 
   DecoderBlockOptions options;
   RMSNorm input_layernorm{nullptr};
   CausalSelfAttention self_attn{nullptr};
   RMSNorm post_attention_layernorm{nullptr};
   SwiGLU mlp{nullptr};
+
+ private:
+  // The block around `attend`, which takes input_layernorm's output to self_attn's.
+  template <typename Attend>
+  at::Tensor forward_with(const at::Tensor& x, const Attend& attend);
 };
 TORCH_MODULE(DecoderBlock);
 

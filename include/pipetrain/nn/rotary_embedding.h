@@ -57,17 +57,18 @@ class RotaryEmbeddingImpl : public torch::nn::Module {
   // q and k both, as forward() each, the tables looked up once; where `dtype` is given (q's own
   // or the tables'), each result then cast to it, in the same pass on a GPU. Attention asks for
   // autocast's dtype, into which attention itself would cast fp32 results at once. `positions`
-  // [B, T], where defined, are each token's own (packed documents: pipetrain/nn/documents.h)
-  // instead of 0..T-1.
+  // [B, T], where defined, are each token's own (packed documents: pipetrain/nn/documents.h;
+  // tokens after a key/value cache's) instead of 0..T-1, all below `positions_below` (0: T).
   std::tuple<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k,
                                             std::optional<at::ScalarType> dtype = std::nullopt,
-                                            const at::Tensor& positions = {});
+                                            const at::Tensor& positions = {},
+                                            int64_t positions_below = 0);
 
   RotaryEmbeddingOptions options;
 
  private:
-  // The tables forward() rotates `x` by.
-  std::tuple<at::Tensor, at::Tensor> tables_for(const at::Tensor& x);
+  // The tables forward() rotates `x` by: `length` positions (0: x's T).
+  std::tuple<at::Tensor, at::Tensor> tables_for(const at::Tensor& x, int64_t length = 0);
 
   at::Tensor inverse_frequencies_;
   std::mutex mutex_;  // stages may run on threads of one process

@@ -1,0 +1,156 @@
+#include "models/generate_command.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+
+#include <pipetrain/checkpoint_io.h>
+#include <pipetrain/nn/decoder.h>
+#include <pipetrain/nn/generate.h>
+#include <pipetrain/tokenizer.h>
+
+#include "models/hf_decoder.h"
+
+namespace pipetrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+// The prompts of the flags, then of the file: a JSONL line's "prompt", any other line as it is.
+std::vector<std::string> read_prompts(const GenerateRequest& request) {
+  std::vector<std::string> prompts = request.prompts;
+  if (!request.prompts_file.empty()) {
+    std::ifstream file;
+    if (request.prompts_file != "-") {
+      file.open(request.prompts_file);
+      if (!file) {
+        throw std::invalid_argument("--prompts-file " + request.prompts_file +
+                                    ": cannot be read");
+      }
+    }
+    std::istream& in = request.prompts_file == "-" ? std::cin : file;
+    std::string line;
+    for (int64_t number = 1; std::getline(in, line); ++number) {
+      if (line.empty()) continue;
+      if (line.front() == '{') {
+        const Json object = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+        const auto prompt = object.is_object() ? object.find("prompt") : object.end();
+        if (prompt == object.end() || !prompt->is_string()) {
+          throw std::invalid_argument("--prompts-file " + request.prompts_file + ", line " +
+                                      std::to_string(number) +
+                                      ": a JSON line needs a string field \"prompt\"");
+        }
+        prompts.push_back(prompt->get<std::string>());
+      } else {
+        prompts.push_back(line);
+      }
+    }
+  }
+  if (prompts.empty()) {
+    throw std::invalid_argument("generate: no prompts: pass --prompt TEXT or --prompts-file FILE");
+  }
+  return prompts;
+}
+
+// generation_config.json's eos_token_id (a number or a list), else the tokenizer's EOS.
+std::vector<int64_t> eos_ids(const std::string& folder, const Tokenizer& tokenizer) {
+  const fs::path path = fs::path(folder) / "generation_config.json";
+  if (fs::exists(path)) {
+    const Json config = Json::parse(std::ifstream(path), nullptr, /*allow_exceptions=*/false);
+    const auto eos = config.is_object() ? config.find("eos_token_id") : config.end();
+    if (eos != config.end() && eos->is_number_integer()) return {eos->get<int64_t>()};
+    if (eos != config.end() && eos->is_array()) return eos->get<std::vector<int64_t>>();
+  }
+  if (const auto eos = tokenizer.eos_token_id()) return {*eos};
+  return {};
+}
+
+torch::Device device_for(const std::string& accelerator) {
+  if (accelerator == "cpu") return torch::kCPU;
+  if (accelerator == "cuda" || accelerator == "gpu") {
+    if (!torch::cuda::is_available()) {
+      throw std::invalid_argument("--accelerator " + accelerator + ": no GPU is visible here");
+    }
+    return torch::Device(torch::kCUDA, 0);
+  }
+  if (accelerator != "auto") {
+    throw std::invalid_argument("--accelerator " + accelerator + ": use cpu, cuda or auto");
+  }
+  return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
+}
+
+}  // namespace
+
+void generate_text(const GenerateRequest& request, std::ostream& out) {
+  if (request.init_from.empty()) {
+    throw std::invalid_argument(
+        "generate: pass --init-from DIR, a Llama or Qwen3 Hugging Face folder (export a "
+        "checkpoint with pipetrain export --format hf)");
+  }
+  const auto prompts = read_prompts(request);
+  const Tokenizer tokenizer = Tokenizer::from_file(
+      request.tokenizer.empty() ? request.init_from : request.tokenizer);
+  std::vector<std::vector<int64_t>> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ids.push_back(request.chat ? tokenizer.encode(tokenizer.apply_chat_template(
+                                                      {{"user", prompts[i]}},
+                                                      /*add_generation_prompt=*/true),
+                                                  /*add_special_tokens=*/false)
+                               : tokenizer.encode(prompts[i]));
+    if (ids.back().empty()) {
+      throw std::invalid_argument("generate: prompt " + std::to_string(i + 1) +
+                                  " has no tokens: give it some text");
+    }
+  }
+
+  const nn::DecoderConfig config = read_hf_decoder_config(request.init_from);
+  check_hf_decoder_weights(request.init_from, config);
+  auto model = nn::decoder(config);
+  load_weights(model, read_hf_decoder_weights(request.init_from, config), request.init_from);
+  const auto device = device_for(request.accelerator);
+  model->to(device, device.is_cuda() ? torch::kBFloat16 : torch::kFloat);
+
+  const auto options = nn::GenerationOptions()
+                           .max_new_tokens(request.max_new_tokens)
+                           .temperature(request.temperature)
+                           .top_k(request.top_k)
+                           .top_p(request.top_p)
+                           .seed(request.seed)
+                           .eos_token_ids(eos_ids(request.init_from, tokenizer))
+                           .pad_token_id(tokenizer.pad_token_id().value_or(0));
+  if (prompts.size() == 1) {
+    // The text as it is made: each token's decoding of all made so far, less what is printed
+    // (a character of several tokens appears once whole).
+    out << prompts.front() << std::flush;
+    std::vector<int64_t> made;
+    std::string printed;
+    nn::generate(model, ids, options, [&](size_t, int64_t token) {
+      made.push_back(token);
+      const std::string text = tokenizer.decode(made, /*skip_special_tokens=*/true);
+      const bool partial_character =  // U+FFFD: bytes a later token completes
+          text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+      if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0 &&
+          !partial_character) {
+        out << text.substr(printed.size()) << std::flush;
+        printed = text;
+      }
+    });
+    const std::string text = tokenizer.decode(made, /*skip_special_tokens=*/true);
+    if (text.compare(0, printed.size(), printed) == 0) out << text.substr(printed.size());
+    out << std::endl;
+    return;
+  }
+  const auto made = nn::generate(model, ids, options);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (i > 0) out << "---------------\n";
+    out << prompts[i] << tokenizer.decode(made[i], /*skip_special_tokens=*/true) << "\n";
+  }
+  out << std::flush;
+}
+
+}  // namespace pipetrain::cli

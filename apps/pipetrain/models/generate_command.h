@@ -1,0 +1,35 @@
+// `pipetrain generate`: text from a Llama or Qwen3 Hugging Face folder (one pipetrain exported, or
+// the Hub's), its prompts through the folder's tokenizer and, with --chat, its chat template as a
+// user turn; tokens made with nn::generate's key/value cache, greedy or sampled, until the EOS of
+// generation_config.json or --max-new-tokens.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace pipetrain::cli {
+
+struct GenerateRequest {
+  std::string init_from;  // the Hugging Face folder: config.json, weights, tokenizer
+  std::string tokenizer;  // a tokenizer.json or its folder; empty: init_from's
+  std::vector<std::string> prompts;
+  // A file of prompts: one a line, or JSONL lines {"prompt": ...}; "-": standard input.
+  std::string prompts_file;
+  bool chat = false;  // each prompt a user turn of the chat template, the assistant's to come
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0;  // 0: greedy
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  std::string accelerator = "auto";  // cpu, cuda, auto; on a GPU in bf16, on the CPU in fp32
+};
+
+// Writes to `out` each prompt's text and what the model makes after it (one prompt's as it is
+// made; several, each when the batch ends, separated by lines of dashes). Throws
+// std::invalid_argument for a folder of another model, no prompts, an empty prompt (naming it) or
+// options nn::generate refuses.
+void generate_text(const GenerateRequest& request, std::ostream& out);
+
+}  // namespace pipetrain::cli

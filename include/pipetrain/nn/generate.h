@@ -1,0 +1,51 @@
+// Text out: tokens generated from a decoder (nn::decoder()'s Sequential, a Hugging Face Llama's or
+// Qwen3's) with a key/value cache, for a batch of prompts of different lengths at once.
+//
+//   auto model = pipetrain::nn::decoder(config);   // its weights trained, or read
+//   auto new_ids = pipetrain::nn::generate(model, {tokenizer.encode("Once upon")},
+//                                          pipetrain::nn::GenerationOptions().max_new_tokens(32));
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace pipetrain::nn {
+
+struct GenerationOptions {
+  // Tokens made per prompt at the most.
+  TORCH_ARG(int64_t, max_new_tokens) = 64;
+  // 0: greedy (the most likely token, Hugging Face's do_sample=False); else sampling from the
+  // softmax of logits / temperature, limited by top_k and top_p as Hugging Face's warpers limit it.
+  TORCH_ARG(double, temperature) = 0.0;
+  // The k most likely tokens alone; 0: all.
+  TORCH_ARG(int64_t, top_k) = 0;
+  // The fewest most likely tokens whose probabilities reach top_p; 1: all.
+  TORCH_ARG(double, top_p) = 1.0;
+  // Seeds the sampling (drawn on the CPU, so a seed gives the same tokens on any device).
+  TORCH_ARG(uint64_t, seed) = 0;
+  // A row stops after making one of these (generation_config.json's eos_token_id).
+  TORCH_ARG(std::vector<int64_t>, eos_token_ids) = {};
+  // Fills the left padding of shorter prompts (any id: padding is never attended to).
+  TORCH_ARG(int64_t, pad_token_id) = 0;
+};
+
+// Called as each token is made: the prompt's index and the token.
+using TokenCallback = std::function<void(size_t prompt, int64_t token)>;
+
+// The tokens made after each of `prompts` (token ids, none empty), an EOS that stopped a row
+// included. The prompts run as one batch, left-padded to the longest, each row with its own
+// positions and its padding masked, so a row makes what it would make alone; a cache of
+// longest prompt + max_new_tokens per row is allocated once. Runs on the decoder's device in its
+// parameters' dtype, in eval mode (restored after), without gradients. Throws
+// std::invalid_argument for a Sequential that is not embedding, decoder blocks, RMSNorm, LMHead
+// (naming the layer), an empty prompt, or options out of range.
+std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
+                                           const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerationOptions& options = {},
+                                           const TokenCallback& on_token = nullptr);
+
+}  // namespace pipetrain::nn

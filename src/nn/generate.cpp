@@ -1,0 +1,186 @@
+#include "pipetrain/nn/generate.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <pipetrain/nn/decoder.h>
+#include <pipetrain/nn/embedding.h>
+#include <pipetrain/nn/kv_cache.h>
+
+namespace pipetrain::nn {
+namespace {
+
+// The decoder's layers, as generation calls them.
+struct DecoderLayers {
+  EmbeddingImpl* embedding = nullptr;
+  std::vector<DecoderBlockImpl*> blocks;
+  RMSNormImpl* norm = nullptr;
+  LMHeadImpl* head = nullptr;
+};
+
+DecoderLayers layers_of(const torch::nn::Sequential& decoder) {
+  const auto layer = [&](size_t index, auto* kind, const std::string& expected) {
+    using Kind = std::remove_pointer_t<decltype(kind)>;
+    auto* found = index < decoder->size() ? decoder->ptr(index)->as<Kind>() : nullptr;
+    if (found == nullptr) {
+      throw std::invalid_argument("generate: layer " + std::to_string(index) +
+                                  " of the decoder is not " + expected +
+                                  ": generation takes nn::decoder()'s layers (an embedding, "
+                                  "decoder blocks, an RMSNorm, an LM head)");
+    }
+    return found;
+  };
+  DecoderLayers layers;
+  if (decoder->size() < 4) {
+    throw std::invalid_argument("generate: a decoder has 4 layers at least (an embedding, a "
+                                "block, an RMSNorm, an LM head), this one " +
+                                std::to_string(decoder->size()));
+  }
+  layers.embedding = layer(0, static_cast<EmbeddingImpl*>(nullptr), "an nn::Embedding");
+  for (size_t i = 1; i + 2 < decoder->size(); ++i) {
+    layers.blocks.push_back(layer(i, static_cast<DecoderBlockImpl*>(nullptr), "a DecoderBlock"));
+  }
+  layers.norm = layer(decoder->size() - 2, static_cast<RMSNormImpl*>(nullptr), "an RMSNorm");
+  layers.head = layer(decoder->size() - 1, static_cast<LMHeadImpl*>(nullptr), "an LMHead");
+  return layers;
+}
+
+void check_options(const GenerationOptions& options) {
+  const auto require = [](bool ok, const std::string& message) {
+    if (!ok) throw std::invalid_argument("generate: " + message);
+  };
+  require(options.max_new_tokens() > 0,
+          "max_new_tokens must be positive, got " + std::to_string(options.max_new_tokens()));
+  require(options.temperature() >= 0, "temperature must be 0 (greedy) or positive, got " +
+                                          std::to_string(options.temperature()));
+  require(options.top_k() >= 0, "top_k must be 0 (all) or positive, got " +
+                                    std::to_string(options.top_k()));
+  require(options.top_p() > 0 && options.top_p() <= 1,
+          "top_p must be in (0, 1], got " + std::to_string(options.top_p()));
+}
+
+// The next token of each row from its logits [B, V].
+at::Tensor choose(const at::Tensor& logits, const GenerationOptions& options,
+                  at::Generator& generator) {
+  if (options.temperature() == 0) return logits.argmax(-1);
+  auto scores = logits.to(torch::kFloat) / options.temperature();
+  const double minus_infinity = -std::numeric_limits<double>::infinity();
+  if (options.top_k() > 0 && options.top_k() < scores.size(-1)) {
+    const auto kth = std::get<0>(scores.topk(options.top_k(), -1)).narrow(-1, options.top_k() - 1, 1);
+    scores = scores.masked_fill(scores < kth, minus_infinity);
+  }
+  if (options.top_p() < 1) {
+    const auto [sorted, order] = scores.sort(-1, /*descending=*/true);
+    const auto probabilities = sorted.softmax(-1);
+    // A token goes where those more likely than it already reach top_p (the first always stays).
+    const auto before = probabilities.cumsum(-1) - probabilities;
+    const auto dropped = (before >= options.top_p()).scatter(-1, order, before >= options.top_p());
+    scores = scores.masked_fill(dropped, minus_infinity);
+  }
+  const auto probabilities = scores.softmax(-1).to(torch::kCPU);
+  return torch::multinomial(probabilities, 1, /*replacement=*/false, generator)
+      .squeeze(-1)
+      .to(logits.device());
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
+                                           const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerationOptions& options,
+                                           const TokenCallback& on_token) {
+  check_options(options);
+  const DecoderLayers layers = layers_of(decoder);
+  if (prompts.empty()) return {};
+  int64_t longest = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) {
+      throw std::invalid_argument("generate: prompt " + std::to_string(i) + " has no tokens");
+    }
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[i].size()));
+  }
+  torch::NoGradGuard no_grad;
+  // Eval mode (no dropout) while generating, the caller's mode put back however it ends.
+  struct EvalMode {
+    explicit EvalMode(torch::nn::Sequential model) : model(std::move(model)) { this->model->eval(); }
+    ~EvalMode() { model->train(was_training); }
+    torch::nn::Sequential model;
+    bool was_training = model->is_training();
+  } eval_mode(decoder);
+  const auto device = layers.embedding->weight.device();
+  const auto ids = torch::TensorOptions().dtype(torch::kInt64);
+  const int64_t rows = static_cast<int64_t>(prompts.size());
+  const int64_t capacity = longest + options.max_new_tokens();
+
+  // Left padding: row b's prompt fills its last columns; its positions count from its first.
+  auto tokens = torch::full({rows, longest}, options.pad_token_id(), ids);
+  auto padding = torch::empty({rows}, ids);
+  for (int64_t b = 0; b < rows; ++b) {
+    const auto& prompt = prompts[static_cast<size_t>(b)];
+    const auto pad = longest - static_cast<int64_t>(prompt.size());
+    tokens[b].narrow(0, pad, static_cast<int64_t>(prompt.size()))
+        .copy_(torch::tensor(prompt, ids));
+    padding[b] = pad;
+  }
+  tokens = tokens.to(device);
+  padding = padding.to(device);
+  auto attendable = torch::arange(capacity, ids.device(device)).unsqueeze(0) >= padding.unsqueeze(1);
+
+  KVCache cache;
+  cache.layers.resize(layers.blocks.size());
+  // The logits [B, V] of the last of `next` [B, T], the tokens after `start` cached ones.
+  const auto forward = [&](int64_t start, const at::Tensor& next) {
+    const int64_t time = next.size(1);
+    CachedStep step;
+    step.capacity = capacity;
+    step.start = start;
+    const auto columns = torch::arange(start, start + time, ids.device(device));
+    step.positions = (columns.unsqueeze(0) - padding.unsqueeze(1)).clamp_min(0);
+    const auto keys = torch::arange(start + time, ids.device(device));
+    const auto causal = keys.unsqueeze(0) <= columns.unsqueeze(1);  // [T, start + T]
+    // A padding query attends to itself alone: a query with no key would give NaN, which the
+    // next layer's attention would carry into every row through its masked keys' zero weights.
+    const auto itself = keys.unsqueeze(0) == columns.unsqueeze(1);
+    step.allowed = attendable.narrow(1, 0, start + time)
+                       .unsqueeze(1)
+                       .unsqueeze(1)
+                       .logical_and(causal)
+                       .logical_or(itself);
+    auto h = layers.embedding->forward(next);
+    for (size_t l = 0; l < layers.blocks.size(); ++l) {
+      h = layers.blocks[l]->forward_cached(h, cache.layers[l], step);
+    }
+    return layers.head->forward(layers.norm->forward(h.narrow(1, time - 1, 1))).squeeze(1);
+  };
+
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed());
+  std::vector<std::vector<int64_t>> made(prompts.size());
+  std::vector<bool> finished(prompts.size(), false);
+  size_t running = prompts.size();
+  auto logits = forward(0, tokens);
+  for (int64_t n = 0; n < options.max_new_tokens() && running > 0; ++n) {
+    auto next = choose(logits, options, generator);
+    const auto chosen = next.to(torch::kCPU);
+    const auto* values = chosen.data_ptr<int64_t>();
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      if (finished[b]) continue;
+      made[b].push_back(values[b]);
+      if (on_token) on_token(b, values[b]);
+      const auto& eos = options.eos_token_ids();
+      if (std::find(eos.begin(), eos.end(), values[b]) != eos.end()) {
+        finished[b] = true;
+        --running;
+      }
+    }
+    if (running == 0 || n + 1 == options.max_new_tokens()) break;
+    logits = forward(longest + n, next.unsqueeze(1));
+  }
+  return made;
+}
+
+}  // namespace pipetrain::nn

@@ -1,0 +1,134 @@
+// nn::generate: a small Llama's and Qwen3's greedy tokens with the key/value cache are those of
+// re-running the whole sequence through the decoder for every token (no cache), in fp64 on the
+// CPU; prompts of different lengths generated as one left-padded batch make what each makes
+// alone; an EOS stops its row; sampling is seeded, top_k 1 and a tiny top_p are greedy; bad
+// prompts, options and models are refused.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "pipetrain/pipetrain.h"
+#include "support/small_models.h"
+
+namespace pipetrain::testing::generate_test {
+namespace {
+
+using Ids = std::vector<int64_t>;
+
+nn::DecoderConfig llama() {
+  nn::DecoderConfig config = tiny_decoder_config(/*vocab_size=*/40, /*n_layer=*/2,
+                                                 /*block_size=*/32);
+  config.tie_word_embeddings = true;
+  config.rope.theta(500000).rope_type("llama3").factor(32).original_max_position_embeddings(4);
+  config.init_std = 0.3;  // decided logits: greedy choices far from ties
+  return config;
+}
+
+nn::DecoderConfig qwen3() {
+  nn::DecoderConfig config = llama();
+  config.n_kv_head = 1;
+  config.head_dim = 16;
+  config.qk_norm = true;
+  config.tie_word_embeddings = false;
+  config.rope = nn::RotaryEmbeddingOptions().theta(1e6);
+  return config;
+}
+
+torch::nn::Sequential model_of(const nn::DecoderConfig& config) {
+  torch::manual_seed(3);
+  auto model = nn::decoder(config);
+  model->to(torch::kDouble);
+  return model;
+}
+
+// Greedy tokens without a cache: the whole sequence through the decoder for every new token.
+Ids greedy_without_cache(torch::nn::Sequential& model, Ids sequence, int64_t new_tokens) {
+  torch::NoGradGuard no_grad;
+  Ids made;
+  for (int64_t n = 0; n < new_tokens; ++n) {
+    const auto logits = model->forward(torch::tensor(sequence, torch::kInt64).unsqueeze(0));
+    made.push_back(logits[0][-1].argmax().item<int64_t>());
+    sequence.push_back(made.back());
+  }
+  return made;
+}
+
+const std::vector<Ids> kPrompts = {{5, 9, 2, 33, 7, 1}, {12}, {30, 30, 4}};
+
+void expect_cache_gives_the_uncached_tokens(const nn::DecoderConfig& config) {
+  auto model = model_of(config);
+  const auto options = nn::GenerationOptions().max_new_tokens(16);
+  const auto batched = nn::generate(model, kPrompts, options);
+  ASSERT_EQ(batched.size(), kPrompts.size());
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    EXPECT_EQ(batched[i], greedy_without_cache(model, kPrompts[i], 16)) << "prompt " << i;
+    EXPECT_EQ(nn::generate(model, {kPrompts[i]}, options).front(), batched[i]) << "prompt " << i;
+  }
+}
+
+TEST(Generate, LlamaWithTheCacheMakesTheTokensOfTheWholeSequenceRerun) {
+  expect_cache_gives_the_uncached_tokens(llama());
+}
+
+TEST(Generate, Qwen3WithTheCacheMakesTheTokensOfTheWholeSequenceRerun) {
+  expect_cache_gives_the_uncached_tokens(qwen3());
+}
+
+TEST(Generate, AnEosStopsItsRowAlone) {
+  auto model = model_of(llama());
+  const auto options = nn::GenerationOptions().max_new_tokens(8);
+  const auto free = nn::generate(model, kPrompts, options);
+  // The first prompt's third token ends it; the others run on as before.
+  auto stopping = options;
+  stopping.eos_token_ids({free[0][2]});
+  std::vector<std::pair<size_t, int64_t>> streamed;
+  const auto stopped = nn::generate(model, kPrompts, stopping, [&](size_t prompt, int64_t token) {
+    streamed.emplace_back(prompt, token);
+  });
+  const auto first_eos = std::find(free[0].begin(), free[0].end(), free[0][2]) - free[0].begin();
+  EXPECT_EQ(stopped[0], Ids(free[0].begin(), free[0].begin() + first_eos + 1));
+  size_t made = 0;
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    made += stopped[i].size();
+    const auto eos = std::find(free[i].begin(), free[i].end(), free[0][2]);
+    EXPECT_EQ(stopped[i], Ids(free[i].begin(), eos == free[i].end() ? eos : eos + 1));
+  }
+  EXPECT_EQ(streamed.size(), made);  // every token made, streamed once
+}
+
+TEST(Generate, SamplingIsSeededAndItsLimitsOfOneAreGreedy) {
+  auto model = model_of(qwen3());
+  const auto greedy = nn::generate(model, kPrompts, nn::GenerationOptions().max_new_tokens(10));
+  const auto sampling = nn::GenerationOptions().max_new_tokens(10).temperature(1.5).seed(7);
+  const auto first = nn::generate(model, kPrompts, sampling);
+  EXPECT_EQ(nn::generate(model, kPrompts, sampling), first);
+  auto reseeded = sampling;
+  EXPECT_NE(nn::generate(model, kPrompts, reseeded.seed(8)), first);
+  EXPECT_NE(first, greedy);
+  auto top_k = sampling;
+  EXPECT_EQ(nn::generate(model, kPrompts, top_k.top_k(1)), greedy);
+  auto top_p = sampling;
+  EXPECT_EQ(nn::generate(model, kPrompts, top_p.top_p(1e-9)), greedy);
+}
+
+TEST(Generate, RefusesWhatItCannotRun) {
+  auto model = model_of(llama());
+  EXPECT_THROW(nn::generate(model, {{1, 2}, {}}), std::invalid_argument);
+  EXPECT_THROW(nn::generate(model, {{1}}, nn::GenerationOptions().max_new_tokens(0)),
+               std::invalid_argument);
+  EXPECT_THROW(nn::generate(model, {{1}}, nn::GenerationOptions().top_p(0)),
+               std::invalid_argument);
+  torch::nn::Sequential other(torch::nn::Embedding(40, 8), torch::nn::Linear(8, 8),
+                              torch::nn::Linear(8, 8), torch::nn::Linear(8, 40));
+  try {
+    nn::generate(other, {{1}});
+    FAIL() << "a Sequential of torch::nn layers was generated from";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(model->is_training());  // put back after each call, failed or not
+}
+
+}  // namespace
+}  // namespace pipetrain::testing::generate_test
