@@ -875,6 +875,11 @@ int main(int argc, char** argv) {
   generate_command->add_option("--prompt", generation.prompts,
                                "text to continue; repeatable (all run as one batch)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  generate_command
+      ->add_option("--prompt-ids", generation.prompt_ids,
+                   "a prompt as token ids (1,2,3), no tokenizer read: prints the new ids; "
+                   "repeatable")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   generate_command->add_option("--prompts-file", generation.prompts_file,
                                "prompts, one a line or JSONL {\"prompt\": ...}; - reads standard "
                                "input");
@@ -892,7 +897,10 @@ int main(int argc, char** argv) {
                                "reach p (1: all)");
   generate_command->add_option("--seed", generation.seed, "seeds the sampling");
   generate_command->add_option("--accelerator", generation.accelerator,
-                               "cpu (fp32), cuda (bf16) or auto (cuda when a GPU is visible)");
+                               "cpu, cuda or auto (cuda when a GPU is visible)");
+  generate_command->add_option("--dtype", generation.dtype,
+                               "the weights' and activations' dtype: bf16 or fp32 (default: bf16 "
+                               "on a GPU, fp32 on the CPU)");
   pipetrain::cli::PrepareDataOptions prepare;
   CLI::App* prepare_command = app.add_subcommand(
       "prepare-data",

@@ -48,17 +48,18 @@ class GenerateCommand : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(folder); }
 
+  // The folder's generation_config.json's EOS ids.
+  std::vector<int64_t> eos_ids() const {
+    const auto generation = nlohmann::json::parse(std::ifstream(folder + "/generation_config.json"));
+    if (!generation.contains("eos_token_id")) return {};
+    const auto& value = generation["eos_token_id"];
+    return value.is_array() ? value.get<std::vector<int64_t>>()
+                            : std::vector<int64_t>{value.get<int64_t>()};
+  }
   // What the library makes after `ids`, with the folder's EOS, as text.
   std::string continuation(const std::vector<int64_t>& ids, int64_t new_tokens) const {
-    const auto generation = nlohmann::json::parse(std::ifstream(folder + "/generation_config.json"));
-    std::vector<int64_t> eos;
-    if (generation.contains("eos_token_id")) {
-      const auto& value = generation["eos_token_id"];
-      eos = value.is_array() ? value.get<std::vector<int64_t>>()
-                             : std::vector<int64_t>{value.get<int64_t>()};
-    }
     const auto made = nn::generate(
-        model, {ids}, nn::GenerationOptions().max_new_tokens(new_tokens).eos_token_ids(eos));
+        model, {ids}, nn::GenerationOptions().max_new_tokens(new_tokens).eos_token_ids(eos_ids()));
     return tokenizer.decode(made.front(), /*skip_special_tokens=*/true);
   }
   CommandResult generate(const std::vector<std::string>& flags) const {
@@ -92,6 +93,21 @@ TEST_F(GenerateCommand, ContinuesPromptsWithTheLibrarysTokens) {
   const auto chat = tokenizer.encode(
       tokenizer.apply_chat_template({{"user", first}}, /*add_generation_prompt=*/true), false);
   EXPECT_EQ(result.output, first + continuation(chat, 6) + "\n");
+}
+
+TEST_F(GenerateCommand, PromptIdsPrintTheNewIds) {
+  const auto result = generate({"--prompt-ids", "9707,1052", "--prompt-ids", "17", "--max-new-tokens",
+                                "5", "--dtype", "fp32"});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::string expected;
+  for (const auto& made : nn::generate(model, {{9707, 1052}, {17}},
+                                       nn::GenerationOptions().max_new_tokens(5).eos_token_ids(
+                                           eos_ids()))) {
+    for (size_t i = 0; i < made.size(); ++i) expected += (i ? "," : "") + std::to_string(made[i]);
+    expected += "\n";
+  }
+  EXPECT_EQ(result.output, expected);
+  EXPECT_EQ(generate({"--prompt-ids", "1,x"}).exit_code, 2);
 }
 
 TEST_F(GenerateCommand, ASeedRepeatsASampledContinuation) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 
 #include <pipetrain/checkpoint_io.h>
@@ -57,8 +58,8 @@ std::vector<std::string> read_prompts(const GenerateRequest& request) {
   return prompts;
 }
 
-// generation_config.json's eos_token_id (a number or a list), else the tokenizer's EOS.
-std::vector<int64_t> eos_ids(const std::string& folder, const Tokenizer& tokenizer) {
+// generation_config.json's eos_token_id (a number or a list), else the tokenizer's EOS (if any).
+std::vector<int64_t> eos_ids(const std::string& folder, const std::optional<Tokenizer>& tokenizer) {
   const fs::path path = fs::path(folder) / "generation_config.json";
   if (fs::exists(path)) {
     const Json config = Json::parse(std::ifstream(path), nullptr, /*allow_exceptions=*/false);
@@ -66,7 +67,9 @@ std::vector<int64_t> eos_ids(const std::string& folder, const Tokenizer& tokeniz
     if (eos != config.end() && eos->is_number_integer()) return {eos->get<int64_t>()};
     if (eos != config.end() && eos->is_array()) return eos->get<std::vector<int64_t>>();
   }
-  if (const auto eos = tokenizer.eos_token_id()) return {*eos};
+  if (tokenizer) {
+    if (const auto eos = tokenizer->eos_token_id()) return {*eos};
+  }
   return {};
 }
 
@@ -84,6 +87,38 @@ torch::Device device_for(const std::string& accelerator) {
   return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
 }
 
+
+// "1,2,3" as ids; std::invalid_argument naming `text` where it is not a list of ids.
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || id < 0) {
+      throw std::invalid_argument("--prompt-ids " + text +
+                                  ": a comma-separated list of token ids (0 or more each)");
+    }
+    ids.push_back(id);
+    at = comma + 1;
+  }
+  return ids;
+}
+
+at::ScalarType dtype_for(const std::string& dtype, const torch::Device& device) {
+  if (dtype.empty()) return device.is_cuda() ? torch::kBFloat16 : torch::kFloat;
+  if (dtype == "bf16") return torch::kBFloat16;
+  if (dtype == "fp32") return torch::kFloat;
+  throw std::invalid_argument("--dtype " + dtype + ": use bf16 or fp32");
+}
+
 }  // namespace
 
 void generate_text(const GenerateRequest& request, std::ostream& out) {
@@ -92,19 +127,30 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
         "generate: pass --init-from DIR, a Llama or Qwen3 Hugging Face folder (export a "
         "checkpoint with pipetrain export --format hf)");
   }
-  const auto prompts = read_prompts(request);
-  const Tokenizer tokenizer = Tokenizer::from_file(
-      request.tokenizer.empty() ? request.init_from : request.tokenizer);
+  const bool given_ids = !request.prompt_ids.empty();
+  if (given_ids && (!request.prompts.empty() || !request.prompts_file.empty() || request.chat)) {
+    throw std::invalid_argument(
+        "--prompt-ids are tokens already: leave out --prompt, --prompts-file and --chat");
+  }
+  std::vector<std::string> prompts;
+  std::optional<Tokenizer> tokenizer;
   std::vector<std::vector<int64_t>> ids;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ids.push_back(request.chat ? tokenizer.encode(tokenizer.apply_chat_template(
-                                                      {{"user", prompts[i]}},
-                                                      /*add_generation_prompt=*/true),
-                                                  /*add_special_tokens=*/false)
-                               : tokenizer.encode(prompts[i]));
-    if (ids.back().empty()) {
-      throw std::invalid_argument("generate: prompt " + std::to_string(i + 1) +
-                                  " has no tokens: give it some text");
+  if (given_ids) {
+    for (const auto& text : request.prompt_ids) ids.push_back(parse_ids(text));
+  } else {
+    prompts = read_prompts(request);
+    tokenizer = Tokenizer::from_file(request.tokenizer.empty() ? request.init_from
+                                                               : request.tokenizer);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ids.push_back(request.chat ? tokenizer->encode(tokenizer->apply_chat_template(
+                                                         {{"user", prompts[i]}},
+                                                         /*add_generation_prompt=*/true),
+                                                     /*add_special_tokens=*/false)
+                                 : tokenizer->encode(prompts[i]));
+      if (ids.back().empty()) {
+        throw std::invalid_argument("generate: prompt " + std::to_string(i + 1) +
+                                    " has no tokens: give it some text");
+      }
     }
   }
 
@@ -113,7 +159,7 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
   auto model = nn::decoder(config);
   load_weights(model, read_hf_decoder_weights(request.init_from, config), request.init_from);
   const auto device = device_for(request.accelerator);
-  model->to(device, device.is_cuda() ? torch::kBFloat16 : torch::kFloat);
+  model->to(device, dtype_for(request.dtype, device));
 
   const auto options = nn::GenerationOptions()
                            .max_new_tokens(request.max_new_tokens)
@@ -122,7 +168,15 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
                            .top_p(request.top_p)
                            .seed(request.seed)
                            .eos_token_ids(eos_ids(request.init_from, tokenizer))
-                           .pad_token_id(tokenizer.pad_token_id().value_or(0));
+                           .pad_token_id(tokenizer ? tokenizer->pad_token_id().value_or(0) : 0);
+  if (given_ids) {
+    for (const auto& made : nn::generate(model, ids, options)) {
+      for (size_t i = 0; i < made.size(); ++i) out << (i ? "," : "") << made[i];
+      out << "\n";
+    }
+    out << std::flush;
+    return;
+  }
   if (prompts.size() == 1) {
     // The text as it is made: each token's decoding of all made so far, less what is printed
     // (a character of several tokens appears once whole).
@@ -131,7 +185,7 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
     std::string printed;
     nn::generate(model, ids, options, [&](size_t, int64_t token) {
       made.push_back(token);
-      const std::string text = tokenizer.decode(made, /*skip_special_tokens=*/true);
+      const std::string text = tokenizer->decode(made, /*skip_special_tokens=*/true);
       const bool partial_character =  // U+FFFD: bytes a later token completes
           text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0;
       if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0 &&
@@ -140,7 +194,7 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
         printed = text;
       }
     });
-    const std::string text = tokenizer.decode(made, /*skip_special_tokens=*/true);
+    const std::string text = tokenizer->decode(made, /*skip_special_tokens=*/true);
     if (text.compare(0, printed.size(), printed) == 0) out << text.substr(printed.size());
     out << std::endl;
     return;
@@ -148,7 +202,7 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
   const auto made = nn::generate(model, ids, options);
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (i > 0) out << "---------------\n";
-    out << prompts[i] << tokenizer.decode(made[i], /*skip_special_tokens=*/true) << "\n";
+    out << prompts[i] << tokenizer->decode(made[i], /*skip_special_tokens=*/true) << "\n";
   }
   out << std::flush;
 }

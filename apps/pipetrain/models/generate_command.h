@@ -17,13 +17,17 @@ struct GenerateRequest {
   std::vector<std::string> prompts;
   // A file of prompts: one a line, or JSONL lines {"prompt": ...}; "-": standard input.
   std::string prompts_file;
+  // Prompts as token ids ("128000,791,4062"), no tokenizer read: each prompt's new ids are
+  // printed, comma-separated, a line each (for comparing with another implementation's ids).
+  std::vector<std::string> prompt_ids;
   bool chat = false;  // each prompt a user turn of the chat template, the assistant's to come
   int64_t max_new_tokens = 64;
   double temperature = 0.0;  // 0: greedy
   int64_t top_k = 0;
   double top_p = 1.0;
   uint64_t seed = 0;
-  std::string accelerator = "auto";  // cpu, cuda, auto; on a GPU in bf16, on the CPU in fp32
+  std::string accelerator = "auto";  // cpu, cuda, auto
+  std::string dtype;                 // bf16 or fp32; empty: bf16 on a GPU, fp32 on the CPU
 };
 
 // Writes to `out` each prompt's text and what the model makes after it (one prompt's as it is
