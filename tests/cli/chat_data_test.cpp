@@ -236,32 +236,13 @@ TEST_F(ChatData, ALlamaFineTunedOnConversationsUnderPipeAndDdpLogsTheLossesOfOne
   ASSERT_EQ(prepare(kQwen3, "chat", write("chat.jsonl", conversations()), dir + "/data", "0.25")
                 .exit_code,
             0);
-  const std::string vocabulary = std::to_string(Tokenizer::from_file(kQwen3).vocab_size());
+  const int64_t vocabulary = Tokenizer::from_file(kQwen3).vocab_size();
   // Four steps of a 2-layer Llama of Qwen3's vocabulary on the masked tokens, global batches of 4
   // rows, under `strategy` (whose --batch-size is the rows of a replica).
   const auto fit = [&](const std::string& name, const std::vector<std::string>& strategy) {
-    std::vector<std::string> flags{"--n-layer",
-                                   "2",
-                                   "--n-embd",
-                                   "16",
-                                   "--n-head",
-                                   "2",
-                                   "--n-kv-head",
-                                   "1",
-                                   "--intermediate-size",
-                                   "32",
-                                   "--vocab-size",
-                                   vocabulary,
-                                   "--block-size",
-                                   "16",
-                                   "--train-data",
-                                   dir + "/data",
-                                   "--max-steps",
-                                   "4",
-                                   "--seed",
-                                   "5",
-                                   "--enable-progress-bar",
-                                   "false"};
+    std::vector<std::string> flags = tiny_llama_flags(vocabulary, 16);
+    flags.insert(flags.end(), {"--train-data", dir + "/data", "--max-steps", "4", "--seed", "5",
+                               "--enable-progress-bar", "false"});
     flags.insert(flags.end(), strategy.begin(), strategy.end());
     flags.insert(flags.end(), {"--val-check-interval", "2"});
     const auto result = run_command(csv_logged_command("fit", "llama", dir + "/" + name, 2, flags),

@@ -104,6 +104,25 @@ inline std::vector<std::string> mlp_fit_command(const std::string& root,
       extra);
 }
 
+// The shape of a Llama of 2 layers, width 16, 2 query heads sharing 1 key-value head and an MLP
+// of 32, for `vocab_size` tokens in windows of `block_size`: --model llama's flags.
+inline std::vector<std::string> tiny_llama_flags(int64_t vocab_size, int64_t block_size) {
+  return {"--n-layer",
+          "2",
+          "--n-embd",
+          "16",
+          "--n-head",
+          "2",
+          "--n-kv-head",
+          "1",
+          "--intermediate-size",
+          "32",
+          "--vocab-size",
+          std::to_string(vocab_size),
+          "--block-size",
+          std::to_string(block_size)};
+}
+
 // `pipetrain fit` of a GPT-2 of 2 layers, 2 heads, width 16 on 8-token windows of byte tokens
 // (`train_bin`, as prepare-data writes), batch 4, logging to CSV under `root`, with `extra` flags.
 inline std::vector<std::string> tiny_gpt2_fit_command(const std::string& root,
