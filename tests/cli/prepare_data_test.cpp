@@ -18,16 +18,15 @@
 #include "models/prepare_progress.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/real_tokenizers.h"
 
 namespace pipetrain::testing::prepare_data_test {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kReferenceModels =
-    std::string(PIPETRAIN_SOURCE_DIR) + "/tests/reference/node_modules/@lenml/";
-const std::string kGpt2 = kReferenceModels + "tokenizer-gpt2/models";
-const std::string kLlama3 = kReferenceModels + "tokenizer-llama3/models";
+const std::string kGpt2 = real_tokenizer("gpt2");
+const std::string kLlama3 = real_tokenizer("llama3");
 
 // An llm.c shard as its bytes say: the header's magic, version and count, and the tokens.
 struct Shard {
