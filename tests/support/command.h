@@ -5,13 +5,13 @@
 
 #include <chrono>
 #include <cstdint>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "support/multiprocess.h"
+#include "support/temp_dir.h"
 
 namespace pipetrain::testing {
 
@@ -68,17 +68,14 @@ inline CommandResult prepare_license_tokens(const std::string& output) {
       {"prepare-data", "--input", "/usr/share/common-licenses/GPL-3", "--output", output}));
 }
 
-// A test with a folder of its own, `dir` (removed after the test), whose data/ holds the license
-// text's byte tokens (prepare_license_tokens), made before the test runs.
-class LicenseTokensTest : public ::testing::Test {
+// A test whose folder's data/ holds the license text's byte tokens (prepare_license_tokens), made
+// before the test runs.
+class LicenseTokensTest : public TempDirTest {
  protected:
   void SetUp() override {
     const auto prepared = prepare_license_tokens(dir + "/data");
     EXPECT_NE(prepared.output.find("wrote "), std::string::npos) << prepared.output;
   }
-  void TearDown() override { std::filesystem::remove_all(dir); }
-
-  const std::string dir = make_temp_dir("license-tokens");
 };
 
 // `pipetrain SUBCOMMAND --model MODEL` into `root`, logging every step to CSV, with no sanity
