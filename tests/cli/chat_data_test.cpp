@@ -18,8 +18,8 @@
 #include <pipetrain/tokenizer.h>
 
 #include "support/command.h"
-#include "support/multiprocess.h"
 #include "support/real_tokenizers.h"
+#include "support/temp_dir.h"
 
 namespace pipetrain::testing::chat_data_test {
 namespace {
@@ -85,13 +85,8 @@ std::string message(const std::string& role, const std::string& content) {
   return nlohmann::json{{"role", role}, {"content", content}}.dump();
 }
 
-class ChatData : public ::testing::Test {
+class ChatData : public TempDirTest {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(dir + "/" + name, std::ios::binary) << text;
-    return dir + "/" + name;
-  }
   CommandResult prepare(const std::string& tokenizer, const std::string& format,
                         const std::string& input, const std::string& output,
                         const std::string& val_fraction = "0") const {
@@ -99,7 +94,6 @@ class ChatData : public ::testing::Test {
                                           format, "--input", input, "--output", output,
                                           "--val-fraction", val_fraction, "--name", "d"}));
   }
-  std::string dir = make_temp_dir("chat-data");
 };
 
 TEST_F(ChatData, OnlyTheAssistantTurnsOfAQwenThreeConversationCarryLoss) {

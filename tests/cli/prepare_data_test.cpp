@@ -17,8 +17,8 @@
 
 #include "models/prepare_progress.h"
 #include "support/command.h"
-#include "support/multiprocess.h"
 #include "support/real_tokenizers.h"
+#include "support/temp_dir.h"
 
 namespace pipetrain::testing::prepare_data_test {
 namespace {
@@ -58,14 +58,8 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(std::ifstream(path));
 }
 
-class PrepareData : public ::testing::Test {
+class PrepareData : public TempDirTest {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
-  std::string write(const std::string& name, const std::string& text) const {
-    fs::create_directories(fs::path(dir + "/" + name).parent_path());
-    std::ofstream(dir + "/" + name, std::ios::binary) << text;
-    return dir + "/" + name;
-  }
   CommandResult prepare(const std::string& tokenizer, std::vector<std::string> extra) const {
     extra.insert(extra.begin(), {"prepare-data", "--tokenizer", tokenizer});
     return run_command(pipetrain_command(extra));
@@ -84,7 +78,6 @@ class PrepareData : public ::testing::Test {
     }
     return tokens;
   }
-  std::string dir = make_temp_dir("prepare-data");
 };
 
 // `documents` through `tokenizer` as prepare-data writes them: each its ids, then EOS.

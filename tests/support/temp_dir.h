@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "support/multiprocess.h"
@@ -18,6 +19,12 @@ class TempDirTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir); }
   // File `name` in dir.
   std::string path(const std::string& name) const { return dir + "/" + name; }
+  // Writes `text` to file `name` in dir, making its folders; returns its path.
+  std::string write(const std::string& name, const std::string& text) const {
+    std::filesystem::create_directories(std::filesystem::path(path(name)).parent_path());
+    std::ofstream(path(name), std::ios::binary) << text;
+    return path(name);
+  }
 
   const std::string dir = make_temp_dir(suite_name());
 
