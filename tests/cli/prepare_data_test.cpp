@@ -17,17 +17,16 @@
 
 #include "models/prepare_progress.h"
 #include "support/command.h"
-#include "support/multiprocess.h"
+#include "support/real_tokenizers.h"
+#include "support/temp_dir.h"
 
 namespace pipetrain::testing::prepare_data_test {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kReferenceModels =
-    std::string(PIPETRAIN_SOURCE_DIR) + "/tests/reference/node_modules/@lenml/";
-const std::string kGpt2 = kReferenceModels + "tokenizer-gpt2/models";
-const std::string kLlama3 = kReferenceModels + "tokenizer-llama3/models";
+const std::string kGpt2 = real_tokenizer("gpt2");
+const std::string kLlama3 = real_tokenizer("llama3");
 
 // An llm.c shard as its bytes say: the header's magic, version and count, and the tokens.
 struct Shard {
@@ -59,14 +58,8 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(std::ifstream(path));
 }
 
-class PrepareData : public ::testing::Test {
+class PrepareData : public TempDirTest {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
-  std::string write(const std::string& name, const std::string& text) const {
-    fs::create_directories(fs::path(dir + "/" + name).parent_path());
-    std::ofstream(dir + "/" + name, std::ios::binary) << text;
-    return dir + "/" + name;
-  }
   CommandResult prepare(const std::string& tokenizer, std::vector<std::string> extra) const {
     extra.insert(extra.begin(), {"prepare-data", "--tokenizer", tokenizer});
     return run_command(pipetrain_command(extra));
@@ -85,7 +78,6 @@ class PrepareData : public ::testing::Test {
     }
     return tokens;
   }
-  std::string dir = make_temp_dir("prepare-data");
 };
 
 // `documents` through `tokenizer` as prepare-data writes them: each its ids, then EOS.

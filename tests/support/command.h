@@ -5,13 +5,13 @@
 
 #include <chrono>
 #include <cstdint>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "support/multiprocess.h"
+#include "support/temp_dir.h"
 
 namespace pipetrain::testing {
 
@@ -68,17 +68,14 @@ inline CommandResult prepare_license_tokens(const std::string& output) {
       {"prepare-data", "--input", "/usr/share/common-licenses/GPL-3", "--output", output}));
 }
 
-// A test with a folder of its own, `dir` (removed after the test), whose data/ holds the license
-// text's byte tokens (prepare_license_tokens), made before the test runs.
-class LicenseTokensTest : public ::testing::Test {
+// A test whose folder's data/ holds the license text's byte tokens (prepare_license_tokens), made
+// before the test runs.
+class LicenseTokensTest : public TempDirTest {
  protected:
   void SetUp() override {
     const auto prepared = prepare_license_tokens(dir + "/data");
     EXPECT_NE(prepared.output.find("wrote "), std::string::npos) << prepared.output;
   }
-  void TearDown() override { std::filesystem::remove_all(dir); }
-
-  const std::string dir = make_temp_dir("license-tokens");
 };
 
 // `pipetrain SUBCOMMAND --model MODEL` into `root`, logging every step to CSV, with no sanity
@@ -102,6 +99,25 @@ inline std::vector<std::string> mlp_fit_command(const std::string& root,
       {"fit", "--model", "mlp", "--max-steps", std::to_string(max_steps), "--batch-size", "24",
        "--seed", "3", "--default-root-dir", root, "--log-every-n-steps", "1"},
       extra);
+}
+
+// The shape of a Llama of 2 layers, width 16, 2 query heads sharing 1 key-value head and an MLP
+// of 32, for `vocab_size` tokens in windows of `block_size`: --model llama's flags.
+inline std::vector<std::string> tiny_llama_flags(int64_t vocab_size, int64_t block_size) {
+  return {"--n-layer",
+          "2",
+          "--n-embd",
+          "16",
+          "--n-head",
+          "2",
+          "--n-kv-head",
+          "1",
+          "--intermediate-size",
+          "32",
+          "--vocab-size",
+          std::to_string(vocab_size),
+          "--block-size",
+          std::to_string(block_size)};
 }
 
 // `pipetrain fit` of a GPT-2 of 2 layers, 2 heads, width 16 on 8-token windows of byte tokens
