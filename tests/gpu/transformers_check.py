@@ -6,8 +6,12 @@ For a LlamaForCausalLM (llama3 RoPE scaling, GQA, tied head) and a Qwen3ForCausa
 head_dim apart from hidden / heads, untied), made here with random weights and saved sharded:
 1. `pipetrain validate --init-from` gives transformers' own loss on the same token windows;
 2. a few steps of `pipetrain fit` from that folder on the GPU, `pipetrain export --format hf`,
-   and transformers loads the export and gives the loss pipetrain validates the checkpoint at.
-Everything in fp32 (TF32 off on both sides); tolerance relative 1e-5. One JSON line per check
+   and transformers loads the export and gives the loss pipetrain validates the checkpoint at;
+3. `pipetrain generate --prompt-ids` (three prompts of different lengths, one left-padded batch,
+   its key/value cache) makes transformers' greedy `generate(do_sample=False)` tokens, each
+   prompt run alone there, 64 new tokens, the same EOS (a model of the same shapes drawn at
+   initializer_range 0.3, whose decided logits leave no near-ties for rounding to flip).
+Everything in fp32 (TF32 off on both sides); tolerance relative 1e-5, tokens equal. One JSON line per check
 goes to OUT/transformers_check.jsonl as it is made; exits non-zero when a check fails.
 """
 import glob
@@ -118,7 +122,32 @@ def main():
             "--limit-val-batches", str(WINDOWS // B))
         check(f"{model_type}: export after fit", hf_loss(exported, cls, tokens), val_loss(after),
               results)
+        check_generation(model_type, cls, config, work, results)
     sys.exit(0 if all(r["ok"] for r in results) else 1)
+
+
+def check_generation(model_type, cls, config, work, results):
+    config.initializer_range = 0.3
+    torch.manual_seed(1)
+    folder = os.path.join(work, model_type + "_generate")
+    cls(config).save_pretrained(folder)
+    model = cls.from_pretrained(folder, torch_dtype=torch.float32).cuda().eval()
+    prompts = [[5, 9, 2, 33, 7, 1, 40, 41], [12], [30000, 30, 4, 17, 69999]]
+    expected = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt]).cuda()
+        made = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=64, pad_token_id=0)
+        expected.append(made[0, len(prompt):].tolist())
+    flags = [flag for prompt in prompts for flag in ("--prompt-ids", ",".join(map(str, prompt)))]
+    lines = run("generate", "--init-from", folder, *flags, "--max-new-tokens", "64",
+                "--accelerator", "cuda", "--dtype", "fp32").split()
+    actual = [[int(t) for t in line.split(",")] for line in lines]
+    results.append({"check": f"{model_type}: generate --prompt-ids", "transformers": expected,
+                    "pipetrain": actual, "ok": actual == expected})
+    print(json.dumps(results[-1]), flush=True)
+    with open(os.path.join(OUT, "transformers_check.jsonl"), "a") as f:
+        f.write(json.dumps(results[-1]) + "\n")
 
 
 def val_loss_of_validate(model_type, folder, data, root):

@@ -27,22 +27,11 @@ namespace {
 namespace fs = std::filesystem;
 
 nn::DecoderConfig small_llama() {
-  nn::DecoderConfig config = tiny_decoder_config(/*vocab_size=*/40, /*n_layer=*/3,
-                                                 /*block_size=*/8);
-  config.tie_word_embeddings = true;
-  config.rope.theta(500000).rope_type("llama3").factor(32).original_max_position_embeddings(4);
-  return config;
+  return tiny_llama3_config(/*vocab_size=*/40, /*n_layer=*/3, /*block_size=*/8);
 }
 
 nn::DecoderConfig small_qwen3() {
-  nn::DecoderConfig config = small_llama();
-  config.n_kv_head = 1;  // multi-query
-  config.head_dim = 16;  // not n_embd / n_head
-  config.qk_norm = true;
-  config.tie_word_embeddings = false;
-  config.rms_norm_eps = 1e-6;
-  config.rope = nn::RotaryEmbeddingOptions().theta(1e6);
-  return config;
+  return tiny_qwen3_config(/*vocab_size=*/40, /*n_layer=*/3, /*block_size=*/8);
 }
 
 // What a user writes around decoder(): mean next-token cross-entropy (its in-place form, as the

@@ -27,21 +27,14 @@ nn::DecoderConfig packed(nn::DecoderConfig config) {
 }
 
 nn::DecoderConfig llama(nn::AttentionKernel kernel) {
-  nn::DecoderConfig config = tiny_decoder_config(/*vocab_size=*/40, /*n_layer=*/2,
-                                                 /*block_size=*/12);
-  config.tie_word_embeddings = true;
-  config.rope.theta(500000).rope_type("llama3").factor(32).original_max_position_embeddings(4);
+  nn::DecoderConfig config = tiny_llama3_config(/*vocab_size=*/40, /*n_layer=*/2, /*block_size=*/12);
   config.attention_kernel = kernel;
   return config;
 }
 
 nn::DecoderConfig qwen3(nn::AttentionKernel kernel) {
-  nn::DecoderConfig config = llama(kernel);
-  config.n_kv_head = 1;
-  config.head_dim = 16;
-  config.qk_norm = true;
-  config.tie_word_embeddings = false;
-  config.rope = nn::RotaryEmbeddingOptions().theta(1e6);
+  nn::DecoderConfig config = tiny_qwen3_config(/*vocab_size=*/40, /*n_layer=*/2, /*block_size=*/12);
+  config.attention_kernel = kernel;
   return config;
 }
 

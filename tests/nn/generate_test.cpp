@@ -16,22 +16,18 @@ namespace {
 
 using Ids = std::vector<int64_t>;
 
+// Decided logits: greedy choices far from ties.
+constexpr double kInitStd = 0.3;
+
 nn::DecoderConfig llama() {
-  nn::DecoderConfig config = tiny_decoder_config(/*vocab_size=*/40, /*n_layer=*/2,
-                                                 /*block_size=*/32);
-  config.tie_word_embeddings = true;
-  config.rope.theta(500000).rope_type("llama3").factor(32).original_max_position_embeddings(4);
-  config.init_std = 0.3;  // decided logits: greedy choices far from ties
+  nn::DecoderConfig config = tiny_llama3_config(/*vocab_size=*/40, /*n_layer=*/2, /*block_size=*/32);
+  config.init_std = kInitStd;
   return config;
 }
 
 nn::DecoderConfig qwen3() {
-  nn::DecoderConfig config = llama();
-  config.n_kv_head = 1;
-  config.head_dim = 16;
-  config.qk_norm = true;
-  config.tie_word_embeddings = false;
-  config.rope = nn::RotaryEmbeddingOptions().theta(1e6);
+  nn::DecoderConfig config = tiny_qwen3_config(/*vocab_size=*/40, /*n_layer=*/2, /*block_size=*/32);
+  config.init_std = kInitStd;
   return config;
 }
 

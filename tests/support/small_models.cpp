@@ -37,4 +37,22 @@ nn::DecoderConfig tiny_decoder_config(int64_t vocab_size, int64_t n_layer, int64
   return config;
 }
 
+nn::DecoderConfig tiny_llama3_config(int64_t vocab_size, int64_t n_layer, int64_t block_size) {
+  nn::DecoderConfig config = tiny_decoder_config(vocab_size, n_layer, block_size);
+  config.tie_word_embeddings = true;
+  config.rope.theta(500000).rope_type("llama3").factor(32).original_max_position_embeddings(4);
+  return config;
+}
+
+nn::DecoderConfig tiny_qwen3_config(int64_t vocab_size, int64_t n_layer, int64_t block_size) {
+  nn::DecoderConfig config = tiny_decoder_config(vocab_size, n_layer, block_size);
+  config.n_kv_head = 1;  // multi-query
+  config.head_dim = 16;  // not n_embd / n_head
+  config.qk_norm = true;
+  config.tie_word_embeddings = false;
+  config.rms_norm_eps = 1e-6;
+  config.rope = nn::RotaryEmbeddingOptions().theta(1e6);
+  return config;
+}
+
 }  // namespace pipetrain::testing

@@ -37,4 +37,11 @@ class MseRegression : public SgdModule {
 // an MLP of 48; the caller sets what it varies (RoPE, ties, norms).
 nn::DecoderConfig tiny_decoder_config(int64_t vocab_size, int64_t n_layer, int64_t block_size);
 
+// tiny_decoder_config as Llama 3 makes it: a tied head, Llama 3.1's RoPE scaling (theta 500000,
+// factor 32 over an original context of 4, so that short tests reach the scaled frequencies).
+nn::DecoderConfig tiny_llama3_config(int64_t vocab_size, int64_t n_layer, int64_t block_size);
+// tiny_decoder_config as Qwen3 makes it: multi-query, head_dim 16 (not n_embd / n_head), q/k
+// norms, an untied head, theta 1e6, eps 1e-6.
+nn::DecoderConfig tiny_qwen3_config(int64_t vocab_size, int64_t n_layer, int64_t block_size);
+
 }  // namespace pipetrain::testing
