@@ -864,12 +864,19 @@ int main(int argc, char** argv) {
                              "(5GB, 500MB, 2GiB)");
   pipetrain::cli::GenerateRequest generation;
   CLI::App* generate_command = app.add_subcommand(
-      "generate", "continue prompts with a Llama or Qwen3 Hugging Face folder's model");
+      "generate", "continue prompts with a Llama or Qwen3: a Hugging Face folder's, or a checkpoint's");
+  generate_command->add_option("--init-from", generation.init_from,
+                               "the model's Hugging Face folder (config.json, weights, "
+                               "tokenizer.json): the Hub's, or a checkpoint's export");
   generate_command
-      ->add_option("--init-from", generation.init_from,
-                   "the model's Hugging Face folder (config.json, weights, tokenizer.json): the "
-                   "Hub's, or a checkpoint's export")
-      ->required();
+      ->add_option("--ckpt-path", generation.ckpt_path,
+                   "or a checkpoint of fit's (a .ckpt folder, last or best): a llama or qwen3 "
+                   "run's, with --tokenizer")
+      ->envname(env_name("--ckpt-path"));
+  generate_command
+      ->add_option("--default-root-dir", generation.default_root_dir,
+                   "where lightning_logs/ is, for --ckpt-path last or best")
+      ->envname(env_name("--default-root-dir"));
   generate_command->add_option("--tokenizer", generation.tokenizer,
                                "a tokenizer.json or its folder (default: --init-from's)");
   generate_command->add_option("--prompt", generation.prompts,

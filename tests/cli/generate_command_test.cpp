@@ -1,6 +1,7 @@
 // `pipetrain generate`: a small Qwen3 written as a Hugging Face folder with Qwen3's real tokenizer
 // (tests/reference) continues a prompt with the text of nn::generate's tokens (streamed), a
-// batch of prompts each as it continues alone, a chat turn through the chat template; a seed
+// batch of prompts each as it continues alone, a chat turn through the chat template, prompt ids
+// with the new ids; a small Llama's checkpoint of fit generates as its export does; a seed
 // repeats a sampled continuation; missing prompts and bad options are usage errors.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -108,6 +109,42 @@ TEST_F(GenerateCommand, PromptIdsPrintTheNewIds) {
   }
   EXPECT_EQ(result.output, expected);
   EXPECT_EQ(generate({"--prompt-ids", "1,x"}).exit_code, 2);
+}
+
+TEST_F(GenerateCommand, ACheckpointOfFitGeneratesAsItsExport) {
+  const std::string run = make_temp_dir("generate-checkpoint");
+  std::vector<uint16_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 5) % 64);
+  std::ofstream(run + "/train.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+  auto fit = tiny_llama_flags(/*vocab_size=*/64, /*block_size=*/16);
+  fit.insert(fit.begin(), {"fit", "--model", "llama"});
+  fit.insert(fit.end(), {"--train-data", run + "/train.bin", "--max-steps", "2", "--batch-size", "4",
+                         "--lr", "0.01", "--enable-progress-bar", "false", "--default-root-dir", run});
+  ASSERT_EQ(run_command(pipetrain_command(fit)).exit_code, 0);
+  const auto exported =
+      run_command(pipetrain_command({"export", "--format", "hf", "--ckpt-path", "last",
+                                     "--default-root-dir", run, "--output", run + "/hf", "--dtype",
+                                     "fp32"}));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const std::vector<std::string> prompt{"--prompt-ids", "1,2,3", "--max-new-tokens", "8",
+                                        "--accelerator", "cpu"};
+  auto from_checkpoint = prompt;
+  from_checkpoint.insert(from_checkpoint.begin(),
+                         {"generate", "--ckpt-path", "last", "--default-root-dir", run});
+  auto from_export = prompt;
+  from_export.insert(from_export.begin(), {"generate", "--init-from", run + "/hf"});
+  const auto a = run_command(pipetrain_command(from_checkpoint));
+  const auto b = run_command(pipetrain_command(from_export));
+  EXPECT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(a.output, b.output);
+  // Text prompts need the tokenizer fit started from: a checkpoint holds none.
+  const auto text = run_command(pipetrain_command(
+      {"generate", "--ckpt-path", "last", "--default-root-dir", run, "--prompt", "Hi"}));
+  EXPECT_EQ(text.exit_code, 2) << text.output;
+  EXPECT_NE(text.output.find("pass --tokenizer"), std::string::npos) << text.output;
+  fs::remove_all(run);
 }
 
 TEST_F(GenerateCommand, ASeedRepeatsASampledContinuation) {

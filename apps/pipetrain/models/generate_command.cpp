@@ -10,11 +10,14 @@
 #include <stdexcept>
 
 #include <pipetrain/checkpoint_io.h>
+#include <pipetrain/checkpoint_path.h>
 #include <pipetrain/nn/decoder.h>
 #include <pipetrain/nn/generate.h>
 #include <pipetrain/tokenizer.h>
 
 #include "models/hf_decoder.h"
+#include "models/models.h"
+#include "models/run_config.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -58,10 +61,11 @@ std::vector<std::string> read_prompts(const GenerateRequest& request) {
   return prompts;
 }
 
-// generation_config.json's eos_token_id (a number or a list), else the tokenizer's EOS (if any).
+// `folder`'s generation_config.json's eos_token_id (a number or a list), else the tokenizer's EOS
+// (if any).
 std::vector<int64_t> eos_ids(const std::string& folder, const std::optional<Tokenizer>& tokenizer) {
   const fs::path path = fs::path(folder) / "generation_config.json";
-  if (fs::exists(path)) {
+  if (!folder.empty() && fs::exists(path)) {
     const Json config = Json::parse(std::ifstream(path), nullptr, /*allow_exceptions=*/false);
     const auto eos = config.is_object() ? config.find("eos_token_id") : config.end();
     if (eos != config.end() && eos->is_number_integer()) return {eos->get<int64_t>()};
@@ -119,13 +123,43 @@ at::ScalarType dtype_for(const std::string& dtype, const torch::Device& device) 
   throw std::invalid_argument("--dtype " + dtype + ": use bf16 or fp32");
 }
 
+// The decoder of `request`: a Hugging Face folder's, or a checkpoint's in the shape of its run's
+// config.json.
+torch::nn::Sequential read_model(const GenerateRequest& request) {
+  if (request.init_from.empty() == request.ckpt_path.empty()) {
+    throw std::invalid_argument(
+        "generate: pass --init-from DIR (a Llama or Qwen3 Hugging Face folder) or --ckpt-path "
+        "(a checkpoint of fit's), one of them");
+  }
+  if (!request.init_from.empty()) {
+    const nn::DecoderConfig config = read_hf_decoder_config(request.init_from);
+    check_hf_decoder_weights(request.init_from, config);
+    auto model = nn::decoder(config);
+    load_weights(model, read_hf_decoder_weights(request.init_from, config), request.init_from);
+    return model;
+  }
+  const std::string checkpoint =
+      resolve_checkpoint_path(request.ckpt_path, request.default_root_dir);
+  const std::string run = run_config_dir(checkpoint);
+  if (run.empty() || !is_decoder(read_model_type(run))) {
+    throw std::invalid_argument(
+        "--ckpt-path " + checkpoint +
+        ": no config.json of a llama or qwen3 run beside it (fit keeps one in the run's folder, "
+        "above checkpoints/); generate reads those checkpoints, or a Hugging Face folder "
+        "(--init-from)");
+  }
+  auto model = nn::decoder(read_hf_decoder_config(run));
+  load_weights(model, read_checkpoint_weights(checkpoint), checkpoint);
+  return model;
+}
+
 }  // namespace
 
 void generate_text(const GenerateRequest& request, std::ostream& out) {
-  if (request.init_from.empty()) {
+  if (!request.ckpt_path.empty() && request.tokenizer.empty() && request.prompt_ids.empty()) {
     throw std::invalid_argument(
-        "generate: pass --init-from DIR, a Llama or Qwen3 Hugging Face folder (export a "
-        "checkpoint with pipetrain export --format hf)");
+        "--ckpt-path: pass --tokenizer (the tokenizer.json, or the folder, of the model fit "
+        "started from), or --prompt-ids");
   }
   const bool given_ids = !request.prompt_ids.empty();
   if (given_ids && (!request.prompts.empty() || !request.prompts_file.empty() || request.chat)) {
@@ -154,10 +188,7 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
     }
   }
 
-  const nn::DecoderConfig config = read_hf_decoder_config(request.init_from);
-  check_hf_decoder_weights(request.init_from, config);
-  auto model = nn::decoder(config);
-  load_weights(model, read_hf_decoder_weights(request.init_from, config), request.init_from);
+  auto model = read_model(request);
   const auto device = device_for(request.accelerator);
   model->to(device, dtype_for(request.dtype, device));
 
@@ -167,7 +198,11 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
                            .top_k(request.top_k)
                            .top_p(request.top_p)
                            .seed(request.seed)
-                           .eos_token_ids(eos_ids(request.init_from, tokenizer))
+                           .eos_token_ids(eos_ids(!request.init_from.empty() ? request.init_from
+                                                  : fs::is_directory(request.tokenizer)
+                                                      ? request.tokenizer
+                                                      : "",
+                                                  tokenizer))
                            .pad_token_id(tokenizer ? tokenizer->pad_token_id().value_or(0) : 0);
   if (given_ids) {
     for (const auto& made : nn::generate(model, ids, options)) {

@@ -1,5 +1,5 @@
 // `pipetrain generate`: text from a Llama or Qwen3 Hugging Face folder (one pipetrain exported, or
-// the Hub's), its prompts through the folder's tokenizer and, with --chat, its chat template as a
+// the Hub's) or a checkpoint of fit's, its prompts through the folder's tokenizer and, with --chat, its chat template as a
 // user turn; tokens made with nn::generate's key/value cache, greedy or sampled, until the EOS of
 // generation_config.json or --max-new-tokens.
 #pragma once
@@ -12,7 +12,12 @@
 namespace pipetrain::cli {
 
 struct GenerateRequest {
-  std::string init_from;  // the Hugging Face folder: config.json, weights, tokenizer
+  // The model: a Hugging Face folder (config.json, weights, tokenizer), or a checkpoint of fit's
+  // (a .ckpt folder, last or best under default_root_dir), its shape the config.json fit keeps in
+  // its run's folder.
+  std::string init_from;
+  std::string ckpt_path;
+  std::string default_root_dir;
   std::string tokenizer;  // a tokenizer.json or its folder; empty: init_from's
   std::vector<std::string> prompts;
   // A file of prompts: one a line, or JSONL lines {"prompt": ...}; "-": standard input.
