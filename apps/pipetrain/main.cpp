@@ -43,6 +43,7 @@
 #include "models/models.h"
 #include "models/generate_command.h"
 #include "models/plan_command.h"
+#include "models/sample_callback.h"
 #include "models/prepare_data.h"
 #include "models/run_config.h"
 
@@ -115,6 +116,9 @@ struct Args {
   std::string prompt = "The ";
   int64_t max_new_tokens = 200;
   double temperature = 0.8;
+  // llama, qwen3: prompts continued at every validation, and the tokens made for each.
+  std::string sample_prompts;
+  int64_t sample_new_tokens = 32;
   std::string config;
   // --plan's links (bytes per second); kept apart, as --plan may come after them.
   int64_t link_bandwidth = 450'000'000'000, network_bandwidth = 50'000'000'000;
@@ -402,6 +406,10 @@ void add_flags(CLI::App& app, Args& a) {
   add("--prompt", a.prompt, "predict, gpt: text to continue");
   add("--max-new-tokens", a.max_new_tokens, "predict, gpt: characters to generate");
   add("--temperature", a.temperature, "predict, gpt: sampling temperature");
+  add("--sample-prompts", a.sample_prompts,
+      "llama, qwen3: a file of prompts (one a line, or JSONL {\"prompt\": ...}) continued "
+      "greedily at every validation, printed and logged (TensorBoard's text)");
+  add("--sample-new-tokens", a.sample_new_tokens, "tokens made for each of --sample-prompts");
 }
 
 // Values from --config become the defaults, so the environment and the command line override them.
@@ -488,6 +496,10 @@ pipetrain::TrainerOptions trainer_options(const Args& a) {
     callbacks.push_back(std::make_shared<pipetrain::cli::PerplexityLogger>());
     callbacks.push_back(std::make_shared<pipetrain::ThroughputMonitor>(
         pipetrain::cli::throughput_options(a.model)));
+  }
+  if (!a.sample_prompts.empty()) {
+    callbacks.push_back(
+        pipetrain::cli::sample_callback(a.model, a.sample_prompts, a.sample_new_tokens));
   }
   return options.callbacks(callbacks);
 }

@@ -42,6 +42,9 @@ class TensorBoardLogger : public Logger {
   void log_hyperparams(const std::map<std::string, std::string>& params) override;
   // One Event at `step` with one scalar per metric (epoch included, as Lightning logs it).
   void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override;
+  // One Event at `step` holding `text` as TensorBoard's add_text writes it (a string tensor of the
+  // text plugin), shown in TensorBoard's Text tab.
+  void log_text(const std::string& tag, const std::string& text, int64_t step) override;
   // Flushes the buffered records to disk.
   void save() override;
 

@@ -80,6 +80,8 @@ class Trainer {
   void print(const std::string& message) const;
   // Rank 0 writes `metrics` at `step` to every logger.
   void log_metrics(const std::map<std::string, double>& metrics, int64_t step);
+  // Rank 0 writes `text` under `tag` at `step` to every logger that keeps text (Logger::log_text).
+  void log_text(const std::string& tag, const std::string& text, int64_t step);
 
   int64_t global_step() const { return fit_progress_.global_step; }
   int64_t current_epoch() const { return fit_progress_.epoch; }

@@ -111,6 +111,19 @@ constexpr uint32_t kEventSummary = 5;
 constexpr uint32_t kSummaryValue = 1;
 constexpr uint32_t kValueTag = 1;
 constexpr uint32_t kValueSimpleValue = 2;
+// Value's tensor = 8 and metadata = 9; SummaryMetadata's plugin_data = 1 (PluginData: plugin_name
+// = 1, content = 2); TensorProto (tensor.proto): dtype = 1 (DT_STRING = 7), tensor_shape = 2
+// (TensorShapeProto: dim = 2, Dim: size = 1), string_val = 8.
+constexpr uint32_t kValueTensor = 8;
+constexpr uint32_t kValueMetadata = 9;
+constexpr uint32_t kMetadataPluginData = 1;
+constexpr uint32_t kPluginName = 1;
+constexpr uint32_t kTensorDtype = 1;
+constexpr uint32_t kTensorShape = 2;
+constexpr uint32_t kTensorStringVal = 8;
+constexpr uint32_t kShapeDim = 2;
+constexpr uint32_t kDimSize = 1;
+constexpr int64_t kDtString = 7;
 
 double wall_time_now() {
   using namespace std::chrono;
@@ -169,6 +182,25 @@ void TensorBoardLogger::log_metrics(const std::map<std::string, double>& metrics
     put_bytes(summary, kSummaryValue, entry);
   }
   std::string event;
+  put_double(event, kEventWallTime, wall_time_now());
+  put_int64(event, kEventStep, step);
+  put_bytes(event, kEventSummary, summary);
+  write_record(event);
+}
+
+void TensorBoardLogger::log_text(const std::string& tag, const std::string& text, int64_t step) {
+  std::string plugin, metadata, dim, shape, tensor, entry, summary, event;
+  put_bytes(plugin, kPluginName, "text");
+  put_bytes(metadata, kMetadataPluginData, plugin);
+  put_int64(dim, kDimSize, 1);
+  put_bytes(shape, kShapeDim, dim);
+  put_int64(tensor, kTensorDtype, kDtString);
+  put_bytes(tensor, kTensorShape, shape);
+  put_bytes(tensor, kTensorStringVal, text);
+  put_bytes(entry, kValueTag, tag);
+  put_bytes(entry, kValueTensor, tensor);
+  put_bytes(entry, kValueMetadata, metadata);
+  put_bytes(summary, kSummaryValue, entry);
   put_double(event, kEventWallTime, wall_time_now());
   put_int64(event, kEventStep, step);
   put_bytes(event, kEventSummary, summary);

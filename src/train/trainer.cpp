@@ -240,6 +240,11 @@ void Trainer::log_metrics(const std::map<std::string, double>& metrics, int64_t 
   logged_metrics_ = true;
 }
 
+void Trainer::log_text(const std::string& tag, const std::string& text, int64_t step) {
+  for (auto& logger : loggers_) logger->log_text(tag, text, step);
+  logged_metrics_ = true;
+}
+
 void Trainer::setup(Module& module) {
   if (module_ == &module) return;
   if (module_ != nullptr) {

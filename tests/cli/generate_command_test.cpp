@@ -1,7 +1,8 @@
 // `pipetrain generate`: a small Qwen3 written as a Hugging Face folder with Qwen3's real tokenizer
 // (tests/reference) continues a prompt with the text of nn::generate's tokens (streamed), a
 // batch of prompts each as it continues alone, a chat turn through the chat template, prompt ids
-// with the new ids; a small Llama's checkpoint of fit generates as its export does; a seed
+// with the new ids; a small Llama's checkpoint of fit generates as its export does; fit prints and
+// logs samples at every validation (--sample-prompts); a seed
 // repeats a sampled continuation; missing prompts and bad options are usage errors.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -144,6 +145,55 @@ TEST_F(GenerateCommand, ACheckpointOfFitGeneratesAsItsExport) {
       {"generate", "--ckpt-path", "last", "--default-root-dir", run, "--prompt", "Hi"}));
   EXPECT_EQ(text.exit_code, 2) << text.output;
   EXPECT_NE(text.output.find("pass --tokenizer"), std::string::npos) << text.output;
+  fs::remove_all(run);
+}
+
+TEST_F(GenerateCommand, FitPrintsAndLogsSamplesAtEveryValidation) {
+  const std::string run = make_temp_dir("generate-samples");
+  std::ofstream(run + "/text.jsonl") << R"({"text": "The river runs to the sea, and the sea is wide."})" "\n"
+                                     << R"({"text": "Stones fall; rivers rise; the hills stay green."})" "\n";
+  std::ofstream(run + "/prompts.txt") << "The river\n{\"prompt\": \"Stones\"}\n";
+  ASSERT_EQ(run_command(pipetrain_command({"prepare-data", "--tokenizer", kQwen3, "--input",
+                                           run + "/text.jsonl", "--output", run + "/data",
+                                           "--val-fraction", "0.5"}))
+                .exit_code,
+            0);
+  const std::vector<std::string> fit{"fit", "--model", "qwen3", "--init-from", folder,
+                                     "--train-data", run + "/data", "--block-size", "4",
+                                     "--batch-size", "2", "--max-steps", "2",
+                                     "--val-check-interval", "2", "--num-sanity-val-steps", "0",
+                                     "--sample-prompts", run + "/prompts.txt",
+                                     "--sample-new-tokens", "3", "--logger", "tensorboard",
+                                     "--enable-progress-bar", "false", "--enable-checkpointing",
+                                     "false", "--accelerator", "cpu", "--default-root-dir", run};
+  const auto result = run_command(pipetrain_command(fit));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("sample 0 at step 2: The river"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("sample 1 at step 2: Stones"), std::string::npos) << result.output;
+  // TensorBoard's text: the tag and the plugin's name in the events file.
+  std::string events;
+  for (const auto& entry : fs::directory_iterator(run + "/lightning_logs/version_0")) {
+    if (entry.path().filename().string().rfind("events.out.tfevents", 0) == 0) {
+      std::ifstream in(entry.path(), std::ios::binary);
+      events.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+  }
+  EXPECT_NE(events.find("sample_1"), std::string::npos);
+  EXPECT_NE(events.find("text"), std::string::npos);
+  EXPECT_NE(events.find("Stones"), std::string::npos);
+
+#ifdef PIPETRAIN_HAS_GLOO
+  // A pipeline over two processes holds no whole model to sample with.
+  auto split = fit;
+  split.insert(split.end(), {"--strategy", "pipe", "--devices", "2", "--default-root-dir",
+                             run + "/split"});
+  const auto refused = run_command(pipetrain_command(split));
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("--sample-prompts generates with the whole model"),
+            std::string::npos)
+      << refused.output;
+#endif
   fs::remove_all(run);
 }
 

@@ -25,35 +25,12 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-// The prompts of the flags, then of the file: a JSONL line's "prompt", any other line as it is.
+// The prompts of the flags, then of the file.
 std::vector<std::string> read_prompts(const GenerateRequest& request) {
   std::vector<std::string> prompts = request.prompts;
   if (!request.prompts_file.empty()) {
-    std::ifstream file;
-    if (request.prompts_file != "-") {
-      file.open(request.prompts_file);
-      if (!file) {
-        throw std::invalid_argument("--prompts-file " + request.prompts_file +
-                                    ": cannot be read");
-      }
-    }
-    std::istream& in = request.prompts_file == "-" ? std::cin : file;
-    std::string line;
-    for (int64_t number = 1; std::getline(in, line); ++number) {
-      if (line.empty()) continue;
-      if (line.front() == '{') {
-        const Json object = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-        const auto prompt = object.is_object() ? object.find("prompt") : object.end();
-        if (prompt == object.end() || !prompt->is_string()) {
-          throw std::invalid_argument("--prompts-file " + request.prompts_file + ", line " +
-                                      std::to_string(number) +
-                                      ": a JSON line needs a string field \"prompt\"");
-        }
-        prompts.push_back(prompt->get<std::string>());
-      } else {
-        prompts.push_back(line);
-      }
-    }
+    const auto in_file = read_prompts_file(request.prompts_file, "--prompts-file");
+    prompts.insert(prompts.end(), in_file.begin(), in_file.end());
   }
   if (prompts.empty()) {
     throw std::invalid_argument("generate: no prompts: pass --prompt TEXT or --prompts-file FILE");
@@ -154,6 +131,32 @@ torch::nn::Sequential read_model(const GenerateRequest& request) {
 }
 
 }  // namespace
+
+std::vector<std::string> read_prompts_file(const std::string& path, const std::string& flag) {
+  std::ifstream file;
+  if (path != "-") {
+    file.open(path);
+    if (!file) throw std::invalid_argument(flag + " " + path + ": cannot be read");
+  }
+  std::istream& in = path == "-" ? std::cin : file;
+  std::vector<std::string> prompts;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    if (line.front() != '{') {
+      prompts.push_back(line);
+      continue;
+    }
+    const Json object = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const auto prompt = object.is_object() ? object.find("prompt") : object.end();
+    if (prompt == object.end() || !prompt->is_string()) {
+      throw std::invalid_argument(flag + " " + path + ", line " + std::to_string(number) +
+                                  ": a JSON line needs a string field \"prompt\"");
+    }
+    prompts.push_back(prompt->get<std::string>());
+  }
+  return prompts;
+}
 
 void generate_text(const GenerateRequest& request, std::ostream& out) {
   if (!request.ckpt_path.empty() && request.tokenizer.empty() && request.prompt_ids.empty()) {

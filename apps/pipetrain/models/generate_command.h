@@ -35,6 +35,11 @@ struct GenerateRequest {
   std::string dtype;                 // bf16 or fp32; empty: bf16 on a GPU, fp32 on the CPU
 };
 
+// The prompts of a file (`flag`'s, for messages): a JSONL line's "prompt", any other non-empty
+// line as it is; "-" reads standard input. Throws std::invalid_argument naming the file (and
+// line) that cannot be read or has a JSON line without a string "prompt".
+std::vector<std::string> read_prompts_file(const std::string& path, const std::string& flag);
+
 // Writes to `out` each prompt's text and what the model makes after it (one prompt's as it is
 // made; several, each when the batch ends, separated by lines of dashes). Throws
 // std::invalid_argument for a folder of another model, no prompts, an empty prompt (naming it) or
