@@ -38,14 +38,14 @@
 #include <pipetrain/trainer.h>
 
 #include "models/byte_size.h"
+#include "models/generate_command.h"
 #include "models/hf_decoder.h"
 #include "models/hf_gpt2.h"
 #include "models/models.h"
-#include "models/generate_command.h"
 #include "models/plan_command.h"
-#include "models/sample_callback.h"
 #include "models/prepare_data.h"
 #include "models/run_config.h"
+#include "models/sample_callback.h"
 
 namespace {
 
@@ -876,7 +876,8 @@ int main(int argc, char** argv) {
                              "(5GB, 500MB, 2GiB)");
   pipetrain::cli::GenerateRequest generation;
   CLI::App* generate_command = app.add_subcommand(
-      "generate", "continue prompts with a Llama or Qwen3: a Hugging Face folder's, or a checkpoint's");
+      "generate",
+      "continue prompts with a Llama or Qwen3: a Hugging Face folder's, or a checkpoint's");
   generate_command->add_option("--init-from", generation.init_from,
                                "the model's Hugging Face folder (config.json, weights, "
                                "tokenizer.json): the Hub's, or a checkpoint's export");
@@ -891,8 +892,9 @@ int main(int argc, char** argv) {
       ->envname(env_name("--default-root-dir"));
   generate_command->add_option("--tokenizer", generation.tokenizer,
                                "a tokenizer.json or its folder (default: --init-from's)");
-  generate_command->add_option("--prompt", generation.prompts,
-                               "text to continue; repeatable (all run as one batch)")
+  generate_command
+      ->add_option("--prompt", generation.prompts,
+                   "text to continue; repeatable (all run as one batch)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   generate_command
       ->add_option("--prompt-ids", generation.prompt_ids,

@@ -18,8 +18,8 @@ class Logger {
   virtual void log_metrics(const std::map<std::string, double>& metrics, int64_t step) = 0;
   // `text` under `tag` at `step` (a generated sample, say), where the format keeps text
   // (TensorBoard's text plugin); others pass it over, as Lightning's loggers without log_text.
-  virtual void log_text(const std::string& /*tag*/, const std::string& /*text*/,
-                        int64_t /*step*/) {}
+  virtual void log_text(const std::string& /*tag*/, const std::string& /*text*/, int64_t /*step*/) {
+  }
   // Makes what was logged durable (called at each logging step and at the end).
   virtual void save() = 0;
 };

@@ -53,10 +53,9 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t groups = q.size(1) / k.size(1);
   if (documents.defined()) {
     if (documents.dim() != 2 || documents.size(0) != q.size(0) || documents.size(1) != q.size(2)) {
-      throw std::invalid_argument("causal_attention: documents [B, T] of q's B " +
-                                  std::to_string(q.size(0)) + " and T " +
-                                  std::to_string(q.size(2)) + ", got " +
-                                  std::to_string(documents.dim()) + "-D");
+      throw std::invalid_argument(
+          "causal_attention: documents [B, T] of q's B " + std::to_string(q.size(0)) + " and T " +
+          std::to_string(q.size(2)) + ", got " + std::to_string(documents.dim()) + "-D");
     }
     return masked_attention(q, k, v, document_attention_mask(documents), dropout, kernel);
   }
@@ -198,8 +197,8 @@ at::Tensor CausalSelfAttentionImpl::merge(const at::Tensor& y) {
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x, const at::Tensor& documents) {
   const auto positions = documents.defined() ? document_positions(documents) : at::Tensor();
   const auto [q, k, v] = project(x, positions, x.size(1));
-  return merge(causal_attention(q, k, v, is_training() ? options.dropout() : 0.0,
-                                options.kernel(), documents));
+  return merge(causal_attention(q, k, v, is_training() ? options.dropout() : 0.0, options.kernel(),
+                                documents));
 }
 
 at::Tensor CausalSelfAttentionImpl::forward_cached(const at::Tensor& x, KVCache::Layer& cache,

@@ -26,9 +26,8 @@ at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) { return forward_in_do
 
 at::Tensor DecoderBlockImpl::forward_in_documents(const at::Tensor& x,
                                                   const at::Tensor& documents) {
-  return forward_with(x, [&](const at::Tensor& normalised) {
-    return self_attn->forward(normalised, documents);
-  });
+  return forward_with(
+      x, [&](const at::Tensor& normalised) { return self_attn->forward(normalised, documents); });
 }
 
 at::Tensor DecoderBlockImpl::forward_cached(const at::Tensor& x, KVCache::Layer& cache,
@@ -276,9 +275,8 @@ std::vector<LayerSpec> decoder_layers(const DecoderConfig& config) {
   if (config.tie_word_embeddings) {
     layers.push_back(
         layer([config] { return LMHead(config.n_embd, config.vocab_size); }, vocab * width)
-            .tie("weight", "0.weight", [](const torch::nn::Sequential& built) {
-              return LMHead(embedding_of(built));
-            }));
+            .tie("weight", "0.weight",
+                 [](const torch::nn::Sequential& built) { return LMHead(embedding_of(built)); }));
   } else {
     layers.push_back(layer([config] { return make_untied_head(config); }, vocab * width));
   }

@@ -18,11 +18,13 @@ at::Tensor document_ids(const at::Tensor& ids, int64_t separator) {
 
 at::Tensor document_positions(const at::Tensor& documents) {
   const int64_t time = documents.size(1);
-  const auto steps = torch::arange(time, documents.options().dtype(torch::kInt64)).expand_as(documents);
+  const auto steps =
+      torch::arange(time, documents.options().dtype(torch::kInt64)).expand_as(documents);
   // A document's first token: the row's first, or where the index changes.
   auto starts = torch::ones_like(documents, torch::kBool);
   if (time > 1) {
-    starts.narrow(1, 1, time - 1).copy_(documents.narrow(1, 1, time - 1).ne(documents.narrow(1, 0, time - 1)));
+    starts.narrow(1, 1, time - 1)
+        .copy_(documents.narrow(1, 1, time - 1).ne(documents.narrow(1, 0, time - 1)));
   }
   // The latest start at or before each token, which the running maximum of the starts' steps is.
   const auto start_steps = std::get<0>(torch::cummax(steps * starts, 1));

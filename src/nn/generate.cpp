@@ -37,9 +37,10 @@ DecoderLayers layers_of(const torch::nn::Sequential& decoder) {
   };
   DecoderLayers layers;
   if (decoder->size() < 4) {
-    throw std::invalid_argument("generate: a decoder has 4 layers at least (an embedding, a "
-                                "block, an RMSNorm, an LM head), this one " +
-                                std::to_string(decoder->size()));
+    throw std::invalid_argument(
+        "generate: a decoder has 4 layers at least (an embedding, a "
+        "block, an RMSNorm, an LM head), this one " +
+        std::to_string(decoder->size()));
   }
   layers.embedding = layer(0, static_cast<EmbeddingImpl*>(nullptr), "an nn::Embedding");
   for (size_t i = 1; i + 2 < decoder->size(); ++i) {
@@ -58,8 +59,8 @@ void check_options(const GenerationOptions& options) {
           "max_new_tokens must be positive, got " + std::to_string(options.max_new_tokens()));
   require(options.temperature() >= 0, "temperature must be 0 (greedy) or positive, got " +
                                           std::to_string(options.temperature()));
-  require(options.top_k() >= 0, "top_k must be 0 (all) or positive, got " +
-                                    std::to_string(options.top_k()));
+  require(options.top_k() >= 0,
+          "top_k must be 0 (all) or positive, got " + std::to_string(options.top_k()));
   require(options.top_p() > 0 && options.top_p() <= 1,
           "top_p must be in (0, 1], got " + std::to_string(options.top_p()));
 }
@@ -71,7 +72,8 @@ at::Tensor choose(const at::Tensor& logits, const GenerationOptions& options,
   auto scores = logits.to(torch::kFloat) / options.temperature();
   const double minus_infinity = -std::numeric_limits<double>::infinity();
   if (options.top_k() > 0 && options.top_k() < scores.size(-1)) {
-    const auto kth = std::get<0>(scores.topk(options.top_k(), -1)).narrow(-1, options.top_k() - 1, 1);
+    const auto kth =
+        std::get<0>(scores.topk(options.top_k(), -1)).narrow(-1, options.top_k() - 1, 1);
     scores = scores.masked_fill(scores < kth, minus_infinity);
   }
   if (options.top_p() < 1) {
@@ -107,7 +109,9 @@ std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
   torch::NoGradGuard no_grad;
   // Eval mode (no dropout) while generating, the caller's mode put back however it ends.
   struct EvalMode {
-    explicit EvalMode(torch::nn::Sequential model) : model(std::move(model)) { this->model->eval(); }
+    explicit EvalMode(torch::nn::Sequential model) : model(std::move(model)) {
+      this->model->eval();
+    }
     ~EvalMode() { model->train(was_training); }
     torch::nn::Sequential model;
     bool was_training = model->is_training();
@@ -123,13 +127,13 @@ std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
   for (int64_t b = 0; b < rows; ++b) {
     const auto& prompt = prompts[static_cast<size_t>(b)];
     const auto pad = longest - static_cast<int64_t>(prompt.size());
-    tokens[b].narrow(0, pad, static_cast<int64_t>(prompt.size()))
-        .copy_(torch::tensor(prompt, ids));
+    tokens[b].narrow(0, pad, static_cast<int64_t>(prompt.size())).copy_(torch::tensor(prompt, ids));
     padding[b] = pad;
   }
   tokens = tokens.to(device);
   padding = padding.to(device);
-  auto attendable = torch::arange(capacity, ids.device(device)).unsqueeze(0) >= padding.unsqueeze(1);
+  auto attendable =
+      torch::arange(capacity, ids.device(device)).unsqueeze(0) >= padding.unsqueeze(1);
 
   KVCache cache;
   cache.layers.resize(layers.blocks.size());

@@ -232,9 +232,11 @@ at::Tensor RotaryEmbeddingImpl::forward(const at::Tensor& x) {
   return apply_rotary(x, cos, sin);
 }
 
-std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::rotate(
-    const at::Tensor& q, const at::Tensor& k, std::optional<at::ScalarType> dtype,
-    const at::Tensor& positions, int64_t positions_below) {
+std::tuple<at::Tensor, at::Tensor> RotaryEmbeddingImpl::rotate(const at::Tensor& q,
+                                                               const at::Tensor& k,
+                                                               std::optional<at::ScalarType> dtype,
+                                                               const at::Tensor& positions,
+                                                               int64_t positions_below) {
   auto [cos, sin] = tables_for(q, positions.defined() ? positions_below : 0);
   if (positions.defined()) {
     // Each row's own positions: the tables' rows gathered to [B, 1, T, head_dim], which broadcast

@@ -3,9 +3,9 @@
 // proven equal to documents run alone in tests/nn/documents_test.cpp): under `pipe` on 2 stages,
 // the documents crossing the stage boundary beside the activations, a small Llama logs the losses
 // of one process (relative 1e-5, float32 sums in other orders), and they are not the losses
-// without masking. prepare-data counts the documents that its EOS does not delimit (a chat template's end of turn), and fit
-// refuses masking where it cannot find the documents: such data, token files without
-// tokenizer_info.json, and a model that does not mask (gpt2).
+// without masking. prepare-data counts the documents that its EOS does not delimit (a chat
+// template's end of turn), and fit refuses masking where it cannot find the documents: such data,
+// token files without tokenizer_info.json, and a model that does not mask (gpt2).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -33,10 +33,9 @@ class DocumentMasking : public TempDirTest {
     std::string jsonl;
     for (const auto& line : lines) jsonl += line + "\n";
     const std::string input = write(output + ".jsonl", jsonl);
-    const auto result = run_command(
-        pipetrain_command({"prepare-data", "--tokenizer", tokenizer, "--format", format,
-                           "--input", input, "--output", dir + "/" + output, "--val-fraction",
-                           "0.25", "--name", "d"}));
+    const auto result = run_command(pipetrain_command(
+        {"prepare-data", "--tokenizer", tokenizer, "--format", format, "--input", input, "--output",
+         dir + "/" + output, "--val-fraction", "0.25", "--name", "d"}));
     ASSERT_EQ(result.exit_code, 0) << result.output;
   }
   // Three steps of a 2-layer Llama of GPT-2's vocabulary on dir/data, with `extra` flags.
@@ -45,9 +44,21 @@ class DocumentMasking : public TempDirTest {
     std::vector<std::string> flags = tiny_llama_flags(/*vocab_size=*/50304, /*block_size=*/32);
     flags.insert(flags.end(), {"--train-data", dir + "/data", "--max-steps", "3", "--batch-size",
                                "4", "--seed", "5", "--enable-progress-bar", "false"});
-    if (model == "gpt2") flags = {"--n-layer", "1", "--n-embd", "16", "--n-head", "2",
-                                  "--block-size", "32", "--train-data", dir + "/data",
-                                  "--max-steps", "1", "--enable-progress-bar", "false"};
+    if (model == "gpt2")
+      flags = {"--n-layer",
+               "1",
+               "--n-embd",
+               "16",
+               "--n-head",
+               "2",
+               "--block-size",
+               "32",
+               "--train-data",
+               dir + "/data",
+               "--max-steps",
+               "1",
+               "--enable-progress-bar",
+               "false"};
     flags.insert(flags.end(), extra.begin(), extra.end());
     return run_command(csv_logged_command("fit", model, dir + "/" + name, 2, flags), {},
                        std::chrono::seconds(300));
@@ -80,8 +91,8 @@ TEST_F(DocumentMasking, PackedDocumentsUnderPipeLogTheLossesOfOneProcess) {
   auto result = fit("single", masking);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   // Stage 0: the embedding and block 1; the documents cross to block 2 with the activations.
-  std::vector<std::string> pipe{"--strategy", "pipe", "--devices", "2", "--chunks", "2",
-                                "--balance", "2,3"};
+  std::vector<std::string> pipe{"--strategy", "pipe", "--devices", "2",
+                                "--chunks",   "2",    "--balance", "2,3"};
   pipe.insert(pipe.end(), masking.begin(), masking.end());
   result = fit("pipe", pipe);
   ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -103,10 +114,11 @@ TEST_F(DocumentMasking, PackedDocumentsUnderPipeLogTheLossesOfOneProcess) {
 
 TEST_F(DocumentMasking, IsRefusedWhereTheDocumentsCannotBeFound) {
   // Qwen3's EOS <|im_end|> ends every turn of a conversation too.
-  prepare(kQwen3, "chat",
-          {R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]})",
-           R"({"messages": [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye."}]})"},
-          "chat");
+  prepare(
+      kQwen3, "chat",
+      {R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]})",
+       R"({"messages": [{"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye."}]})"},
+      "chat");
   EXPECT_EQ(tokenizer_info("chat")["train"]["documents_not_delimited_by_eos"], 2);
   fs::rename(dir + "/chat", dir + "/data");
   auto result = fit("chat", {"--document-masking", "true", "--vocab-size", "151936"});

@@ -5,8 +5,8 @@
 // logs samples at every validation (--sample-prompts); a seed
 // repeats a sampled continuation; missing prompts and bad options are usage errors.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -52,7 +52,8 @@ class GenerateCommand : public ::testing::Test {
 
   // The folder's generation_config.json's EOS ids.
   std::vector<int64_t> eos_ids() const {
-    const auto generation = nlohmann::json::parse(std::ifstream(folder + "/generation_config.json"));
+    const auto generation =
+        nlohmann::json::parse(std::ifstream(folder + "/generation_config.json"));
     if (!generation.contains("eos_token_id")) return {};
     const auto& value = generation["eos_token_id"];
     return value.is_array() ? value.get<std::vector<int64_t>>()
@@ -98,13 +99,13 @@ TEST_F(GenerateCommand, ContinuesPromptsWithTheLibrarysTokens) {
 }
 
 TEST_F(GenerateCommand, PromptIdsPrintTheNewIds) {
-  const auto result = generate({"--prompt-ids", "9707,1052", "--prompt-ids", "17", "--max-new-tokens",
-                                "5", "--dtype", "fp32"});
+  const auto result = generate({"--prompt-ids", "9707,1052", "--prompt-ids", "17",
+                                "--max-new-tokens", "5", "--dtype", "fp32"});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   std::string expected;
-  for (const auto& made : nn::generate(model, {{9707, 1052}, {17}},
-                                       nn::GenerationOptions().max_new_tokens(5).eos_token_ids(
-                                           eos_ids()))) {
+  for (const auto& made :
+       nn::generate(model, {{9707, 1052}, {17}},
+                    nn::GenerationOptions().max_new_tokens(5).eos_token_ids(eos_ids()))) {
     for (size_t i = 0; i < made.size(); ++i) expected += (i ? "," : "") + std::to_string(made[i]);
     expected += "\n";
   }
@@ -115,20 +116,21 @@ TEST_F(GenerateCommand, PromptIdsPrintTheNewIds) {
 TEST_F(GenerateCommand, ACheckpointOfFitGeneratesAsItsExport) {
   const std::string run = make_temp_dir("generate-checkpoint");
   std::vector<uint16_t> tokens(4000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 5) % 64);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<uint16_t>((i * 7 + i / 5) % 64);
   std::ofstream(run + "/train.bin", std::ios::binary)
       .write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
   auto fit = tiny_llama_flags(/*vocab_size=*/64, /*block_size=*/16);
   fit.insert(fit.begin(), {"fit", "--model", "llama"});
-  fit.insert(fit.end(), {"--train-data", run + "/train.bin", "--max-steps", "2", "--batch-size", "4",
-                         "--lr", "0.01", "--enable-progress-bar", "false", "--default-root-dir", run});
+  fit.insert(fit.end(),
+             {"--train-data", run + "/train.bin", "--max-steps", "2", "--batch-size", "4", "--lr",
+              "0.01", "--enable-progress-bar", "false", "--default-root-dir", run});
   ASSERT_EQ(run_command(pipetrain_command(fit)).exit_code, 0);
-  const auto exported =
-      run_command(pipetrain_command({"export", "--format", "hf", "--ckpt-path", "last",
-                                     "--default-root-dir", run, "--output", run + "/hf", "--dtype",
-                                     "fp32"}));
+  const auto exported = run_command(
+      pipetrain_command({"export", "--format", "hf", "--ckpt-path", "last", "--default-root-dir",
+                         run, "--output", run + "/hf", "--dtype", "fp32"}));
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
-  const std::vector<std::string> prompt{"--prompt-ids", "1,2,3", "--max-new-tokens", "8",
+  const std::vector<std::string> prompt{"--prompt-ids",  "1,2,3", "--max-new-tokens", "8",
                                         "--accelerator", "cpu"};
   auto from_checkpoint = prompt;
   from_checkpoint.insert(from_checkpoint.begin(),
@@ -150,22 +152,48 @@ TEST_F(GenerateCommand, ACheckpointOfFitGeneratesAsItsExport) {
 
 TEST_F(GenerateCommand, FitPrintsAndLogsSamplesAtEveryValidation) {
   const std::string run = make_temp_dir("generate-samples");
-  std::ofstream(run + "/text.jsonl") << R"({"text": "The river runs to the sea, and the sea is wide."})" "\n"
-                                     << R"({"text": "Stones fall; rivers rise; the hills stay green."})" "\n";
+  std::ofstream(run + "/text.jsonl")
+      << R"({"text": "The river runs to the sea, and the sea is wide."})"
+         "\n"
+      << R"({"text": "Stones fall; rivers rise; the hills stay green."})"
+         "\n";
   std::ofstream(run + "/prompts.txt") << "The river\n{\"prompt\": \"Stones\"}\n";
   ASSERT_EQ(run_command(pipetrain_command({"prepare-data", "--tokenizer", kQwen3, "--input",
                                            run + "/text.jsonl", "--output", run + "/data",
                                            "--val-fraction", "0.5"}))
                 .exit_code,
             0);
-  const std::vector<std::string> fit{"fit", "--model", "qwen3", "--init-from", folder,
-                                     "--train-data", run + "/data", "--block-size", "4",
-                                     "--batch-size", "2", "--max-steps", "2",
-                                     "--val-check-interval", "2", "--num-sanity-val-steps", "0",
-                                     "--sample-prompts", run + "/prompts.txt",
-                                     "--sample-new-tokens", "3", "--logger", "tensorboard",
-                                     "--enable-progress-bar", "false", "--enable-checkpointing",
-                                     "false", "--accelerator", "cpu", "--default-root-dir", run};
+  const std::vector<std::string> fit{"fit",
+                                     "--model",
+                                     "qwen3",
+                                     "--init-from",
+                                     folder,
+                                     "--train-data",
+                                     run + "/data",
+                                     "--block-size",
+                                     "4",
+                                     "--batch-size",
+                                     "2",
+                                     "--max-steps",
+                                     "2",
+                                     "--val-check-interval",
+                                     "2",
+                                     "--num-sanity-val-steps",
+                                     "0",
+                                     "--sample-prompts",
+                                     run + "/prompts.txt",
+                                     "--sample-new-tokens",
+                                     "3",
+                                     "--logger",
+                                     "tensorboard",
+                                     "--enable-progress-bar",
+                                     "false",
+                                     "--enable-checkpointing",
+                                     "false",
+                                     "--accelerator",
+                                     "cpu",
+                                     "--default-root-dir",
+                                     run};
   const auto result = run_command(pipetrain_command(fit));
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("sample 0 at step 2: The river"), std::string::npos)
@@ -186,8 +214,8 @@ TEST_F(GenerateCommand, FitPrintsAndLogsSamplesAtEveryValidation) {
 #ifdef PIPETRAIN_HAS_GLOO
   // A pipeline over two processes holds no whole model to sample with.
   auto split = fit;
-  split.insert(split.end(), {"--strategy", "pipe", "--devices", "2", "--default-root-dir",
-                             run + "/split"});
+  split.insert(split.end(),
+               {"--strategy", "pipe", "--devices", "2", "--default-root-dir", run + "/split"});
   const auto refused = run_command(pipetrain_command(split));
   EXPECT_NE(refused.exit_code, 0) << refused.output;
   EXPECT_NE(refused.output.find("--sample-prompts generates with the whole model"),
@@ -198,8 +226,9 @@ TEST_F(GenerateCommand, FitPrintsAndLogsSamplesAtEveryValidation) {
 }
 
 TEST_F(GenerateCommand, ASeedRepeatsASampledContinuation) {
-  const std::vector<std::string> sampling{"--prompt", "Once", "--max-new-tokens", "8",
-                                          "--temperature", "1.0", "--top-k", "50", "--seed", "3"};
+  const std::vector<std::string> sampling{"--prompt",      "Once", "--max-new-tokens", "8",
+                                          "--temperature", "1.0",  "--top-k",          "50",
+                                          "--seed",        "3"};
   const auto first = generate(sampling);
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_EQ(generate(sampling).output, first.output);

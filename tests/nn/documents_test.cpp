@@ -27,7 +27,8 @@ nn::DecoderConfig packed(nn::DecoderConfig config) {
 }
 
 nn::DecoderConfig llama(nn::AttentionKernel kernel) {
-  nn::DecoderConfig config = tiny_llama3_config(/*vocab_size=*/40, /*n_layer=*/2, /*block_size=*/12);
+  nn::DecoderConfig config =
+      tiny_llama3_config(/*vocab_size=*/40, /*n_layer=*/2, /*block_size=*/12);
   config.attention_kernel = kernel;
   return config;
 }
@@ -80,10 +81,11 @@ void expect_packed_equals_alone(const nn::DecoderConfig& config, const Precision
   target.select(1, 11).fill_(1);
   target = target.masked_fill(ids.eq(kSeparator), kMaskedTarget);
   const auto logits = model->forward(ids);
-  const auto loss = torch::nn::functional::cross_entropy(
-      logits.reshape({-1, 40}), target.reshape(-1),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kMaskedTarget).reduction(
-          torch::kSum));
+  const auto loss =
+      torch::nn::functional::cross_entropy(logits.reshape({-1, 40}), target.reshape(-1),
+                                           torch::nn::functional::CrossEntropyFuncOptions()
+                                               .ignore_index(kMaskedTarget)
+                                               .reduction(torch::kSum));
   loss.backward();
 
   double alone_loss = 0;
@@ -92,21 +94,23 @@ void expect_packed_equals_alone(const nn::DecoderConfig& config, const Precision
     const auto doc_ids = ids.select(0, row).narrow(0, first, length).unsqueeze(0);
     const auto doc_targets = target.select(0, row).narrow(0, first, length).unsqueeze(0);
     const auto doc_logits = alone->forward(doc_ids);
-    EXPECT_TRUE(torch::allclose(doc_logits, logits.select(0, row).narrow(0, first, length).unsqueeze(0),
+    EXPECT_TRUE(torch::allclose(doc_logits,
+                                logits.select(0, row).narrow(0, first, length).unsqueeze(0),
                                 tolerance, tolerance))
         << "row " << row << ", document at " << first;
-    const auto doc_loss = torch::nn::functional::cross_entropy(
-        doc_logits.reshape({-1, 40}), doc_targets.reshape(-1),
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kMaskedTarget).reduction(
-            torch::kSum));
+    const auto doc_loss =
+        torch::nn::functional::cross_entropy(doc_logits.reshape({-1, 40}), doc_targets.reshape(-1),
+                                             torch::nn::functional::CrossEntropyFuncOptions()
+                                                 .ignore_index(kMaskedTarget)
+                                                 .reduction(torch::kSum));
     doc_loss.backward();  // the gradients of every document add up in `alone`
     alone_loss += doc_loss.item<double>();
   }
   EXPECT_NEAR(loss.item<double>(), alone_loss, tolerance * std::abs(alone_loss));
   const auto alone_parameters = alone->named_parameters();
   for (const auto& item : model->named_parameters()) {
-    EXPECT_TRUE(torch::allclose(item.value().grad(), alone_parameters[item.key()].grad(),
-                                tolerance, tolerance))
+    EXPECT_TRUE(torch::allclose(item.value().grad(), alone_parameters[item.key()].grad(), tolerance,
+                                tolerance))
         << item.key();
   }
 }
@@ -119,8 +123,8 @@ TEST(PackedDocuments, FoundFromTheSeparators) {
                            torch::tensor({{0, 1, 0, 1, 0, 0}}, torch::kInt64)));
   const auto allowed = nn::document_attention_mask(documents).squeeze();
   // Query 3 (the second document's separator) sees keys 2 and 3 alone.
-  EXPECT_TRUE(torch::equal(allowed.select(0, 3),
-                           torch::tensor({false, false, true, true, false, false})));
+  EXPECT_TRUE(
+      torch::equal(allowed.select(0, 3), torch::tensor({false, false, true, true, false, false})));
 }
 
 TEST(PackedDocuments, LlamaEqualsEachDocumentAlone) {
@@ -152,15 +156,15 @@ TEST(PackedDocuments, PerRankLayersKeepTheDocumentsAndTheTie) {
 
 TEST(PackedDocuments, TargetsStartingADocumentAreMasked) {
   const auto ids = torch::tensor({1, 2, kSeparator, 4, 5, kSeparator, 6, 7, 8}, torch::kInt64);
-  auto dataset = std::make_shared<TensorDataset>(
-      torch::stack({ids.narrow(0, 0, 4), ids.narrow(0, 4, 4)}),
-      torch::stack({ids.narrow(0, 1, 4), ids.narrow(0, 5, 4)}));
+  auto dataset =
+      std::make_shared<TensorDataset>(torch::stack({ids.narrow(0, 0, 4), ids.narrow(0, 4, 4)}),
+                                      torch::stack({ids.narrow(0, 1, 4), ids.narrow(0, 5, 4)}));
   const auto masked = mask_document_starts(dataset, kSeparator);
   const auto both = masked->get_batch({0, 1}, FieldsWanted{});
   EXPECT_TRUE(torch::equal(both.data, dataset->inputs));
-  EXPECT_TRUE(torch::equal(both.target, torch::tensor({{2, kSeparator, kMasked, 5},
-                                                       {kSeparator, kMasked, 7, 8}},
-                                                      torch::kInt64)));
+  EXPECT_TRUE(torch::equal(
+      both.target,
+      torch::tensor({{2, kSeparator, kMasked, 5}, {kSeparator, kMasked, 7, 8}}, torch::kInt64)));
   // A last stage asks for targets alone: the same targets, no data.
   const auto targets = masked->get_batch({1, 0}, FieldsWanted{/*data=*/false, /*target=*/true});
   EXPECT_FALSE(targets.data.defined());

@@ -20,7 +20,8 @@ using Ids = std::vector<int64_t>;
 constexpr double kInitStd = 0.3;
 
 nn::DecoderConfig llama() {
-  nn::DecoderConfig config = tiny_llama3_config(/*vocab_size=*/40, /*n_layer=*/2, /*block_size=*/32);
+  nn::DecoderConfig config =
+      tiny_llama3_config(/*vocab_size=*/40, /*n_layer=*/2, /*block_size=*/32);
   config.init_std = kInitStd;
   return config;
 }
@@ -113,8 +114,7 @@ TEST(Generate, RefusesWhatItCannotRun) {
   EXPECT_THROW(nn::generate(model, {{1, 2}, {}}), std::invalid_argument);
   EXPECT_THROW(nn::generate(model, {{1}}, nn::GenerationOptions().max_new_tokens(0)),
                std::invalid_argument);
-  EXPECT_THROW(nn::generate(model, {{1}}, nn::GenerationOptions().top_p(0)),
-               std::invalid_argument);
+  EXPECT_THROW(nn::generate(model, {{1}}, nn::GenerationOptions().top_p(0)), std::invalid_argument);
   torch::nn::Sequential other(torch::nn::Embedding(40, 8), torch::nn::Linear(8, 8),
                               torch::nn::Linear(8, 8), torch::nn::Linear(8, 40));
   try {

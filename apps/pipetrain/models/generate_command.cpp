@@ -1,7 +1,7 @@
 #include "models/generate_command.h"
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -67,7 +67,6 @@ torch::Device device_for(const std::string& accelerator) {
   }
   return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
 }
-
 
 // "1,2,3" as ids; std::invalid_argument naming `text` where it is not a list of ids.
 std::vector<int64_t> parse_ids(const std::string& text) {
@@ -176,8 +175,8 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
     for (const auto& text : request.prompt_ids) ids.push_back(parse_ids(text));
   } else {
     prompts = read_prompts(request);
-    tokenizer = Tokenizer::from_file(request.tokenizer.empty() ? request.init_from
-                                                               : request.tokenizer);
+    tokenizer =
+        Tokenizer::from_file(request.tokenizer.empty() ? request.init_from : request.tokenizer);
     for (size_t i = 0; i < prompts.size(); ++i) {
       ids.push_back(request.chat ? tokenizer->encode(tokenizer->apply_chat_template(
                                                          {{"user", prompts[i]}},
@@ -195,18 +194,18 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
   const auto device = device_for(request.accelerator);
   model->to(device, dtype_for(request.dtype, device));
 
-  const auto options = nn::GenerationOptions()
-                           .max_new_tokens(request.max_new_tokens)
-                           .temperature(request.temperature)
-                           .top_k(request.top_k)
-                           .top_p(request.top_p)
-                           .seed(request.seed)
-                           .eos_token_ids(eos_ids(!request.init_from.empty() ? request.init_from
-                                                  : fs::is_directory(request.tokenizer)
-                                                      ? request.tokenizer
-                                                      : "",
-                                                  tokenizer))
-                           .pad_token_id(tokenizer ? tokenizer->pad_token_id().value_or(0) : 0);
+  const auto options =
+      nn::GenerationOptions()
+          .max_new_tokens(request.max_new_tokens)
+          .temperature(request.temperature)
+          .top_k(request.top_k)
+          .top_p(request.top_p)
+          .seed(request.seed)
+          .eos_token_ids(eos_ids(!request.init_from.empty()            ? request.init_from
+                                 : fs::is_directory(request.tokenizer) ? request.tokenizer
+                                                                       : "",
+                                 tokenizer))
+          .pad_token_id(tokenizer ? tokenizer->pad_token_id().value_or(0) : 0);
   if (given_ids) {
     for (const auto& made : nn::generate(model, ids, options)) {
       for (size_t i = 0; i < made.size(); ++i) out << (i ? "," : "") << made[i];

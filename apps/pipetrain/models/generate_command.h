@@ -1,7 +1,7 @@
 // `pipetrain generate`: text from a Llama or Qwen3 Hugging Face folder (one pipetrain exported, or
-// the Hub's) or a checkpoint of fit's, its prompts through the folder's tokenizer and, with --chat, its chat template as a
-// user turn; tokens made with nn::generate's key/value cache, greedy or sampled, until the EOS of
-// generation_config.json or --max-new-tokens.
+// the Hub's) or a checkpoint of fit's, its prompts through the folder's tokenizer and, with --chat,
+// its chat template as a user turn; tokens made with nn::generate's key/value cache, greedy or
+// sampled, until the EOS of generation_config.json or --max-new-tokens.
 #pragma once
 
 #include <cstdint>

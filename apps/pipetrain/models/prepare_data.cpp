@@ -1,9 +1,9 @@
 #include "models/prepare_data.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -233,7 +233,8 @@ std::string prepare_tokens(const PrepareDataOptions& options) {
       // conversation whose template ends its turns otherwise), or holds it before (a template's end
       // of turn), would be read as part of its neighbour, or as several.
       const auto& ids = document.ids;
-      if (ids.empty() || ids.back() != *eos || std::find(ids.begin(), ids.end() - 1, *eos) != ids.end() - 1) {
+      if (ids.empty() || ids.back() != *eos ||
+          std::find(ids.begin(), ids.end() - 1, *eos) != ids.end() - 1) {
         ++counts.documents_not_delimited_by_eos;
       }
     }

@@ -77,11 +77,10 @@ TokenData read_token_data(const std::string& train_data, const std::string& val_
   if (val_files) {
     const int64_t val_separator = separator("val", "--val-data", val);
     if (val_separator != *data.document_separator) {
-      throw std::invalid_argument("--document-masking: --val-data " + val +
-                                  " ends its documents with token " +
-                                  std::to_string(val_separator) + ", --train-data " + train_data +
-                                  " with " + std::to_string(*data.document_separator) +
-                                  ": prepare both with one tokenizer");
+      throw std::invalid_argument(
+          "--document-masking: --val-data " + val + " ends its documents with token " +
+          std::to_string(val_separator) + ", --train-data " + train_data + " with " +
+          std::to_string(*data.document_separator) + ": prepare both with one tokenizer");
     }
     data.val = mask_document_starts(data.val, val_separator);
   }

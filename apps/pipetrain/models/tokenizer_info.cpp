@@ -111,8 +111,8 @@ int64_t document_separator(const std::vector<std::string>& files, const std::str
     if (undelimited->get<int64_t>() > 0) {
       throw std::invalid_argument(
           where + ": the EOS " + std::to_string(*separator) + " does not end " +
-          std::to_string(undelimited->get<int64_t>()) + " of its " + split +
-          " documents alone (" + path.string() +
+          std::to_string(undelimited->get<int64_t>()) + " of its " + split + " documents alone (" +
+          path.string() +
           "; a chat template ends turns with it, or ends conversations otherwise), so it cannot "
           "mark where one document ends: train without --document-masking");
     }
