@@ -104,6 +104,14 @@ std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
     if (prompts[i].empty()) {
       throw std::invalid_argument("generate: prompt " + std::to_string(i) + " has no tokens");
     }
+    const int64_t vocab_size = layers.embedding->options.vocab_size();
+    for (const int64_t id : prompts[i]) {
+      if (id < 0 || id >= vocab_size) {
+        throw std::invalid_argument("generate: prompt " + std::to_string(i) + " holds the id " +
+                                    std::to_string(id) + ", outside the model's vocabulary of " +
+                                    std::to_string(vocab_size));
+      }
+    }
     longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[i].size()));
   }
   torch::NoGradGuard no_grad;

@@ -112,6 +112,7 @@ TEST(Generate, SamplingIsSeededAndItsLimitsOfOneAreGreedy) {
 TEST(Generate, RefusesWhatItCannotRun) {
   auto model = model_of(llama());
   EXPECT_THROW(nn::generate(model, {{1, 2}, {}}), std::invalid_argument);
+  EXPECT_THROW(nn::generate(model, {{1, 40}}), std::invalid_argument);  // a vocabulary of 40
   EXPECT_THROW(nn::generate(model, {{1}}, nn::GenerationOptions().max_new_tokens(0)),
                std::invalid_argument);
   EXPECT_THROW(nn::generate(model, {{1}}, nn::GenerationOptions().top_p(0)), std::invalid_argument);

@@ -42,7 +42,7 @@ using TokenCallback = std::function<void(size_t prompt, int64_t token)>;
 // longest prompt + max_new_tokens per row is allocated once. Runs on the decoder's device in its
 // parameters' dtype, in eval mode (restored after), without gradients. Throws
 // std::invalid_argument for a Sequential that is not embedding, decoder blocks, RMSNorm, LMHead
-// (naming the layer), an empty prompt, or options out of range.
+// (naming the layer), an empty prompt, an id outside the vocabulary, or options out of range.
 std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options = {},
