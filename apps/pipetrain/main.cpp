@@ -899,7 +899,8 @@ int main(int argc, char** argv) {
   generate_command
       ->add_option("--prompt-ids", generation.prompt_ids,
                    "a prompt as token ids (1,2,3), no tokenizer read: prints the new ids; "
-                   "repeatable")
+                   "repeatable (with --ckpt-path and no --tokenizer no EOS is known: rows run to "
+                   "--max-new-tokens)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   generate_command->add_option("--prompts-file", generation.prompts_file,
                                "prompts, one a line or JSONL {\"prompt\": ...}; - reads standard "

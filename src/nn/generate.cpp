@@ -65,9 +65,10 @@ void check_options(const GenerationOptions& options) {
           "top_p must be in (0, 1], got " + std::to_string(options.top_p()));
 }
 
-// The next token of each row from its logits [B, V].
-at::Tensor choose(const at::Tensor& logits, const GenerationOptions& options,
-                  at::Generator& generator) {
+}  // namespace
+
+at::Tensor next_tokens(const at::Tensor& logits, const GenerationOptions& options,
+                       at::Generator& generator) {
   if (options.temperature() == 0) return logits.argmax(-1);
   auto scores = logits.to(torch::kFloat) / options.temperature();
   const double minus_infinity = -std::numeric_limits<double>::infinity();
@@ -90,21 +91,24 @@ at::Tensor choose(const at::Tensor& logits, const GenerationOptions& options,
       .to(logits.device());
 }
 
-}  // namespace
-
 std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options,
                                            const TokenCallback& on_token) {
   check_options(options);
   const DecoderLayers layers = layers_of(decoder);
+  const int64_t vocab_size = layers.embedding->options.vocab_size();
+  if (options.pad_token_id() < 0 || options.pad_token_id() >= vocab_size) {
+    throw std::invalid_argument("generate: pad_token_id " + std::to_string(options.pad_token_id()) +
+                                " is outside the model's vocabulary of " +
+                                std::to_string(vocab_size));
+  }
   if (prompts.empty()) return {};
   int64_t longest = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty()) {
       throw std::invalid_argument("generate: prompt " + std::to_string(i) + " has no tokens");
     }
-    const int64_t vocab_size = layers.embedding->options.vocab_size();
     for (const int64_t id : prompts[i]) {
       if (id < 0 || id >= vocab_size) {
         throw std::invalid_argument("generate: prompt " + std::to_string(i) + " holds the id " +
@@ -115,14 +119,18 @@ std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
     longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[i].size()));
   }
   torch::NoGradGuard no_grad;
-  // Eval mode (no dropout) while generating, the caller's mode put back however it ends.
+  // Eval mode (no dropout) while generating; every module's own mode put back however it ends.
   struct EvalMode {
-    explicit EvalMode(torch::nn::Sequential model) : model(std::move(model)) {
-      this->model->eval();
+    explicit EvalMode(torch::nn::Sequential model) {
+      for (const auto& module : model->modules(/*include_self=*/true)) {
+        modes.emplace_back(module, module->is_training());
+      }
+      model->eval();
     }
-    ~EvalMode() { model->train(was_training); }
-    torch::nn::Sequential model;
-    bool was_training = model->is_training();
+    ~EvalMode() {
+      for (auto& [module, training] : modes) module->train(training);
+    }
+    std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes;
   } eval_mode(decoder);
   const auto device = layers.embedding->weight.device();
   const auto ids = torch::TensorOptions().dtype(torch::kInt64);
@@ -176,7 +184,7 @@ std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
   size_t running = prompts.size();
   auto logits = forward(0, tokens);
   for (int64_t n = 0; n < options.max_new_tokens() && running > 0; ++n) {
-    auto next = choose(logits, options, generator);
+    auto next = next_tokens(logits, options, generator);
     const auto chosen = next.to(torch::kCPU);
     const auto* values = chosen.data_ptr<int64_t>();
     for (size_t b = 0; b < prompts.size(); ++b) {

@@ -16,6 +16,7 @@
 #include <pipetrain/nn/generate.h>
 #include <pipetrain/tokenizer.h>
 
+#include "models/generate_command.h"
 #include "models/hf_decoder.h"
 #include "support/command.h"
 #include "support/real_tokenizers.h"
@@ -63,7 +64,7 @@ class GenerateCommand : public ::testing::Test {
   std::string continuation(const std::vector<int64_t>& ids, int64_t new_tokens) const {
     const auto made = nn::generate(
         model, {ids}, nn::GenerationOptions().max_new_tokens(new_tokens).eos_token_ids(eos_ids()));
-    return tokenizer.decode(made.front(), /*skip_special_tokens=*/true);
+    return cli::decode_generated(tokenizer, made.front());
   }
   CommandResult generate(const std::vector<std::string>& flags) const {
     std::vector<std::string> argv{"generate", "--init-from", folder, "--accelerator", "cpu"};
@@ -207,9 +208,15 @@ TEST_F(GenerateCommand, FitPrintsAndLogsSamplesAtEveryValidation) {
       events.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
   }
-  EXPECT_NE(events.find("sample_1"), std::string::npos);
-  EXPECT_NE(events.find("text"), std::string::npos);
-  EXPECT_NE(events.find("Stones"), std::string::npos);
+  // Summary.Value: tag (1) "sample_1", then tensor (8): dtype (1) DT_STRING (7), shape (2) [1],
+  // string_val (8) the text; then metadata (9): plugin_data (1) plugin_name (1) "text".
+  const auto sample = events.find("\x0a\x08sample_1\x42");
+  ASSERT_NE(sample, std::string::npos);
+  const size_t tensor_size = static_cast<unsigned char>(events[sample + 11]);
+  const std::string tensor = events.substr(sample + 12, tensor_size);
+  EXPECT_EQ(tensor.substr(0, 9), std::string("\x08\x07\x12\x04\x12\x02\x08\x01\x42", 9));
+  EXPECT_EQ(tensor.substr(10, 6), "Stones");
+  EXPECT_EQ(events.substr(sample + 12 + tensor_size, 10), "\x4a\x08\x0a\x06\x0a\x04text");
 
 #ifdef PIPETRAIN_HAS_GLOO
   // A pipeline over two processes holds no whole model to sample with.

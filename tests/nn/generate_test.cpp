@@ -1,8 +1,10 @@
 // nn::generate: a small Llama's and Qwen3's greedy tokens with the key/value cache are those of
 // re-running the whole sequence through the decoder for every token (no cache), in fp64 on the
 // CPU; prompts of different lengths generated as one left-padded batch make what each makes
-// alone; an EOS stops its row; sampling is seeded, top_k 1 and a tiny top_p are greedy; bad
+// alone; an EOS stops its row; sampling is seeded, top_k 1 and a tiny top_p are greedy, and top_k
+// and top_p keep the tokens Hugging Face's warpers keep; every module's mode is put back; bad
 // prompts, options and models are refused.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -124,7 +126,35 @@ TEST(Generate, RefusesWhatItCannotRun) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("layer 0"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(model->is_training());  // put back after each call, failed or not
+  EXPECT_THROW(nn::generate(model, {{1}, {1, 2}}, nn::GenerationOptions().pad_token_id(40)),
+               std::invalid_argument);
+  EXPECT_TRUE(model->is_training());  // put back
+}
+
+TEST(Generate, PutsBackEveryModulesModeAndSamplesWithinTopKAndTopP) {
+  auto model = model_of(llama());
+  model->ptr(1)->eval();  // one block in eval mode, the rest training
+  nn::generate(model, kPrompts, nn::GenerationOptions().max_new_tokens(2));
+  EXPECT_TRUE(model->is_training());
+  EXPECT_FALSE(model->ptr(1)->is_training());
+  EXPECT_TRUE(model->ptr(2)->is_training());
+
+  // Probabilities 0.5, 0.3, 0.2 in every one of 4000 rows: top_p 0.75 keeps the first two (the
+  // third's predecessors already reach it), 0.85 all three; top_k 2 the first two.
+  const auto logits = torch::tensor({0.5, 0.3, 0.2}).log().expand({4000, 3});
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto drawn = [&](const nn::GenerationOptions& options) {
+    return torch::bincount(nn::next_tokens(logits, options, generator), {}, 3);
+  };
+  const auto sampling = nn::GenerationOptions().temperature(1.0);
+  auto top_p = sampling, wide_top_p = sampling, top_k = sampling;
+  const auto kept_two = drawn(top_p.top_p(0.75));
+  EXPECT_EQ(kept_two[2].item<int64_t>(), 0);
+  EXPECT_GT(kept_two[1].item<int64_t>(), 1000);  // 0.3 / 0.8 of the draws
+  EXPECT_GT(drawn(wide_top_p.top_p(0.85))[2].item<int64_t>(), 500);
+  const auto top_two = drawn(top_k.top_k(2));
+  EXPECT_EQ(top_two[2].item<int64_t>(), 0);
+  EXPECT_GT(top_two[1].item<int64_t>(), 1000);
 }
 
 }  // namespace

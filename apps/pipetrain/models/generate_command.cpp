@@ -131,6 +131,14 @@ torch::nn::Sequential read_model(const GenerateRequest& request) {
 
 }  // namespace
 
+std::string decode_generated(const Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
+  std::vector<int64_t> known;
+  for (const int64_t id : ids) {
+    if (tokenizer.id_to_token(id)) known.push_back(id);
+  }
+  return tokenizer.decode(known, /*skip_special_tokens=*/true);
+}
+
 std::vector<std::string> read_prompts_file(const std::string& path, const std::string& flag) {
   std::ifstream file;
   if (path != "-") {
@@ -222,7 +230,7 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
     std::string printed;
     nn::generate(model, ids, options, [&](size_t, int64_t token) {
       made.push_back(token);
-      const std::string text = tokenizer->decode(made, /*skip_special_tokens=*/true);
+      const std::string text = decode_generated(*tokenizer, made);
       const bool partial_character =  // U+FFFD: bytes a later token completes
           text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0;
       if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0 &&
@@ -231,7 +239,7 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
         printed = text;
       }
     });
-    const std::string text = tokenizer->decode(made, /*skip_special_tokens=*/true);
+    const std::string text = decode_generated(*tokenizer, made);
     if (text.compare(0, printed.size(), printed) == 0) out << text.substr(printed.size());
     out << std::endl;
     return;
@@ -239,7 +247,7 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
   const auto made = nn::generate(model, ids, options);
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (i > 0) out << "---------------\n";
-    out << prompts[i] << tokenizer->decode(made[i], /*skip_special_tokens=*/true) << "\n";
+    out << prompts[i] << decode_generated(*tokenizer, made[i]) << "\n";
   }
   out << std::flush;
 }

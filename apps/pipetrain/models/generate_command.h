@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+namespace pipetrain {
+class Tokenizer;
+}
+
 namespace pipetrain::cli {
 
 struct GenerateRequest {
@@ -39,6 +43,11 @@ struct GenerateRequest {
 // line as it is; "-" reads standard input. Throws std::invalid_argument naming the file (and
 // line) that cannot be read or has a JSON line without a string "prompt".
 std::vector<std::string> read_prompts_file(const std::string& path, const std::string& flag);
+
+// The text of generated `ids` (special tokens skipped). A model's vocabulary may have more rows
+// than its tokenizer has ids (Qwen3: 151936 and 151669) and a young model may choose one: ids
+// the tokenizer lacks are left out, as Hugging Face's decode leaves them out.
+std::string decode_generated(const Tokenizer& tokenizer, const std::vector<int64_t>& ids);
 
 // Writes to `out` each prompt's text and what the model makes after it (one prompt's as it is
 // made; several, each when the batch ends, separated by lines of dashes). Throws

@@ -25,7 +25,13 @@ class SampleCallback : public Callback {
  public:
   SampleCallback(Tokenizer tokenizer, std::vector<std::string> prompts, int64_t new_tokens)
       : tokenizer_(std::move(tokenizer)), prompts_(std::move(prompts)) {
-    for (const auto& prompt : prompts_) ids_.push_back(tokenizer_.encode(prompt));
+    for (size_t i = 0; i < prompts_.size(); ++i) {
+      ids_.push_back(tokenizer_.encode(prompts_[i]));
+      if (ids_.back().empty()) {
+        throw std::invalid_argument("--sample-prompts: prompt " + std::to_string(i + 1) +
+                                    " has no tokens: give it some text");
+      }
+    }
     options_.max_new_tokens(new_tokens);
     if (const auto eos = tokenizer_.eos_token_id()) options_.eos_token_ids({*eos});
   }
@@ -46,8 +52,7 @@ class SampleCallback : public Callback {
     if (!trainer.is_global_zero()) return;
     const auto made = nn::generate(module.layers(), ids_, options_);
     for (size_t i = 0; i < prompts_.size(); ++i) {
-      const std::string text =
-          prompts_[i] + tokenizer_.decode(made[i], /*skip_special_tokens=*/true);
+      const std::string text = prompts_[i] + decode_generated(tokenizer_, made[i]);
       trainer.print("sample " + std::to_string(i) + " at step " +
                     std::to_string(trainer.global_step()) + ": " + text);
       trainer.log_text("sample_" + std::to_string(i), text, trainer.global_step());

@@ -6,6 +6,8 @@
 //                                          pipetrain::nn::GenerationOptions().max_new_tokens(32));
 #pragma once
 
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 #include <torch/nn/modules/container/sequential.h>
 
@@ -32,6 +34,12 @@ struct GenerationOptions {
   // Fills the left padding of shorter prompts (any id: padding is never attended to).
   TORCH_ARG(int64_t, pad_token_id) = 0;
 };
+
+// The next token of each row from its logits [B, V], as generate() chooses it: argmax where
+// options.temperature() is 0, else drawn with `generator` (a CPU one) from the softmax of logits /
+// temperature over the top_k most likely and the fewest most likely reaching top_p.
+at::Tensor next_tokens(const at::Tensor& logits, const GenerationOptions& options,
+                       at::Generator& generator);
 
 // Called as each token is made: the prompt's index and the token.
 using TokenCallback = std::function<void(size_t prompt, int64_t token)>;
