@@ -1,6 +1,7 @@
 // A small language model of one's own composed from pipetrain::nn's blocks (the ones Llama 3 and
 // Qwen3 are made of), trained as a two-stage pipeline on a task it can learn in a minute on a
-// CPU: continue a sequence whose every token is the one two places before it, plus one.
+// CPU: continue a sequence whose every token is the one two places before it, plus one. Trained in
+// one process, it then continues a sequence by that rule (nn::generate).
 //   ./train_decoder [ROOT] [STRATEGY]   # STRATEGY "pipe" (the default) or "single"
 #include <pipetrain/pipetrain.h>
 #include <torch/torch.h>
