@@ -127,6 +127,17 @@ TEST_F(DocumentMasking, IsRefusedWhereTheDocumentsCannotBeFound) {
   // Token files without tokenizer_info.json say nothing of their documents.
   fs::remove_all(dir + "/data");
   prepare(kGpt2, "jsonl", short_documents(), "data");
+  // One an older prepare-data wrote (no count of undelimited documents), and one that is not JSON.
+  auto info = tokenizer_info("data");
+  info["train"].erase("documents_not_delimited_by_eos");
+  write("data/tokenizer_info.json", info.dump());
+  result = fit("old", {"--document-masking", "true"});
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("prepare the data again"), std::string::npos) << result.output;
+  write("data/tokenizer_info.json", "{\"eos_token_id\": 50256, ");
+  result = fit("damaged", {"--document-masking", "true"});
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("is not JSON"), std::string::npos) << result.output;
   fs::remove(dir + "/data/tokenizer_info.json");
   result = fit("bare", {"--document-masking", "true"});
   EXPECT_EQ(result.exit_code, 2) << result.output;

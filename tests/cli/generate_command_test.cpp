@@ -248,6 +248,21 @@ TEST_F(GenerateCommand, RefusesMissingPromptsAndBadOptions) {
   result = generate({"--prompt", "Hi", "--top-p", "0"});
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("top_p"), std::string::npos) << result.output;
+  // Hostile prompt files: a JSON line that does not parse, one whose prompt is not a string, a
+  // file that is not there; each named with its line.
+  const std::string prompts = folder + "/prompts.jsonl";
+  for (const auto& [text, line] : std::vector<std::pair<std::string, std::string>>{
+           {"fine\n{\"prompt\": \"unclosed\n", "line 2"},
+           {"{\"prompt\": 3}\n", "line 1"},
+           {"\n\n{\"text\": \"no prompt\"}\n", "line 3"}}) {
+    std::ofstream(prompts) << text;
+    result = generate({"--prompts-file", prompts});
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_NE(result.output.find("prompts.jsonl, " + line), std::string::npos) << result.output;
+  }
+  result = generate({"--prompts-file", folder + "/missing.txt"});
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("cannot be read"), std::string::npos) << result.output;
 }
 
 }  // namespace
