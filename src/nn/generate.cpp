@@ -23,31 +23,34 @@ struct DecoderLayers {
   LMHeadImpl* head = nullptr;
 };
 
+// Layer `index` of `decoder` as a `Kind` (a subclass counts: the Document kinds of documents.h).
+template <typename Kind>
+Kind* layer_as(const torch::nn::Sequential& decoder, size_t index, const std::string& expected) {
+  auto* found = decoder->ptr(index)->as<Kind>();
+  if (found == nullptr) {
+    throw std::invalid_argument("generate: layer " + std::to_string(index) +
+                                " of the decoder is not " + expected +
+                                ": generation takes nn::decoder()'s layers (an embedding, "
+                                "decoder blocks, an RMSNorm, an LM head)");
+  }
+  return found;
+}
+
 DecoderLayers layers_of(const torch::nn::Sequential& decoder) {
-  const auto layer = [&](size_t index, auto* kind, const std::string& expected) {
-    using Kind = std::remove_pointer_t<decltype(kind)>;
-    auto* found = index < decoder->size() ? decoder->ptr(index)->as<Kind>() : nullptr;
-    if (found == nullptr) {
-      throw std::invalid_argument("generate: layer " + std::to_string(index) +
-                                  " of the decoder is not " + expected +
-                                  ": generation takes nn::decoder()'s layers (an embedding, "
-                                  "decoder blocks, an RMSNorm, an LM head)");
-    }
-    return found;
-  };
-  DecoderLayers layers;
-  if (decoder->size() < 4) {
+  const size_t size = decoder->size();
+  if (size < 4) {
     throw std::invalid_argument(
-        "generate: a decoder has 4 layers at least (an embedding, a "
-        "block, an RMSNorm, an LM head), this one " +
-        std::to_string(decoder->size()));
+        "generate: a decoder has 4 layers at least (an embedding, a block, an RMSNorm, an LM "
+        "head), this one " +
+        std::to_string(size));
   }
-  layers.embedding = layer(0, static_cast<EmbeddingImpl*>(nullptr), "an nn::Embedding");
-  for (size_t i = 1; i + 2 < decoder->size(); ++i) {
-    layers.blocks.push_back(layer(i, static_cast<DecoderBlockImpl*>(nullptr), "a DecoderBlock"));
+  DecoderLayers layers;
+  layers.embedding = layer_as<EmbeddingImpl>(decoder, 0, "an nn::Embedding");
+  for (size_t i = 1; i + 2 < size; ++i) {
+    layers.blocks.push_back(layer_as<DecoderBlockImpl>(decoder, i, "a DecoderBlock"));
   }
-  layers.norm = layer(decoder->size() - 2, static_cast<RMSNormImpl*>(nullptr), "an RMSNorm");
-  layers.head = layer(decoder->size() - 1, static_cast<LMHeadImpl*>(nullptr), "an LMHead");
+  layers.norm = layer_as<RMSNormImpl>(decoder, size - 2, "an RMSNorm");
+  layers.head = layer_as<LMHeadImpl>(decoder, size - 1, "an LMHead");
   return layers;
 }
 

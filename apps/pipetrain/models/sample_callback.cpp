@@ -1,10 +1,8 @@
 #include "models/sample_callback.h"
 
 #include <torch/torch.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 
 #include <pipetrain/layer_spec.h>
@@ -73,10 +71,7 @@ std::string find_tokenizer(const ModelOptions& model) {
     return model.init_from;
   }
   const fs::path data(model.train_data);
-  const fs::path info = (fs::is_directory(data) ? data : data.parent_path()) / kTokenizerInfoFile;
-  if (!fs::exists(info)) return "";
-  const auto json = nlohmann::json::parse(std::ifstream(info), nullptr, /*allow_exceptions=*/false);
-  return json.is_object() ? json.value("tokenizer", std::string()) : "";
+  return recorded_tokenizer((fs::is_directory(data) ? data : data.parent_path()).string());
 }
 
 }  // namespace

@@ -12,13 +12,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The files of `source` for `flag`, as one dataset of a model's vocabulary. 16-bit tokens cannot
+// `files` (`source`'s, for `flag`) as one dataset of a model's vocabulary. 16-bit tokens cannot
 // hold a vocabulary past 65536: such a file (nanoGPT's raw layout) is most likely 32-bit tokens
 // read two halves at a time, which would train on ids that all lie in range, so it is refused.
 std::shared_ptr<const TokenShards> open_files(const std::string& flag, const std::string& source,
-                                              const std::string& split, int64_t block_size,
-                                              int64_t vocab_size) {
-  const auto files = find_token_files(source, split);
+                                              const std::vector<std::string>& files,
+                                              int64_t block_size, int64_t vocab_size) {
   check_tokenizer_vocabulary(files, vocab_size, flag, source);
   auto data = std::make_shared<const TokenShards>(files, block_size, vocab_size);
   constexpr int64_t kUint16Tokens = int64_t{1} << 16;
@@ -60,22 +59,21 @@ std::string default_val_data(const std::string& train_data) {
 TokenData read_token_data(const std::string& train_data, const std::string& val_data,
                           int64_t block_size, int64_t vocab_size, bool document_masking) {
   const std::string val = val_data.empty() ? default_val_data(train_data) : val_data;
-  const auto train_files = open_files("--train-data", train_data, "train", block_size, vocab_size);
+  const auto train_paths = find_token_files(train_data, "train");
+  const auto val_paths = val.empty() ? std::vector<std::string>() : find_token_files(val, "val");
+  const auto train_files =
+      open_files("--train-data", train_data, train_paths, block_size, vocab_size);
   const auto val_files =
-      val.empty() ? nullptr : open_files("--val-data", val, "val", block_size, vocab_size);
+      val.empty() ? nullptr : open_files("--val-data", val, val_paths, block_size, vocab_size);
   TokenData data;
   data.train = train_files;
   data.val = val_files;
   data.masked = train_files->masked() || (val_files && val_files->masked());
   if (!document_masking) return data;
-  const auto separator = [](const std::string& split, const std::string& flag,
-                            const std::string& source) {
-    return document_separator(find_token_files(source, split), split, flag, source);
-  };
-  data.document_separator = separator("train", "--train-data", train_data);
+  data.document_separator = document_separator(train_paths, "train", "--train-data", train_data);
   data.train = mask_document_starts(data.train, *data.document_separator);
   if (val_files) {
-    const int64_t val_separator = separator("val", "--val-data", val);
+    const int64_t val_separator = document_separator(val_paths, "val", "--val-data", val);
     if (val_separator != *data.document_separator) {
       throw std::invalid_argument(
           "--document-masking: --val-data " + val + " ends its documents with token " +

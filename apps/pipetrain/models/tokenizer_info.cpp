@@ -77,6 +77,13 @@ void check_tokenizer_vocabulary(const std::vector<std::string>& files, int64_t v
   }
 }
 
+std::string recorded_tokenizer(const std::string& folder) {
+  const fs::path path = fs::path(folder) / kTokenizerInfoFile;
+  if (!fs::exists(path)) return "";
+  const Json info = read_info(path, folder);
+  return info.is_object() ? info.value("tokenizer", std::string()) : "";
+}
+
 int64_t document_separator(const std::vector<std::string>& files, const std::string& split,
                            const std::string& flag, const std::string& source) {
   const std::string where = "--document-masking: " + flag + " " + source;

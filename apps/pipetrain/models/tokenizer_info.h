@@ -42,6 +42,10 @@ void write_tokenizer_info(const std::string& folder, const TokenizerInfo& info);
 void check_tokenizer_vocabulary(const std::vector<std::string>& files, int64_t vocab_size,
                                 const std::string& flag, const std::string& source);
 
+// The tokenizer file that `folder`'s tokenizer_info.json names; "" where the folder has none.
+// Throws std::invalid_argument naming the file where it is not JSON.
+std::string recorded_tokenizer(const std::string& folder);
+
 // The token that ends every document of the `split` ("train", "val") files `files`, for document
 // masking: their folder's tokenizer_info.json's eos_token_id. Throws std::invalid_argument naming
 // `flag` and `source` where a folder has none (the files say nothing of their documents), its
