@@ -38,6 +38,7 @@
 #include <pipetrain/trainer.h>
 
 #include "models/byte_size.h"
+#include "models/export_command.h"
 #include "models/generate_command.h"
 #include "models/hf_decoder.h"
 #include "models/hf_gpt2.h"
@@ -58,22 +59,6 @@ BatchLimit parse_limit(const std::string& flag, const std::string& text) {
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(flag + " " + text + ": " + e.what());
   }
-}
-
-// `text` in bytes (byte_size.h); an error names `flag`.
-int64_t parse_bytes(const std::string& flag, const std::string& text) {
-  const auto bytes = pipetrain::cli::byte_count(text);
-  if (!bytes) {
-    throw std::invalid_argument(flag + " " + text +
-                                ": give a number of bytes, optionally with a unit: KiB, MiB, GiB, "
-                                "TiB (1024s) or KB, MB, GB, TB (1000s), e.g. 40GiB");
-  }
-  // Past 2^63 a count of bytes does not fit (and inf would be taken as no limit).
-  if (!(*bytes < 9223372036854775808.0)) {
-    throw std::invalid_argument(flag + " " + text +
-                                " is more bytes than any machine holds (at most 8 EiB, 2^63 - 1)");
-  }
-  return static_cast<int64_t>(*bytes);
 }
 
 // The longest wait or run a flag may ask for, in seconds (about 31 years): beyond it, a deadline
@@ -287,7 +272,9 @@ void add_flags(CLI::App& app, Args& a) {
       "many (default: every count)");
   app.add_option_function<std::string>(
          "--max-memory",
-         [&t](const std::string& text) { t.max_memory(parse_bytes("--max-memory", text)); },
+         [&t](const std::string& text) {
+           t.max_memory(pipetrain::cli::parse_byte_size("--max-memory", text));
+         },
          "bytes of tensors a process may hold (e.g. 40GiB, 512MiB; 0: no limit): each rank's "
          "weights, gradients and optimizer state are held against it before the first step, and "
          "what the first step adds before its optimizer step")
@@ -327,7 +314,7 @@ void add_flags(CLI::App& app, Args& a) {
     app.add_option_function<std::string>(
            flag,
            [flag = std::string(flag), value = value](const std::string& text) {
-             *value = parse_bytes(flag, text);
+             *value = pipetrain::cli::parse_byte_size(flag, text);
            },
            help)
         ->type_name("BYTES")
@@ -689,131 +676,6 @@ int run(const std::string& command, Args given) {
   return 0;
 }
 
-// `pipetrain export`'s flags.
-struct ExportOptions {
-  std::string format = "hf", ckpt_path, output, dtype = "bf16", max_shard_size = "5GB";
-  std::string default_root_dir = pipetrain::TrainerOptions().default_root_dir();
-  pipetrain::cli::ModelOptions model = [] {
-    pipetrain::cli::ModelOptions gpt2;
-    gpt2.name = "gpt2";
-    return gpt2;
-  }();
-  bool model_given = false;  // --model given, rather than the run's config.json's
-  bool overwrite = false;
-};
-
-// An export writes into a folder of its own: a new or empty one, or an earlier export's, whose
-// weight files it replaces. Into `checkpoint` itself it would delete the shards it reads (taken
-// for an earlier export's); into a folder of other files it would replace a config.json and
-// delete model*.safetensors that are not its own: refused, the latter unless `overwrite`.
-void check_export_folder(const std::string& output, const std::string& checkpoint, bool overwrite) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  if (!fs::exists(output, error)) return;
-  if (!fs::is_directory(output, error)) {
-    throw std::invalid_argument("--output " + output +
-                                " is a file: give a folder for the export (a new one)");
-  }
-  if (fs::equivalent(output, checkpoint, error)) {
-    throw std::invalid_argument("--output " + output + " is the checkpoint " + checkpoint +
-                                " itself, which the export would overwrite: give another folder");
-  }
-  if (overwrite) return;
-  std::set<std::string> others;  // sorted, for a message that reads the same every time
-  for (const auto& entry : fs::directory_iterator(output)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && pipetrain::cli::is_export_file(name)) continue;
-    others.insert(name + (entry.is_directory() ? "/" : ""));
-  }
-  if (!others.empty()) {
-    throw std::invalid_argument(
-        "--output " + output + " holds what no export writes (" +
-        join(std::vector<std::string>(others.begin(), others.end()), ", ") +
-        "), whose config.json and weights files the export would replace: give a new or empty "
-        "folder, or pass --overwrite");
-  }
-}
-
-// `pipetrain export`: a checkpoint's weights as the Hugging Face folder of its model.
-void export_checkpoint(const ExportOptions& e) {
-  // "last" and "best" as the Trainer resolves them for the other subcommands.
-  const std::string checkpoint =
-      pipetrain::resolve_checkpoint_path(e.ckpt_path, e.default_root_dir);
-  // The model its run trained, as the config.json fit keeps beside the checkpoints says.
-  const auto model = pipetrain::cli::with_run_shape(e.model, e.model_given, checkpoint);
-  const std::string& run_dir = model.shape_from;
-  const std::string &format = e.format, &dtype = e.dtype, &max_shard_size = e.max_shard_size,
-                    &output = e.output;
-  const bool gpt2 = model.name == "gpt2";
-  if (format != "hf" && !(gpt2 && format == "hf-gpt2")) {
-    throw std::invalid_argument("--format " + format + ": use hf" +
-                                (gpt2 ? " (or hf-gpt2, its old name)" : ""));
-  }
-  if (!gpt2 && !pipetrain::cli::is_decoder(model.name)) {
-    throw std::invalid_argument("--model " + model.name +
-                                ": export writes gpt2, llama and qwen3 checkpoints");
-  }
-  if (dtype != "bf16" && dtype != "fp32") {
-    throw std::invalid_argument("--dtype " + dtype + ": use bf16 or fp32");
-  }
-  if (gpt2) {
-    // GPT-2's shape is its tensors' (n_head aside); its folder is fp32 in one file.
-    if (!model.init_from.empty() || !model.model_size.empty() || model.n_layer > 0 ||
-        model.n_embd > 0 || model.vocab_size > 0 || model.block_size > 0 || dtype != "bf16" ||
-        max_shard_size != "5GB") {
-      throw std::invalid_argument(
-          "export of --model gpt2 reads its shape from the checkpoint and writes one fp32 file: "
-          "of the shape flags give only --n-head, and leave out --init-from, --dtype and "
-          "--max-shard-size");
-    }
-  }
-  check_export_folder(output, checkpoint, e.overwrite);
-  if (gpt2) {
-    int64_t n_head = model.n_head;
-    if (!run_dir.empty()) {
-      const int64_t run_heads = pipetrain::cli::read_hf_gpt2_config(run_dir).n_head;
-      if (n_head > 0 && n_head != run_heads) {
-        throw std::invalid_argument("--n-head " + std::to_string(n_head) + ": the run's " +
-                                    run_dir + "/config.json says " + std::to_string(run_heads) +
-                                    "; leave --n-head out");
-      }
-      n_head = run_heads;
-    }
-    const auto weights = pipetrain::read_checkpoint_weights(checkpoint);
-    pipetrain::cli::export_hf_gpt2(weights, pipetrain::cli::gpt2_config_of(weights, n_head),
-                                   output);
-    std::cout << "wrote " << output << "/model.safetensors and config.json "
-              << "(transformers.GPT2LMHeadModel.from_pretrained(\"" << output << "\"))"
-              << std::endl;
-    return;
-  }
-  // The shape is the config.json fit keeps beside its checkpoints; for a checkpoint without one,
-  // the flags' (a preset, shape flags, or the --init-from folder trained from), as fit was given
-  // them, and never a default: RoPE and the norms' epsilon leave no trace in the tensors. A
-  // tensor of another shape is refused, naming it.
-  if (run_dir.empty() && !pipetrain::cli::names_a_shape(model)) {
-    throw std::invalid_argument(
-        "no config.json of the run that wrote " + checkpoint +
-        " was found (fit writes one in the run's folder, above checkpoints/): pass the shape fit "
-        "was given (--model-size, the shape flags, or --init-from with the folder it started "
-        "from)");
-  }
-  // Where the run's config.json gives the shape, --init-from names the tokenizer alone.
-  auto shape = model;
-  if (!run_dir.empty()) shape.init_from.clear();
-  const auto config = pipetrain::cli::decoder_config(shape);
-  // The tokenizer and its bos/eos ids from --init-from; without it, the ids fit kept from the
-  // folder it started from (else transformers would take LlamaConfig's 1 and 2).
-  const std::string tokenizer_from = !model.init_from.empty() ? model.init_from : run_dir;
-  // One output shard's tensors read at a time, from the checkpoint's files that hold them.
-  const pipetrain::StoredWeights stored(checkpoint);
-  pipetrain::cli::export_hf_decoder(pipetrain::cli::WeightSource::of(stored), config, model.name,
-                                    output, pipetrain::cli::parse_max_shard_size(max_shard_size),
-                                    dtype == "bf16" ? at::kBFloat16 : at::kFloat, tokenizer_from);
-  std::cout << "wrote " << output << " (transformers.AutoModelForCausalLM.from_pretrained(\""
-            << output << "\"))" << std::endl;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -840,7 +702,7 @@ int main(int argc, char** argv) {
     subcommands[name] = app.add_subcommand(name, help);
     add_flags(*subcommands[name], args[name]);
   }
-  ExportOptions exported;
+  pipetrain::cli::ExportOptions exported;
   CLI::App* export_command = app.add_subcommand(
       "export",
       "write a checkpoint's weights as a Hugging Face folder (transformers' from_pretrained)");
@@ -995,12 +857,12 @@ int main(int argc, char** argv) {
     const CLI::Option* option = sub.get_option("--model");
     return option->count() > 0 || option->get_default_str() != default_name;
   };
-  exported.model_given = model_given(*export_command, ExportOptions().model.name);
+  exported.model_given = model_given(*export_command, pipetrain::cli::ExportOptions().model.name);
   for (auto& [name, sub] : subcommands)
     args[name].model_given = model_given(*sub, Args().model.name);
   try {
     if (export_command->parsed()) {
-      export_checkpoint(exported);
+      pipetrain::cli::export_checkpoint(exported);
       return 0;
     }
     if (generate_command->parsed()) {

@@ -33,7 +33,6 @@ using Json = nlohmann::json;
 using Weights = std::map<std::string, at::Tensor>;
 using cli::export_hf_decoder;
 using cli::kHfDefaultMaxShardBytes;
-using cli::parse_max_shard_size;
 using cli::read_hf_decoder_config;
 using cli::read_hf_decoder_weights;
 
@@ -539,20 +538,6 @@ TEST_F(HfDecoder, AnExportCarriesTheTokenizerOfItsSourceFolder) {
                     at::kBFloat16, source);
   EXPECT_FALSE(fs::exists(folder("none") + "/tokenizer.json"));
   EXPECT_EQ(read_json(folder("none") + "/config.json").at("bos_token_id"), 1);
-}
-
-TEST(HfDecoderShardSize, ReadsTransformersSpellings) {
-  EXPECT_EQ(parse_max_shard_size("5GB"), 5'000'000'000);
-  EXPECT_EQ(parse_max_shard_size("500MB"), 500'000'000);
-  EXPECT_EQ(parse_max_shard_size("100kb"), 100'000);
-  EXPECT_EQ(parse_max_shard_size("2GiB"), int64_t{2} << 30);
-  EXPECT_EQ(parse_max_shard_size("512MiB"), int64_t{512} << 20);
-  EXPECT_EQ(parse_max_shard_size("1.5GB"), 1'500'000'000);
-  EXPECT_EQ(parse_max_shard_size("1000000"), 1'000'000);
-  for (const char* bad : {"", "GB", "5XB", "-1GB", "0", "1.2.3GB", "5 GBs"}) {
-    expect_mentions(invalid_argument_of([&] { parse_max_shard_size(bad); }),
-                    {"\"" + std::string(bad) + "\"", "5GB"});
-  }
 }
 
 }  // namespace

@@ -3,13 +3,14 @@
 // 1000, B or none for bytes, in any case, a space before the unit allowed.
 #pragma once
 
-#include <optional>
+#include <cstdint>
 #include <string>
 
 namespace pipetrain::cli {
 
-// The bytes `text` says, rounded down (infinite where it says so); std::nullopt where it is not a
-// size: no number, an unknown unit, a negative number or NaN. Its callers say what range they take.
-std::optional<double> byte_count(const std::string& text);
+// The bytes `text` says, rounded down. Throws std::invalid_argument, naming `flag` and `text`, for
+// what is not a size (no number, an unknown unit, a negative number, NaN), for one below
+// `minimum`, and for one past 2^63 - 1 (inf included), which no count of bytes holds.
+int64_t parse_byte_size(const std::string& flag, const std::string& text, int64_t minimum = 0);
 
 }  // namespace pipetrain::cli

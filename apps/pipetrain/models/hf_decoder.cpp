@@ -17,7 +17,6 @@
 
 #include <pipetrain/safetensors.h>
 #include "io/file_writer.h"
-#include "models/byte_size.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -421,17 +420,6 @@ bool is_export_file(const std::string& name) {
   if (name == "config.json" || is_weight_file(name)) return true;
   return std::find(std::begin(kTokenizerFiles), std::end(kTokenizerFiles), name) !=
          std::end(kTokenizerFiles);
-}
-
-int64_t parse_max_shard_size(const std::string& text) {
-  const auto bytes = byte_count(text);
-  if (!bytes || !(*bytes >= 1) || *bytes > 9e18) {
-    throw std::invalid_argument("shard size \"" + text +
-                                "\" is not a size: write bytes (\"1000000\") or a number with a "
-                                "unit, as transformers' max_shard_size: \"5GB\", \"500MB\", "
-                                "\"2GiB\"");
-  }
-  return static_cast<int64_t>(*bytes);
 }
 
 nn::DecoderConfig read_hf_decoder_config(const std::string& dir, std::string* model_type_out,

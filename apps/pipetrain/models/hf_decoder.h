@@ -26,11 +26,6 @@ namespace pipetrain::cli {
 // transformers' save_pretrained shards past "5GB" (powers of 1000).
 constexpr int64_t kHfDefaultMaxShardBytes = 5'000'000'000;
 
-// A shard size as transformers' max_shard_size spells it: "5GB", "500MB", "100KB" (powers of
-// 1000), "2GiB", "512MiB", "64KiB" (powers of 1024), or plain bytes ("1000000"); upper or lower
-// case, a fraction allowed ("1.5GB"). Throws std::invalid_argument naming `text`.
-int64_t parse_max_shard_size(const std::string& text);
-
 // The shape `dir`/config.json describes. model_type must be llama or qwen3 (which sets qk_norm);
 // the RoPE may be spelled as transformers 4 does (top-level rope_theta and rope_scaling, its kind
 // under "rope_type" or the older "type") or as transformers 5 does (rope_parameters, rope_theta
