@@ -15,7 +15,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
-#include "pipeline/fused_linear.h"
+#include "ops/fused_linear.h"
 #include "pipetrain/nn/decoder.h"
 #include "util/compat.h"
 

@@ -76,7 +76,7 @@ struct PipeOptions {
   TORCH_ARG(bool, cuda_graphs) = false;
   // nn::Linear layers of the Sequential itself (not Linear layers nested inside a layer, such as a
   // transformer block's) accumulate their weight gradients inside the GEMM
-  // (src/pipeline/fused_linear.h) instead of adding each micro-batch's gradient afterwards. A stage
+  // (src/ops/fused_linear.h) instead of adding each micro-batch's gradient afterwards. A stage
   // that keeps every micro-batch's activations until its backwards anyway (all its forwards come
   // first and none is recomputed: GPipe with checkpoint "never", or any schedule with one
   // micro-batch) computes them after its last backward, one GEMM per layer over the whole batch,

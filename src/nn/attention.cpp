@@ -10,7 +10,7 @@
 #include <pipetrain/linear.h>
 #include <pipetrain/nn/documents.h>
 
-#include "pipeline/fused_linear.h"
+#include "ops/fused_linear.h"
 #include "util/compat.h"
 
 namespace pipetrain::nn {

@@ -8,7 +8,7 @@
 
 #include <pipetrain/linear.h>
 
-#include "pipeline/fused_linear.h"
+#include "ops/fused_linear.h"
 
 #ifdef PIPETRAIN_HAS_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>

@@ -13,7 +13,7 @@
 
 #include "deferred_batch_norm.h"
 #include "distributed/p2p.h"
-#include "fused_linear.h"
+#include "ops/fused_linear.h"
 #include "pipe_impl.h"
 #include "pipeline/microbatch.h"
 #include "pipeline/plan.h"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "distributed/p2p.h"
-#include "fused_linear.h"
+#include "ops/fused_linear.h"
 #include "pipeline/recompute.h"
 #include "split_backward.h"
 #include "stage_value.h"

@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "fused_linear.h"
+#include "ops/fused_linear.h"
 #include "util/compat.h"
 
 namespace pipetrain {

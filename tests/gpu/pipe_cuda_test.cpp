@@ -15,7 +15,7 @@
 #include <optional>
 #include <tuple>
 
-#include "pipeline/fused_linear.h"
+#include "ops/fused_linear.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/cross_entropy.h"
 #include "pipetrain/linear.h"

@@ -15,7 +15,7 @@
 #include <map>
 #include <optional>
 
-#include "../../src/pipeline/fused_linear.h"  // internal: the deferral itself is tested here
+#include "ops/fused_linear.h"  // internal: the deferral itself is tested here
 #include "pipeline/trace.h"
 #include "pipetrain/cluster_environment.h"
 #include "pipetrain/linear.h"

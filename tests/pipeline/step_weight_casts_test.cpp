@@ -8,8 +8,8 @@
 
 #include <vector>
 
-#include "../../src/pipeline/fused_linear.h"  // internal: FusedLinearScope
-#include "../../src/pipeline/step_weight_casts.h"
+#include "ops/fused_linear.h"  // internal: FusedLinearScope
+#include "ops/step_weight_casts.h"
 #include "pipetrain/linear.h"
 #include "support/devices.h"
 #include "util/compat.h"
