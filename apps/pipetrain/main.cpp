@@ -739,14 +739,14 @@ int main(int argc, char** argv) {
   pipetrain::cli::GenerateRequest generation;
   CLI::App* generate_command = app.add_subcommand(
       "generate",
-      "continue prompts with a Llama or Qwen3: a Hugging Face folder's, or a checkpoint's");
+      "continue prompts with a GPT-2, Llama or Qwen3: a Hugging Face folder's, or a checkpoint's");
   generate_command->add_option("--init-from", generation.init_from,
                                "the model's Hugging Face folder (config.json, weights, "
                                "tokenizer.json): the Hub's, or a checkpoint's export");
   generate_command
       ->add_option("--ckpt-path", generation.ckpt_path,
-                   "or a checkpoint of fit's (a .ckpt folder, last or best): a llama or qwen3 "
-                   "run's, with --tokenizer")
+                   "or a checkpoint of fit's (a .ckpt folder, last or best): a gpt2, llama or "
+                   "qwen3 run's, with --tokenizer")
       ->envname(env_name("--ckpt-path"));
   generate_command
       ->add_option("--default-root-dir", generation.default_root_dir,

@@ -49,7 +49,8 @@
 #include "pipetrain/lr_scheduler.h"
 
 // Building blocks a model calls: Linear and LayerNorm the pipe can fuse, chunked cross-entropy,
-// and pipetrain::nn's transformer modules (Llama 3 and Qwen3 are decoder() configurations).
+// and pipetrain::nn's transformer modules (Llama 3 and Qwen3 are decoder() configurations, GPT-2
+// is gpt2()).
 #include "pipetrain/cross_entropy.h"
 #include "pipetrain/layer_norm.h"
 #include "pipetrain/linear.h"
@@ -58,6 +59,7 @@
 #include "pipetrain/nn/documents.h"
 #include "pipetrain/nn/embedding.h"
 #include "pipetrain/nn/generate.h"
+#include "pipetrain/nn/gpt2.h"
 #include "pipetrain/nn/kv_cache.h"
 #include "pipetrain/nn/mlp.h"
 #include "pipetrain/nn/rms_norm.h"

@@ -4,53 +4,95 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
 #include <pipetrain/nn/decoder.h>
 #include <pipetrain/nn/embedding.h>
+#include <pipetrain/nn/gpt2.h>
 #include <pipetrain/nn/kv_cache.h>
 
 namespace pipetrain::nn {
 namespace {
 
-// The decoder's layers, as generation calls them.
-struct DecoderLayers {
-  EmbeddingImpl* embedding = nullptr;
-  std::vector<DecoderBlockImpl*> blocks;
-  RMSNormImpl* norm = nullptr;
+// A model's layers as generation calls them: the embedding of new ids at their positions, each
+// block over the cache, the final norm and the head.
+struct CachedLayers {
+  std::function<at::Tensor(const at::Tensor& ids, const at::Tensor& positions)> embed;
+  std::vector<std::function<at::Tensor(const at::Tensor&, KVCache::Layer&, const CachedStep&)>>
+      blocks;
+  std::function<at::Tensor(const at::Tensor&)> norm;
   LMHeadImpl* head = nullptr;
+  int64_t vocab_size = 0;
+  // The positions the model has (GPT-2's learned ones); 0: rotary, any.
+  int64_t positions = 0;
+  at::Device device = at::kCPU;
 };
 
-// Layer `index` of `decoder` as a `Kind` (a subclass counts: the Document kinds of documents.h).
+constexpr const char* kModels =
+    "generation takes nn::decoder()'s layers (an nn::Embedding, DecoderBlocks, an RMSNorm, an "
+    "LMHead) or nn::gpt2()'s (an nn::Gpt2Embedding, Gpt2Blocks, an nn::LayerNorm, an LMHead)";
+
+// Layer `index` of `model` as a `Kind` (a subclass counts: the Document kinds of documents.h).
 template <typename Kind>
-Kind* layer_as(const torch::nn::Sequential& decoder, size_t index, const std::string& expected) {
-  auto* found = decoder->ptr(index)->as<Kind>();
+Kind* layer_as(const torch::nn::Sequential& model, size_t index, const std::string& expected) {
+  auto* found = model->ptr(index)->as<Kind>();
   if (found == nullptr) {
     throw std::invalid_argument("generate: layer " + std::to_string(index) +
-                                " of the decoder is not " + expected +
-                                ": generation takes nn::decoder()'s layers (an embedding, "
-                                "decoder blocks, an RMSNorm, an LM head)");
+                                " of the model is not " + expected + ": " + kModels);
   }
   return found;
 }
 
-DecoderLayers layers_of(const torch::nn::Sequential& decoder) {
-  const size_t size = decoder->size();
+// The layers after the embedding: `Block`s, a `Norm`, an LMHead.
+template <typename Block, typename Norm>
+void rest_of(const torch::nn::Sequential& model, const std::string& block, const std::string& norm,
+             CachedLayers& layers) {
+  const size_t size = model->size();
+  for (size_t i = 1; i + 2 < size; ++i) {
+    auto* found = layer_as<Block>(model, i, block);
+    layers.blocks.push_back(
+        [found](const at::Tensor& x, KVCache::Layer& cache, const CachedStep& step) {
+          return found->forward_cached(x, cache, step);
+        });
+  }
+  auto* found_norm = layer_as<Norm>(model, size - 2, norm);
+  layers.norm = [found_norm](const at::Tensor& x) { return found_norm->forward(x); };
+  layers.head = layer_as<LMHeadImpl>(model, size - 1, "an LMHead");
+}
+
+// The family is the first layer's: a decoder's rotates positions in its attention, GPT-2's adds
+// learned ones in its embedding.
+CachedLayers layers_of(const torch::nn::Sequential& model) {
+  const size_t size = model->size();
   if (size < 4) {
     throw std::invalid_argument(
-        "generate: a decoder has 4 layers at least (an embedding, a block, an RMSNorm, an LM "
-        "head), this one " +
+        "generate: a model has 4 layers at least (an embedding, a block, a norm, an LM head), "
+        "this one " +
         std::to_string(size));
   }
-  DecoderLayers layers;
-  layers.embedding = layer_as<EmbeddingImpl>(decoder, 0, "an nn::Embedding");
-  for (size_t i = 1; i + 2 < size; ++i) {
-    layers.blocks.push_back(layer_as<DecoderBlockImpl>(decoder, i, "a DecoderBlock"));
+  CachedLayers layers;
+  if (auto* embedding = model->ptr(0)->as<EmbeddingImpl>()) {
+    layers.embed = [embedding](const at::Tensor& ids, const at::Tensor&) {
+      return embedding->forward(ids);
+    };
+    layers.vocab_size = embedding->options.vocab_size();
+    layers.device = embedding->weight.device();
+    rest_of<DecoderBlockImpl, RMSNormImpl>(model, "a DecoderBlock", "an RMSNorm", layers);
+  } else if (auto* gpt2 = model->ptr(0)->as<Gpt2EmbeddingImpl>()) {
+    layers.embed = [gpt2](const at::Tensor& ids, const at::Tensor& positions) {
+      return gpt2->forward(ids, positions);
+    };
+    layers.vocab_size = gpt2->options.vocab_size();
+    layers.positions = gpt2->options.block_size();
+    layers.device = gpt2->wte->weight.device();
+    rest_of<Gpt2BlockImpl, LayerNormImpl>(model, "a Gpt2Block", "an nn::LayerNorm", layers);
+  } else {
+    throw std::invalid_argument("generate: layer 0 of the model is not an embedding: " +
+                                std::string(kModels));
   }
-  layers.norm = layer_as<RMSNormImpl>(decoder, size - 2, "an RMSNorm");
-  layers.head = layer_as<LMHeadImpl>(decoder, size - 1, "an LMHead");
   return layers;
 }
 
@@ -94,16 +136,21 @@ at::Tensor next_tokens(const at::Tensor& logits, const GenerationOptions& option
       .to(logits.device());
 }
 
-std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
+std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& model,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options,
                                            const TokenCallback& on_token) {
   check_options(options);
-  const DecoderLayers layers = layers_of(decoder);
-  const int64_t vocab_size = layers.embedding->options.vocab_size();
+  const CachedLayers layers = layers_of(model);
+  const int64_t vocab_size = layers.vocab_size;
   if (options.pad_token_id() < 0 || options.pad_token_id() >= vocab_size) {
     throw std::invalid_argument("generate: pad_token_id " + std::to_string(options.pad_token_id()) +
                                 " is outside the model's vocabulary of " +
+                                std::to_string(vocab_size));
+  }
+  if (options.vocab_limit() < 0 || options.vocab_limit() > vocab_size) {
+    throw std::invalid_argument("generate: vocab_limit " + std::to_string(options.vocab_limit()) +
+                                " must be 0 (every id) or at most the model's vocabulary of " +
                                 std::to_string(vocab_size));
   }
   if (prompts.empty()) return {};
@@ -121,6 +168,15 @@ std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
     }
     longest = std::max<int64_t>(longest, static_cast<int64_t>(prompts[i].size()));
   }
+  // The last token made is never fed back: the longest row's last position is longest +
+  // max_new_tokens - 2.
+  if (layers.positions > 0 && longest + options.max_new_tokens() - 1 > layers.positions) {
+    throw std::invalid_argument(
+        "generate: a prompt of " + std::to_string(longest) + " tokens and " +
+        std::to_string(options.max_new_tokens()) + " new ones need " +
+        std::to_string(longest + options.max_new_tokens() - 1) + " positions; the model has " +
+        std::to_string(layers.positions) + " (its block size): ask for fewer new tokens");
+  }
   torch::NoGradGuard no_grad;
   // Eval mode (no dropout) while generating; every module's own mode put back however it ends.
   struct EvalMode {
@@ -134,8 +190,8 @@ std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
       for (auto& [module, training] : modes) module->train(training);
     }
     std::vector<std::pair<std::shared_ptr<torch::nn::Module>, bool>> modes;
-  } eval_mode(decoder);
-  const auto device = layers.embedding->weight.device();
+  } eval_mode(model);
+  const auto device = layers.device;
   const auto ids = torch::TensorOptions().dtype(torch::kInt64);
   const int64_t rows = static_cast<int64_t>(prompts.size());
   const int64_t capacity = longest + options.max_new_tokens();
@@ -174,11 +230,13 @@ std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
                        .unsqueeze(1)
                        .logical_and(causal)
                        .logical_or(itself);
-    auto h = layers.embedding->forward(next);
+    auto h = layers.embed(next, step.positions);
     for (size_t l = 0; l < layers.blocks.size(); ++l) {
-      h = layers.blocks[l]->forward_cached(h, cache.layers[l], step);
+      h = layers.blocks[l](h, cache.layers[l], step);
     }
-    return layers.head->forward(layers.norm->forward(h.narrow(1, time - 1, 1))).squeeze(1);
+    const auto logits = layers.head->forward(layers.norm(h.narrow(1, time - 1, 1))).squeeze(1);
+    // Ids past the limit (a head's padding rows) are never chosen.
+    return options.vocab_limit() > 0 ? logits.narrow(-1, 0, options.vocab_limit()) : logits;
   };
 
   auto generator = at::make_generator<at::CPUGeneratorImpl>(options.seed());

@@ -3,7 +3,10 @@
 // batch of prompts each as it continues alone, a chat turn through the chat template, prompt ids
 // with the new ids; a small Llama's checkpoint of fit generates as its export does; fit prints and
 // logs samples at every validation (--sample-prompts); a seed
-// repeats a sampled continuation; missing prompts and bad options are usage errors.
+// repeats a sampled continuation; missing prompts and bad options are usage errors. A small GPT-2
+// written as a Hugging Face folder with GPT-2's tokenizer continues as the library does, never
+// with an id of its vocabulary's padding (50257 to 50303) however likely; a GPT-2 checkpoint of
+// fit generates as the library does from its weights.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -14,12 +17,15 @@
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/nn/decoder.h>
 #include <pipetrain/nn/generate.h>
+#include <pipetrain/nn/gpt2.h>
 #include <pipetrain/tokenizer.h>
 
 #include "models/generate_command.h"
 #include "models/hf_decoder.h"
+#include "models/hf_gpt2.h"
 #include "support/command.h"
 #include "support/real_tokenizers.h"
+#include "support/small_models.h"
 
 namespace pipetrain::testing::generate_command_test {
 namespace {
@@ -27,6 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::string kQwen3 = real_tokenizer("qwen3");
+const std::string kGpt2 = real_tokenizer("gpt2");
 
 class GenerateCommand : public ::testing::Test {
  protected:
@@ -62,8 +69,11 @@ class GenerateCommand : public ::testing::Test {
   }
   // What the library makes after `ids`, with the folder's EOS, as text.
   std::string continuation(const std::vector<int64_t>& ids, int64_t new_tokens) const {
-    const auto made = nn::generate(
-        model, {ids}, nn::GenerationOptions().max_new_tokens(new_tokens).eos_token_ids(eos_ids()));
+    const auto made = nn::generate(model, {ids},
+                                   nn::GenerationOptions()
+                                       .max_new_tokens(new_tokens)
+                                       .eos_token_ids(eos_ids())
+                                       .vocab_limit(tokenizer.vocab_size()));
     return cli::decode_generated(tokenizer, made.front());
   }
   CommandResult generate(const std::vector<std::string>& flags) const {
@@ -263,6 +273,76 @@ TEST_F(GenerateCommand, RefusesMissingPromptsAndBadOptions) {
   result = generate({"--prompts-file", folder + "/missing.txt"});
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("cannot be read"), std::string::npos) << result.output;
+}
+
+TEST(GenerateGpt2, AFolderContinuesAsTheLibraryWithinTheTokenizersIds) {
+  const std::string folder = make_temp_dir("generate-gpt2");
+  // GPT-2's padded vocabulary.
+  const auto config = tiny_gpt2_config(/*vocab_size=*/50304, /*n_layer=*/2, /*block_size=*/32);
+  torch::manual_seed(5);
+  auto model = nn::gpt2(config);
+  {
+    // Decided logits, and padding rows every row prefers: ln_f adds 1 to every feature, and
+    // padding rows are all ones, so their logits (about n_embd) beat the others'.
+    torch::NoGradGuard no_grad;
+    for (auto& parameter : model->parameters()) parameter.normal_(0, 0.3);
+    auto& ln_f = *model->ptr<nn::LayerNormImpl>(3);
+    ln_f.weight.fill_(0.1);
+    ln_f.bias.fill_(1);
+    model->ptr<nn::Gpt2EmbeddingImpl>(0)->wte->weight.narrow(0, 50257, 47).fill_(1);
+  }
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& item : model->named_parameters()) weights[item.key()] = item.value();
+  cli::export_hf_gpt2(weights, config, folder);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(fs::path(kGpt2) / file, fs::path(folder) / file);
+  }
+  const Tokenizer tokenizer = Tokenizer::from_file(folder);
+  ASSERT_EQ(tokenizer.vocab_size(), 50257);
+  const std::string prompt = "The river runs";
+  const auto ids = tokenizer.encode(prompt);
+  auto options = nn::GenerationOptions().max_new_tokens(6).eos_token_ids(
+      {tokenizer.eos_token_id().value_or(50256)});
+  // Left to itself the model makes padding ids alone, which decode to nothing.
+  const auto free = nn::generate(model, {ids}, options).front();
+  for (const int64_t id : free) EXPECT_GE(id, 50257);
+  const auto made = nn::generate(model, {ids}, options.vocab_limit(50257)).front();
+  for (const int64_t id : made) EXPECT_LT(id, 50257);
+  const std::string text = cli::decode_generated(tokenizer, made);
+  EXPECT_FALSE(text.empty());
+
+  const auto result =
+      run_command(pipetrain_command({"generate", "--init-from", folder, "--accelerator", "cpu",
+                                     "--prompt", prompt, "--max-new-tokens", "6"}));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.output, prompt + text + "\n");
+  fs::remove_all(folder);
+}
+
+TEST(GenerateGpt2, ACheckpointOfFitGeneratesAsTheLibraryFromItsWeights) {
+  const std::string run = make_temp_dir("generate-gpt2-checkpoint");
+  std::vector<uint16_t> tokens(2000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 256);
+  std::ofstream(run + "/train.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+  const auto fit =
+      run_command(tiny_gpt2_fit_command(run, run + "/train.bin", {"--max-steps", "2"}));
+  ASSERT_EQ(fit.exit_code, 0) << fit.output;
+  const auto result = run_command(pipetrain_command(
+      {"generate", "--ckpt-path", "last", "--default-root-dir", run, "--prompt-ids", "72,101,108",
+       "--max-new-tokens", "5", "--accelerator", "cpu"}));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+
+  // tiny_gpt2_fit_command's shape.
+  auto model = nn::gpt2(tiny_gpt2_config(/*vocab_size=*/256, /*n_layer=*/2, /*block_size=*/8));
+  const std::string checkpoint = run + "/lightning_logs/version_0/checkpoints/last.ckpt";
+  load_weights(model, read_checkpoint_weights(checkpoint), checkpoint);
+  std::string expected;
+  const auto made =
+      nn::generate(model, {{72, 101, 108}}, nn::GenerationOptions().max_new_tokens(5)).front();
+  for (size_t i = 0; i < made.size(); ++i) expected += (i ? "," : "") + std::to_string(made[i]);
+  EXPECT_EQ(result.output, expected + "\n");
+  fs::remove_all(run);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// GPT-2 as the command builds it (--model gpt2): its initialisation and weight decay groups, and a
+// GPT-2 as the command builds it (--model gpt2): its weight decay groups, and a
 // small GPT-2 under `pipe` on 2 and 3 stages
 // (the tied embedding on the first and last) with every schedule and checkpoint mode, fused
 // gradient accumulation on and off, against `single` on the same data and initial weights,
@@ -18,41 +18,16 @@
 #include "support/command.h"
 #include "support/fit_run.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 #include "support/trainer_run.h"
 
 namespace pipetrain::testing::gpt2_test {
 namespace {
 
 namespace fs = std::filesystem;
-using cli::Gpt2Config;
 
-Gpt2Config small_config() {
-  Gpt2Config config;
-  config.n_layer = 3;
-  config.n_head = 2;
-  config.n_embd = 16;
-  config.block_size = 8;
-  config.vocab_size = 32;
-  return config;
-}
-
-TEST(Gpt2, InitialisesAsGpt2AndTiesTheHeadToTheTokenEmbedding) {
-  Gpt2Config config = small_config();
-  config.n_layer = 4;
-  config.n_embd = 256;
-  torch::manual_seed(0);
-  auto gpt2 = cli::make_gpt2(config);
-  ASSERT_EQ(gpt2->size(), 7u);
-  const auto parameters = gpt2->named_parameters();
-  EXPECT_TRUE(parameters["0.wte.weight"].is_same(parameters["6.weight"]));
-  EXPECT_NEAR(parameters["0.wte.weight"].std().item<double>(), 0.02, 0.002);
-  EXPECT_NEAR(parameters["2.mlp.c_fc.weight"].std().item<double>(), 0.02, 0.001);
-  const double residual = 0.02 / std::sqrt(8.0);
-  EXPECT_NEAR(parameters["2.attn.c_proj.weight"].std().item<double>(), residual, 0.1 * residual);
-  EXPECT_NEAR(parameters["2.mlp.c_proj.weight"].std().item<double>(), residual, 0.1 * residual);
-  EXPECT_EQ(parameters["1.attn.c_attn.bias"].abs().max().item<double>(), 0);
-  EXPECT_TRUE(torch::equal(parameters["5.weight"], torch::ones({256})));
-  EXPECT_TRUE(torch::equal(parameters["1.ln_1.bias"], torch::zeros({256})));
+nn::Gpt2Config small_config() {
+  return tiny_gpt2_config(/*vocab_size=*/32, /*n_layer=*/3, /*block_size=*/8);
 }
 
 TEST(Gpt2, DecaysMatricesAndEmbeddingsOnly) {

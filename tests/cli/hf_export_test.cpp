@@ -19,6 +19,7 @@
 #include "pipetrain/safetensors.h"
 #include "support/command.h"
 #include "support/multiprocess.h"
+#include "support/small_models.h"
 
 namespace pipetrain::testing::hf_export_test {
 namespace {
@@ -81,10 +82,7 @@ class HfExport : public ::testing::Test {
   }
   // pipetrain's logits of the checkpoint for ids_.
   at::Tensor our_logits() const {
-    cli::Gpt2Config shape_config;
-    shape_config.n_layer = 2, shape_config.n_head = 2, shape_config.n_embd = 16;
-    shape_config.block_size = 8, shape_config.vocab_size = 256;
-    auto gpt2 = cli::make_gpt2(shape_config);
+    auto gpt2 = nn::gpt2(tiny_gpt2_config(/*vocab_size=*/256, /*n_layer=*/2, /*block_size=*/8));
     load_weights(gpt2, read_checkpoint_weights(checkpoint_), checkpoint_);
     gpt2->eval();
     return gpt2->forward(torch::tensor(ids_).unsqueeze(0)).squeeze(0);

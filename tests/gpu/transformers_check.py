@@ -10,7 +10,8 @@ head_dim apart from hidden / heads, untied), made here with random weights and s
 3. `pipetrain generate --prompt-ids` (three prompts of different lengths, one left-padded batch,
    its key/value cache) makes transformers' greedy `generate(do_sample=False)` tokens, each
    prompt run alone there, 64 new tokens, the same EOS (a model of the same shapes drawn at
-   initializer_range 0.3, whose decided logits leave no near-ties for rounding to flip).
+   initializer_range 0.3, whose decided logits leave no near-ties for rounding to flip); so too
+   for a GPT2LMHeadModel (learned positions, fused c_attn with biases, LayerNorms, tied head).
 Everything in fp32 (TF32 off on both sides); tolerance relative 1e-5, tokens equal. One JSON line per check
 goes to OUT/transformers_check.jsonl as it is made; exits non-zero when a check fails.
 """
@@ -23,7 +24,8 @@ import tempfile
 
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 CLI, OUT = sys.argv[1], sys.argv[2]
 T, B, WINDOWS, VOCAB = 64, 4, 8, 70000  # a vocabulary above 65535: 32-bit token files
@@ -123,6 +125,10 @@ def main():
         check(f"{model_type}: export after fit", hf_loss(exported, cls, tokens), val_loss(after),
               results)
         check_generation(model_type, cls, config, work, results)
+    # Positions for the longest prompt (8) and 64 new tokens.
+    check_generation("gpt2", GPT2LMHeadModel,
+                     GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=256, n_layer=4, n_head=8),
+                     work, results)
     sys.exit(0 if all(r["ok"] for r in results) else 1)
 
 

@@ -1,13 +1,15 @@
-// nn::generate: a small Llama's and Qwen3's greedy tokens with the key/value cache are those of
-// re-running the whole sequence through the decoder for every token (no cache), in fp64 on the
-// CPU; prompts of different lengths generated as one left-padded batch make what each makes
-// alone; an EOS stops its row; sampling is seeded, top_k 1 and a tiny top_p are greedy, and top_k
+// nn::generate: a small Llama's, Qwen3's and GPT-2's greedy tokens with the key/value cache are
+// those of re-running the whole sequence through the model for every token (no cache), in fp64 on
+// the CPU; prompts of different lengths generated as one left-padded batch make what each makes
+// alone; an EOS stops its row; a vocab_limit keeps to the ids below it; GPT-2 refuses more
+// positions than its block size; sampling is seeded, top_k 1 and a tiny top_p are greedy, and top_k
 // and top_p keep the tokens Hugging Face's warpers keep; every module's mode is put back; bad
 // prompts, options and models are refused.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "pipetrain/pipetrain.h"
@@ -55,8 +57,18 @@ Ids greedy_without_cache(torch::nn::Sequential& model, Ids sequence, int64_t new
 
 const std::vector<Ids> kPrompts = {{5, 9, 2, 33, 7, 1}, {12}, {30, 30, 4}};
 
-void expect_cache_gives_the_uncached_tokens(const nn::DecoderConfig& config) {
-  auto model = model_of(config);
+// A small GPT-2 whose every parameter (biases and LayerNorms too, so the cached path meets them)
+// is drawn N(0, kInitStd).
+torch::nn::Sequential gpt2() {
+  torch::manual_seed(3);
+  auto model = nn::gpt2(tiny_gpt2_config(/*vocab_size=*/40, /*n_layer=*/2, /*block_size=*/32));
+  torch::NoGradGuard no_grad;
+  for (auto& parameter : model->parameters()) parameter.normal_(0, kInitStd);
+  model->to(torch::kDouble);
+  return model;
+}
+
+void expect_cache_gives_the_uncached_tokens(torch::nn::Sequential model) {
   const auto options = nn::GenerationOptions().max_new_tokens(16);
   const auto batched = nn::generate(model, kPrompts, options);
   ASSERT_EQ(batched.size(), kPrompts.size());
@@ -67,11 +79,49 @@ void expect_cache_gives_the_uncached_tokens(const nn::DecoderConfig& config) {
 }
 
 TEST(Generate, LlamaWithTheCacheMakesTheTokensOfTheWholeSequenceRerun) {
-  expect_cache_gives_the_uncached_tokens(llama());
+  expect_cache_gives_the_uncached_tokens(model_of(llama()));
 }
 
 TEST(Generate, Qwen3WithTheCacheMakesTheTokensOfTheWholeSequenceRerun) {
-  expect_cache_gives_the_uncached_tokens(qwen3());
+  expect_cache_gives_the_uncached_tokens(model_of(qwen3()));
+}
+
+TEST(Generate, Gpt2WithTheCacheMakesTheTokensOfTheWholeSequenceRerun) {
+  expect_cache_gives_the_uncached_tokens(gpt2());
+}
+
+TEST(Generate, Gpt2RefusesMorePositionsThanItsBlockSize) {
+  auto model = gpt2();
+  // 6 + 27 new: the last token made is never fed, so 32 positions serve.
+  EXPECT_EQ(nn::generate(model, kPrompts, nn::GenerationOptions().max_new_tokens(27))[0].size(),
+            27u);
+  try {
+    nn::generate(model, kPrompts, nn::GenerationOptions().max_new_tokens(28));
+    FAIL() << "33 positions of a block size of 32 were generated";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("block size"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Generate, AVocabLimitKeepsToTheIdsBelowIt) {
+  for (auto model : {gpt2(), model_of(llama())}) {
+    const auto free = nn::generate(model, kPrompts, nn::GenerationOptions().max_new_tokens(16));
+    EXPECT_EQ(
+        nn::generate(model, kPrompts, nn::GenerationOptions().max_new_tokens(16).vocab_limit(40)),
+        free);
+    // The most made id barred: the rows go elsewhere, below the limit.
+    int64_t most = 0;
+    for (const auto& row : free) most = std::max(most, *std::max_element(row.begin(), row.end()));
+    for (const auto& options :
+         {nn::GenerationOptions().max_new_tokens(16).vocab_limit(most),
+          nn::GenerationOptions().max_new_tokens(16).vocab_limit(most).temperature(1.0).seed(1)}) {
+      for (const auto& row : nn::generate(model, kPrompts, options)) {
+        for (const int64_t id : row) EXPECT_LT(id, most);
+      }
+    }
+    EXPECT_THROW(nn::generate(model, kPrompts, nn::GenerationOptions().vocab_limit(41)),
+                 std::invalid_argument);
+  }
 }
 
 TEST(Generate, AnEosStopsItsRowAlone) {

@@ -55,4 +55,14 @@ nn::DecoderConfig tiny_qwen3_config(int64_t vocab_size, int64_t n_layer, int64_t
   return config;
 }
 
+nn::Gpt2Config tiny_gpt2_config(int64_t vocab_size, int64_t n_layer, int64_t block_size) {
+  nn::Gpt2Config config;
+  config.vocab_size = vocab_size;
+  config.n_layer = n_layer;
+  config.n_head = 2;
+  config.n_embd = 16;
+  config.block_size = block_size;
+  return config;
+}
+
 }  // namespace pipetrain::testing

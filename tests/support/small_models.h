@@ -1,5 +1,5 @@
 // The small models tests train through the Trainer: a tanh MLP, a Module stepped by SGD at a fixed
-// learning rate, a regression by mean squared error, and a decoder's shape.
+// learning rate, a regression by mean squared error, and a decoder's and GPT-2's shapes.
 #pragma once
 
 #include <torch/torch.h>
@@ -8,6 +8,7 @@
 
 #include "pipetrain/module.h"
 #include "pipetrain/nn/decoder.h"
+#include "pipetrain/nn/gpt2.h"
 
 namespace pipetrain::testing {
 
@@ -43,5 +44,8 @@ nn::DecoderConfig tiny_llama3_config(int64_t vocab_size, int64_t n_layer, int64_
 // tiny_decoder_config as Qwen3 makes it: multi-query, head_dim 16 (not n_embd / n_head), q/k
 // norms, an untied head, theta 1e6, eps 1e-6.
 nn::DecoderConfig tiny_qwen3_config(int64_t vocab_size, int64_t n_layer, int64_t block_size);
+
+// A GPT-2 small enough for any test: width 16, 2 heads.
+nn::Gpt2Config tiny_gpt2_config(int64_t vocab_size, int64_t n_layer, int64_t block_size);
 
 }  // namespace pipetrain::testing

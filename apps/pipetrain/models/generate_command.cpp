@@ -5,17 +5,22 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <stdexcept>
 
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/checkpoint_path.h>
 #include <pipetrain/nn/decoder.h>
+#include <pipetrain/nn/embedding.h>
 #include <pipetrain/nn/generate.h>
+#include <pipetrain/nn/gpt2.h>
 #include <pipetrain/tokenizer.h>
 
 #include "models/hf_decoder.h"
+#include "models/hf_gpt2.h"
 #include "models/models.h"
 #include "models/run_config.h"
 
@@ -99,34 +104,69 @@ at::ScalarType dtype_for(const std::string& dtype, const torch::Device& device) 
   throw std::invalid_argument("--dtype " + dtype + ": use bf16 or fp32");
 }
 
-// The decoder of `request`: a Hugging Face folder's, or a checkpoint's in the shape of its run's
+// Whether `dir`/config.json says GPT-2; a folder without a readable one is left to the decoder's
+// reader, whose message names what is missing.
+bool is_gpt2(const std::string& dir) {
+  const Json config = Json::parse(std::ifstream(fs::path(dir) / "config.json"), nullptr,
+                                  /*allow_exceptions=*/false);
+  const auto type = config.is_object() ? config.find("model_type") : config.end();
+  return type != config.end() && type->is_string() && type->get<std::string>() == "gpt2";
+}
+
+// The model of a Hugging Face folder, or of a checkpoint (`weights`, read) whose run's
+// config.json is in `dir`: a GPT-2 or a decoder, as its model_type says. `source` names the
+// weights in messages.
+torch::nn::Sequential model_of(
+    const std::string& dir, const std::string& source,
+    const std::function<std::map<std::string, at::Tensor>(const nn::Gpt2Config&)>& gpt2_weights,
+    const std::function<std::map<std::string, at::Tensor>(const nn::DecoderConfig&)>&
+        decoder_weights) {
+  if (is_gpt2(dir)) {
+    const nn::Gpt2Config config = read_hf_gpt2_config(dir);
+    auto model = nn::gpt2(config);
+    load_weights(model, gpt2_weights(config), source);
+    return model;
+  }
+  const nn::DecoderConfig config = read_hf_decoder_config(dir);
+  auto model = nn::decoder(config);
+  load_weights(model, decoder_weights(config), source);
+  return model;
+}
+
+// The model of `request`: a Hugging Face folder's, or a checkpoint's in the shape of its run's
 // config.json.
 torch::nn::Sequential read_model(const GenerateRequest& request) {
   if (request.init_from.empty() == request.ckpt_path.empty()) {
     throw std::invalid_argument(
-        "generate: pass --init-from DIR (a Llama or Qwen3 Hugging Face folder) or --ckpt-path "
-        "(a checkpoint of fit's), one of them");
+        "generate: pass --init-from DIR (a GPT-2, Llama or Qwen3 Hugging Face folder) or "
+        "--ckpt-path (a checkpoint of fit's), one of them");
   }
   if (!request.init_from.empty()) {
-    const nn::DecoderConfig config = read_hf_decoder_config(request.init_from);
-    check_hf_decoder_weights(request.init_from, config);
-    auto model = nn::decoder(config);
-    load_weights(model, read_hf_decoder_weights(request.init_from, config), request.init_from);
-    return model;
+    const std::string& folder = request.init_from;
+    return model_of(
+        folder, folder,
+        [&](const nn::Gpt2Config& config) {
+          check_hf_gpt2_weights(folder, config);
+          return read_hf_gpt2_weights(folder, config);
+        },
+        [&](const nn::DecoderConfig& config) {
+          check_hf_decoder_weights(folder, config);
+          return read_hf_decoder_weights(folder, config);
+        });
   }
   const std::string checkpoint =
       resolve_checkpoint_path(request.ckpt_path, request.default_root_dir);
   const std::string run = run_config_dir(checkpoint);
-  if (run.empty() || !is_decoder(read_model_type(run))) {
+  const std::string type = run.empty() ? "" : read_model_type(run);
+  if (type != "gpt2" && !is_decoder(type)) {
     throw std::invalid_argument(
         "--ckpt-path " + checkpoint +
-        ": no config.json of a llama or qwen3 run beside it (fit keeps one in the run's folder, "
-        "above checkpoints/); generate reads those checkpoints, or a Hugging Face folder "
+        ": no config.json of a gpt2, llama or qwen3 run beside it (fit keeps one in the run's "
+        "folder, above checkpoints/); generate reads those checkpoints, or a Hugging Face folder "
         "(--init-from)");
   }
-  auto model = nn::decoder(read_hf_decoder_config(run));
-  load_weights(model, read_checkpoint_weights(checkpoint), checkpoint);
-  return model;
+  const auto weights = [&](const auto&) { return read_checkpoint_weights(checkpoint); };
+  return model_of(run, checkpoint, weights, weights);
 }
 
 }  // namespace
@@ -137,6 +177,13 @@ std::string decode_generated(const Tokenizer& tokenizer, const std::vector<int64
     if (tokenizer.id_to_token(id)) known.push_back(id);
   }
   return tokenizer.decode(known, /*skip_special_tokens=*/true);
+}
+
+int64_t tokenizer_vocab_limit(const torch::nn::Sequential& model, const Tokenizer& tokenizer) {
+  const auto* head =
+      model->size() > 0 ? model->ptr(model->size() - 1)->as<nn::LMHeadImpl>() : nullptr;
+  if (head == nullptr || tokenizer.vocab_size() >= head->weight.size(0)) return 0;
+  return tokenizer.vocab_size();
 }
 
 std::vector<std::string> read_prompts_file(const std::string& path, const std::string& flag) {
@@ -213,7 +260,8 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
                                  : fs::is_directory(request.tokenizer) ? request.tokenizer
                                                                        : "",
                                  tokenizer))
-          .pad_token_id(tokenizer ? tokenizer->pad_token_id().value_or(0) : 0);
+          .pad_token_id(tokenizer ? tokenizer->pad_token_id().value_or(0) : 0)
+          .vocab_limit(tokenizer ? tokenizer_vocab_limit(model, *tokenizer) : 0);
   if (given_ids) {
     for (const auto& made : nn::generate(model, ids, options)) {
       for (size_t i = 0; i < made.size(); ++i) out << (i ? "," : "") << made[i];

@@ -1,8 +1,10 @@
-// `pipetrain generate`: text from a Llama or Qwen3 Hugging Face folder (one pipetrain exported, or
-// the Hub's) or a checkpoint of fit's, its prompts through the folder's tokenizer and, with --chat,
-// its chat template as a user turn; tokens made with nn::generate's key/value cache, greedy or
-// sampled, until the EOS of generation_config.json or --max-new-tokens.
+// `pipetrain generate`: text from a GPT-2, Llama or Qwen3 Hugging Face folder (one pipetrain
+// exported, or the Hub's) or a checkpoint of fit's, its prompts through the folder's tokenizer and,
+// with --chat, its chat template as a user turn; tokens made with nn::generate's key/value cache,
+// greedy or sampled, until the EOS of generation_config.json or --max-new-tokens.
 #pragma once
+
+#include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
 #include <ostream>
@@ -48,6 +50,11 @@ std::vector<std::string> read_prompts_file(const std::string& path, const std::s
 // than its tokenizer has ids (Qwen3: 151936 and 151669) and a young model may choose one: ids
 // the tokenizer lacks are left out, as Hugging Face's decode leaves them out.
 std::string decode_generated(const Tokenizer& tokenizer, const std::vector<int64_t>& ids);
+
+// nn::GenerationOptions::vocab_limit for `model` (nn::generate's) and `tokenizer`: the tokenizer's
+// ids alone, where the model's head has more rows (GPT-2's 50304 for 50257 tokens, Qwen3's 151936
+// for 151669), so a young model never makes an id that decodes to nothing; else 0 (every id).
+int64_t tokenizer_vocab_limit(const torch::nn::Sequential& model, const Tokenizer& tokenizer);
 
 // Writes to `out` each prompt's text and what the model makes after it (one prompt's as it is
 // made; several, each when the batch ends, separated by lines of dashes). Throws

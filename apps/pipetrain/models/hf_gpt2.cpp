@@ -28,7 +28,7 @@ struct HfTensor {
 };
 
 // pipetrain's name -> the tensor in Hugging Face's layout, for a GPT-2 of shape `config`.
-std::map<std::string, HfTensor> name_map(const Gpt2Config& config) {
+std::map<std::string, HfTensor> name_map(const nn::Gpt2Config& config) {
   const int64_t c = config.n_embd;
   const std::string final_norm = std::to_string(config.n_layer + 1);
   std::map<std::string, HfTensor> names{
@@ -71,7 +71,7 @@ std::string shape_of(at::IntArrayRef sizes) {
 // shape: checked from the header, no tensor read. Throws std::invalid_argument naming the file
 // and the tensor.
 std::map<std::string, std::string> stored_names(const std::string& weights_path,
-                                                const Gpt2Config& config) {
+                                                const nn::Gpt2Config& config) {
   const auto listed = read_weights_header(weights_path);
   std::map<std::string, std::string> stored_name;
   for (const auto& [ours, theirs] : name_map(config)) {
@@ -98,13 +98,13 @@ std::map<std::string, std::string> stored_names(const std::string& weights_path,
 
 }  // namespace
 
-Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int64_t n_head) {
+nn::Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int64_t n_head) {
   const auto wte = weights.find("0.wte.weight"), wpe = weights.find("0.wpe.weight");
   if (wte == weights.end() || wpe == weights.end()) {
     throw std::invalid_argument(
         "these weights are not a GPT-2 of --model gpt2 (no 0.wte.weight and 0.wpe.weight)");
   }
-  Gpt2Config config;
+  nn::Gpt2Config config;
   config.vocab_size = wte->second.size(0);
   config.n_embd = wte->second.size(1);
   config.block_size = wpe->second.size(0);
@@ -124,7 +124,7 @@ Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int6
   return config;
 }
 
-void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2Config& config,
+void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const nn::Gpt2Config& config,
                     const std::string& dir) {
   TensorMap out;
   for (const auto& [ours, theirs] : name_map(config)) {
@@ -148,7 +148,7 @@ void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2
   write_hf_gpt2_config(config, dir);
 }
 
-void write_hf_gpt2_config(const Gpt2Config& config, const std::string& dir) {
+void write_hf_gpt2_config(const nn::Gpt2Config& config, const std::string& dir) {
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) throw std::runtime_error("cannot create " + dir + ": " + error.message());
@@ -173,7 +173,7 @@ void write_hf_gpt2_config(const Gpt2Config& config, const std::string& dir) {
   write_file((fs::path(dir) / "config.json").string(), json.dump(2) + "\n");
 }
 
-Gpt2Config read_hf_gpt2_config(const std::string& dir) {
+nn::Gpt2Config read_hf_gpt2_config(const std::string& dir) {
   const auto config_path = (fs::path(dir) / "config.json").string();
   std::ifstream in(config_path);
   if (!in) {
@@ -181,7 +181,7 @@ Gpt2Config read_hf_gpt2_config(const std::string& dir) {
                                 ": no config.json there (a folder written "
                                 "by save_pretrained or pipetrain export)");
   }
-  Gpt2Config config;
+  nn::Gpt2Config config;
   try {
     const auto json = nlohmann::json::parse(in);
     if (json.value("model_type", "") != "gpt2") {
@@ -219,7 +219,7 @@ Gpt2Config read_hf_gpt2_config(const std::string& dir) {
 }
 
 std::map<std::string, at::Tensor> read_hf_gpt2_weights(
-    const std::string& dir, const Gpt2Config& config,
+    const std::string& dir, const nn::Gpt2Config& config,
     const std::function<bool(const std::string& pipetrain_name)>& wanted) {
   const auto weights_path = (fs::path(dir) / "model.safetensors").string();
   // Only the wanted tensors read.
@@ -239,7 +239,7 @@ std::map<std::string, at::Tensor> read_hf_gpt2_weights(
   return weights;
 }
 
-void check_hf_gpt2_weights(const std::string& dir, const Gpt2Config& config) {
+void check_hf_gpt2_weights(const std::string& dir, const nn::Gpt2Config& config) {
   stored_names((fs::path(dir) / "model.safetensors").string(), config);
 }
 

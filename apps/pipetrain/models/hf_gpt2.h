@@ -11,38 +11,38 @@
 
 #include <ATen/Tensor.h>
 
-#include "models/gpt2.h"
+#include <pipetrain/nn/gpt2.h>
 
 namespace pipetrain::cli {
 
 // Writes `weights` (pipetrain's names, as in a checkpoint's model.safetensors) of a GPT-2 of shape
 // `config` into `dir` (created if missing). Throws std::invalid_argument naming a missing tensor
 // or one whose shape disagrees with `config`, std::runtime_error when a file cannot be written.
-void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const Gpt2Config& config,
+void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const nn::Gpt2Config& config,
                     const std::string& dir);
 
 // `dir`/config.json (created if missing) for a GPT-2 of shape `config`, as transformers reads it:
 // what export writes, and what fit keeps beside a run's checkpoints for export.
-void write_hf_gpt2_config(const Gpt2Config& config, const std::string& dir);
+void write_hf_gpt2_config(const nn::Gpt2Config& config, const std::string& dir);
 
 // The shape in `dir`/config.json. Throws std::invalid_argument naming the file and what is
 // missing or not GPT-2.
-Gpt2Config read_hf_gpt2_config(const std::string& dir);
+nn::Gpt2Config read_hf_gpt2_config(const std::string& dir);
 // The weights of `dir`/model.safetensors, a GPT-2 of shape `config`, under pipetrain's names
 // (ready for load_weights; the tied head under wte's name alone). Throws std::invalid_argument
 // naming the file and the tensor it lacks. With `wanted`, only the tensors whose pipetrain names
 // it accepts are read (a process building some layers reads theirs alone).
 std::map<std::string, at::Tensor> read_hf_gpt2_weights(
-    const std::string& dir, const Gpt2Config& config,
+    const std::string& dir, const nn::Gpt2Config& config,
     const std::function<bool(const std::string& pipetrain_name)>& wanted = {});
 
 // What read_hf_gpt2_weights checks of every tensor (there, of its shape), from the file's header
 // alone: run before a model of `config` is built, so that a config.json that does not describe its
 // weights (a vocabulary of 1e12) is refused naming the tensor, not met by the allocator.
-void check_hf_gpt2_weights(const std::string& dir, const Gpt2Config& config);
+void check_hf_gpt2_weights(const std::string& dir, const nn::Gpt2Config& config);
 
 // The shape of the GPT-2 whose weights these are: n_layer, n_embd, vocab and block size from the
 // tensors, n_head from `n_head`. Throws std::invalid_argument when `n_head` is 0 (unknown).
-Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int64_t n_head);
+nn::Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int64_t n_head);
 
 }  // namespace pipetrain::cli

@@ -177,7 +177,7 @@ Shape decoder_shape(const nn::DecoderConfig& c) {
           {"rope_scaling", "", rope_scaling.dump()}};
 }
 
-Shape gpt2_shape(const Gpt2Config& c) {
+Shape gpt2_shape(const nn::Gpt2Config& c) {
   return {{"n_layer", "--n-layer", json_text(c.n_layer)},
           {"n_head", "--n-head", json_text(c.n_head)},
           {"n_embd", "--n-embd", json_text(c.n_embd)},
@@ -359,10 +359,10 @@ bool names_a_shape(const ModelOptions& options) {
          options.tie_word_embeddings.has_value();
 }
 
-Gpt2Config gpt2_config(const ModelOptions& options) {
+nn::Gpt2Config gpt2_config(const ModelOptions& options) {
   const std::string& folder = !options.init_from.empty() ? options.init_from : options.shape_from;
   if (!folder.empty()) {
-    Gpt2Config stored = read_hf_gpt2_config(folder);
+    nn::Gpt2Config stored = read_hf_gpt2_config(folder);
     check_folder_shape(
         options, gpt2_shape(stored), "a GPT-2",
         [&] { return gpt2_shape(gpt2_config(flags_alone(options))); },
@@ -371,7 +371,7 @@ Gpt2Config gpt2_config(const ModelOptions& options) {
     stored.dropout = options.dropout;
     return stored;
   }
-  Gpt2Config config = gpt2_preset(options.model_size.empty() ? "124M" : options.model_size);
+  nn::Gpt2Config config = nn::gpt2_preset(options.model_size.empty() ? "124M" : options.model_size);
   if (options.n_layer > 0) config.n_layer = options.n_layer;
   if (options.n_head > 0) config.n_head = options.n_head;
   if (options.n_embd > 0) config.n_embd = options.n_embd;
@@ -383,10 +383,11 @@ Gpt2Config gpt2_config(const ModelOptions& options) {
 
 ThroughputMonitorOptions throughput_options(const ModelOptions& options) {
   if (options.name == "gpt2") {
-    const Gpt2Config config = gpt2_config(options);
+    const nn::Gpt2Config config = gpt2_config(options);
     return ThroughputMonitorOptions()
         .items_per_sample(config.block_size)
-        .flops_per_sample(gpt2_flops_per_token(config) * static_cast<double>(config.block_size));
+        .flops_per_sample(nn::gpt2_flops_per_token(config) *
+                          static_cast<double>(config.block_size));
   }
   if (is_decoder(options.name)) {
     const nn::DecoderConfig config = decoder_config(options);
@@ -478,7 +479,7 @@ BuiltInModel make_model(const ModelOptions& options) {
           "--model gpt2 trains on token files: pass --train-data FILE (nanoGPT's train.bin, an "
           "llm.c shard, or what `pipetrain prepare-data` makes from any text)");
     }
-    const Gpt2Config config = gpt2_config(options);
+    const nn::Gpt2Config config = gpt2_config(options);
     // Built per rank: each process reads its own layers' tensors of --init-from.
     auto model = std::make_unique<Gpt2Model>(config, optimizer_recipe(options), options.init_from);
     model->set_masked_targets(

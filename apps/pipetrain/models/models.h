@@ -80,7 +80,7 @@ BuiltInModel make_model(const ModelOptions& options);
 // GPT-2's shape: from the preset and the flags that override it, or the config.json of the
 // --init-from folder or of shape_from (a flag that contradicts it, or the two folders that
 // disagree, are refused with std::invalid_argument naming the key and the flag).
-Gpt2Config gpt2_config(const ModelOptions& options);
+nn::Gpt2Config gpt2_config(const ModelOptions& options);
 // Llama's or Qwen3's shape, as gpt2_config's.
 nn::DecoderConfig decoder_config(const ModelOptions& options);
 // Whether `options` say which model they mean (--init-from, --model-size, a shape or size flag)

@@ -2,12 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 
 #include <pipetrain/layer_spec.h>
 #include <pipetrain/module.h>
 #include <pipetrain/nn/generate.h>
+#include <pipetrain/nn/gpt2.h>
 #include <pipetrain/tokenizer.h>
 #include <pipetrain/trainer.h>
 
@@ -44,11 +46,27 @@ class SampleCallback : public Callback {
             "one device)");
       }
     }
+    // GPT-2's learned positions bound a prompt and its new tokens: refused now, not at the
+    // first validation.
+    if (const auto* gpt2 = layers->ptr(0)->as<nn::Gpt2EmbeddingImpl>()) {
+      size_t longest = 0;
+      for (const auto& ids : ids_) longest = std::max(longest, ids.size());
+      const int64_t positions = static_cast<int64_t>(longest) + options_.max_new_tokens() - 1;
+      if (positions > gpt2->options.block_size()) {
+        throw std::invalid_argument(
+            "--sample-prompts: a prompt of " + std::to_string(longest) + " tokens and " +
+            std::to_string(options_.max_new_tokens()) + " new ones (--sample-new-tokens) need " +
+            std::to_string(positions) + " positions; GPT-2's block size is " +
+            std::to_string(gpt2->options.block_size()));
+      }
+    }
   }
 
   void on_validation_end(Trainer& trainer, Module& module) override {
     if (!trainer.is_global_zero()) return;
-    const auto made = nn::generate(module.layers(), ids_, options_);
+    auto options = options_;
+    options.vocab_limit(tokenizer_vocab_limit(module.layers(), tokenizer_));
+    const auto made = nn::generate(module.layers(), ids_, options);
     for (size_t i = 0; i < prompts_.size(); ++i) {
       const std::string text = prompts_[i] + decode_generated(tokenizer_, made[i]);
       trainer.print("sample " + std::to_string(i) + " at step " +
@@ -78,9 +96,9 @@ std::string find_tokenizer(const ModelOptions& model) {
 
 std::shared_ptr<Callback> sample_callback(const ModelOptions& model,
                                           const std::string& prompts_file, int64_t new_tokens) {
-  if (!is_decoder(model.name)) {
+  if (!is_decoder(model.name) && model.name != "gpt2") {
     throw std::invalid_argument("--sample-prompts: --model " + model.name +
-                                " is not generated from; llama and qwen3 are");
+                                " is not generated from; gpt2, llama and qwen3 are");
   }
   const std::string tokenizer = find_tokenizer(model);
   if (tokenizer.empty()) {

@@ -1,4 +1,4 @@
-// The first layer of the built-in language models: token ids to token plus learned position
+// The first layer of the demo `gpt` model: token ids to token plus learned position
 // embeddings.
 #pragma once
 

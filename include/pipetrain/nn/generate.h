@@ -1,5 +1,6 @@
 // Text out: tokens generated from a decoder (nn::decoder()'s Sequential, a Hugging Face Llama's or
-// Qwen3's) with a key/value cache, for a batch of prompts of different lengths at once.
+// Qwen3's, or nn::gpt2()'s) with a key/value cache, for a batch of prompts of different lengths at
+// once.
 //
 //   auto model = pipetrain::nn::decoder(config);   // its weights trained, or read
 //   auto new_ids = pipetrain::nn::generate(model, {tokenizer.encode("Once upon")},
@@ -33,6 +34,10 @@ struct GenerationOptions {
   TORCH_ARG(std::vector<int64_t>, eos_token_ids) = {};
   // Fills the left padding of shorter prompts (any id: padding is never attended to).
   TORCH_ARG(int64_t, pad_token_id) = 0;
+  // Tokens are chosen among ids below vocab_limit alone; 0: every id of the head. A head padded
+  // past its tokenizer's ids (GPT-2's 50304 rows for 50257 tokens) then never makes an id the
+  // tokenizer lacks.
+  TORCH_ARG(int64_t, vocab_limit) = 0;
 };
 
 // The next token of each row from its logits [B, V], as generate() chooses it: argmax where
@@ -47,11 +52,13 @@ using TokenCallback = std::function<void(size_t prompt, int64_t token)>;
 // The tokens made after each of `prompts` (token ids, none empty), an EOS that stopped a row
 // included. The prompts run as one batch, left-padded to the longest, each row with its own
 // positions and its padding masked, so a row makes what it would make alone; a cache of
-// longest prompt + max_new_tokens per row is allocated once. Runs on the decoder's device in its
-// parameters' dtype, in eval mode (restored after), without gradients. Throws
-// std::invalid_argument for a Sequential that is not embedding, decoder blocks, RMSNorm, LMHead
-// (naming the layer), an empty prompt, an id outside the vocabulary, or options out of range.
-std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& decoder,
+// longest prompt + max_new_tokens per row is allocated once. Runs on the model's device in its
+// parameters' dtype, in eval mode (restored after), without gradients. `model`: nn::decoder()'s
+// layers (Embedding, DecoderBlocks, RMSNorm, LMHead) or nn::gpt2()'s (Gpt2Embedding, Gpt2Blocks,
+// LayerNorm, LMHead). Throws std::invalid_argument for another Sequential (naming the layer), an
+// empty prompt, an id outside the vocabulary, more positions than GPT-2's block size, or options
+// out of range.
+std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& model,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options = {},
                                            const TokenCallback& on_token = nullptr);
