@@ -17,9 +17,7 @@
 #include <string>
 
 #include <pipetrain/callback.h>
-#include <pipetrain/module.h>
-
-#include "models/language_model.h"
+#include <pipetrain/language_model.h>
 
 namespace pipetrain::cli {
 
@@ -46,19 +44,14 @@ double gpt2_flops_per_token(const Gpt2Config& config);
 // std::invalid_argument for a shape that does not fit (n_embd not a multiple of n_head, ...).
 torch::nn::Sequential make_gpt2(const Gpt2Config& config);
 
-// Next-token prediction: mean cross-entropy over every position; adamw_with_recipe.
-class Gpt2Model : public LanguageModel<Gpt2Config> {
+// The layers above trained as a LanguageModel, built per rank (each process builds, and reads from
+// `init_from`, a Hugging Face GPT-2 folder, only its stages' layers), each layer drawn as make_gpt2
+// draws it, from its own seed.
+class Gpt2Model : public LanguageModel {
  public:
   explicit Gpt2Model(const Gpt2Config& config, double lr = 6e-4);
-  // Built per rank (each process builds, and reads from `init_from`, a Hugging Face GPT-2 folder,
-  // only its stages' layers), each layer drawn as make_gpt2 draws it, from its own seed.
-  Gpt2Model(const Gpt2Config& config, const OptimizerRecipe& recipe,
+  Gpt2Model(const Gpt2Config& config, LanguageModelOptions options,
             const std::string& init_from = "");
-
-  OptimizerConfig configure_optimizers() override;
-
- private:
-  at::Tensor loss(const Batch& batch) override;
 };
 
 // Logs val_ppl, the validation perplexity exp(val_loss), beside val_loss after every validation of

@@ -18,6 +18,7 @@
 #include <pipetrain/safetensors.h>
 #include "io/file_writer.h"
 #include "models/byte_size.h"
+#include "models/layer_weights.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -666,6 +667,27 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
     }
   }
   return weights;
+}
+
+std::vector<LayerSpec> hf_decoder_layers(const nn::DecoderConfig& config,
+                                         const std::string& init_from) {
+  auto layers = nn::decoder_layers(config);
+  if (init_from.empty()) return layers;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    // A tied head takes the embedding's values through its tie.
+    if (!layers[i].tied_to.empty()) continue;
+    const std::string prefix = std::to_string(i) + ".";
+    layers[i].build = [config, init_from, prefix, i, build = std::move(layers[i].build)] {
+      auto layer = build();
+      load_layer_weights(layer, static_cast<int64_t>(i),
+                         read_hf_decoder_weights(
+                             init_from, config,
+                             [&](const std::string& name) { return name.rfind(prefix, 0) == 0; }),
+                         init_from);
+      return layer;
+    };
+  }
+  return layers;
 }
 
 WeightSource WeightSource::of(const std::map<std::string, at::Tensor>& weights) {
