@@ -1,7 +1,7 @@
 // A small language model of one's own composed from pipetrain::nn's blocks (the ones Llama 3 and
-// Qwen3 are made of), trained as a two-stage pipeline on a task it can learn in a minute on a
-// CPU: continue a sequence whose every token is the one two places before it, plus one. Trained in
-// one process, it then continues a sequence by that rule (nn::generate).
+// Qwen3 are made of), trained by pipetrain::LanguageModel as a two-stage pipeline on a task it can
+// learn in a minute on a CPU: continue a sequence whose every token is the one two places before
+// it, plus one. Trained in one process, it then continues a sequence by that rule (nn::generate).
 //   ./train_decoder [ROOT] [STRATEGY]   # STRATEGY "pipe" (the default) or "single"
 #include <pipetrain/pipetrain.h>
 #include <torch/torch.h>
@@ -46,21 +46,6 @@ std::vector<pipetrain::LayerSpec> my_decoder() {
   return layers;
 }
 
-class Continuation : public pipetrain::Module {
- public:
-  Continuation() : Module(my_decoder()) {}
-
-  at::Tensor training_step(const pipetrain::Batch& batch, int64_t) override {
-    auto loss = pipetrain::chunked_cross_entropy(forward(batch.data), batch.target);
-    log("train_loss", loss);
-    return loss;
-  }
-
-  pipetrain::OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(3e-3));
-  }
-};
-
 int run(int argc, char** argv) {
   const std::string root = argc > 1 ? argv[1] : ".";
   const bool pipelined = argc <= 2 || std::string(argv[2]) != "single";
@@ -71,7 +56,10 @@ int run(int argc, char** argv) {
   }
   if (const auto status = pipetrain::launch_ranks(options)) return *status;
   pipetrain::Trainer trainer(options);
-  Continuation model;  // its layers are built by the Trainer, on the processes that hold them
+  // Next-token cross-entropy, AdamW with decay on the matrices: the library's language model. Its
+  // layers are built by the Trainer, on the processes that hold them. At 5e-3 it learns the rule in
+  // 6 epochs (at 3e-3 its continuation went astray at the fifth token).
+  pipetrain::LanguageModel model(my_decoder(), pipetrain::LanguageModelOptions().lr(5e-3));
 
   // Sequences t[i] = t[i - 2] + 1 (mod the vocabulary) from two random first tokens.
   torch::manual_seed(0);

@@ -48,6 +48,9 @@
 #include "pipetrain/fused_adamw.h"
 #include "pipetrain/lr_scheduler.h"
 
+// A decoder language model's Module: next-token loss, AdamW with decay on matrices, a schedule.
+#include "pipetrain/language_model.h"
+
 // Building blocks a model calls: Linear and LayerNorm the pipe can fuse, chunked cross-entropy,
 // and pipetrain::nn's transformer modules (Llama 3 and Qwen3 are decoder() configurations, GPT-2
 // is gpt2()).

@@ -1,5 +1,5 @@
 // A decoder of one's own built from pipetrain::nn (small Llama and Qwen3 shapes: GQA, RoPE, tied
-// and untied heads, q/k norms), trained by a Module a user would write, under `pipe` on 2 and 3
+// and untied heads, q/k norms), trained by pipetrain::LanguageModel, under `pipe` on 2 and 3
 // stages with every schedule and checkpoint mode (and with gradient-accumulation fusion) against
 // `single` on the same data and initial weights, and a checkpoint of 3 stages resumed on 2; plus
 // the Sequential's layout, presets and errors.
@@ -34,24 +34,6 @@ nn::DecoderConfig small_qwen3() {
   return tiny_qwen3_config(/*vocab_size=*/40, /*n_layer=*/3, /*block_size=*/8);
 }
 
-// What a user writes around decoder(): mean next-token cross-entropy (its in-place form, as the
-// built-in models use it: the logits' gradient written over them, under every schedule and
-// checkpoint mode below), AdamW.
-class LanguageModel : public Module {
- public:
-  explicit LanguageModel(const nn::DecoderConfig& config) : Module(nn::decoder(config)) {}
-  // Built per rank: each process builds only its stages' layers.
-  explicit LanguageModel(std::vector<LayerSpec> layers) : Module(std::move(layers)) {}
-  at::Tensor training_step(const Batch& batch, int64_t) override {
-    auto loss = chunked_cross_entropy_(forward(batch.data), batch.target);
-    log("train_loss", loss);
-    return loss;
-  }
-  OptimizerConfig configure_optimizers() override {
-    return std::make_unique<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(3e-3));
-  }
-};
-
 // Random token windows, the same on every rank.
 TensorDataset token_windows() {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(19);
@@ -76,7 +58,11 @@ void train(const DecoderRun& run) {
   Trainer trainer(run.trainer_options().max_epochs(2).gradient_clip_val(1.0));
   torch::manual_seed(5);
   const auto config = run.qwen3 ? small_qwen3() : small_llama();
-  auto model = run.per_rank ? LanguageModel(nn::decoder_layers(config)) : LanguageModel(config);
+  // LanguageModel's loss is the in-place one (the logits' gradient written over them): here under
+  // every schedule and checkpoint mode below.
+  const auto options = LanguageModelOptions().lr(3e-3);
+  auto model = run.per_rank ? LanguageModel(nn::decoder_layers(config), options)
+                            : LanguageModel(nn::decoder(config), options);
   const DataLoader loader(token_windows(), DataLoaderOptions().batch_size(8).shuffle(true).seed(2));
   trainer.fit(model, loader, nullptr, run.resume);
   if (run.per_rank) {

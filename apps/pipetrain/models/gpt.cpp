@@ -223,7 +223,7 @@ torch::nn::Sequential make_gpt(const GptConfig& config) {
 }
 
 GptModel::GptModel(const GptConfig& config, double lr)
-    : LanguageModel(make_gpt(config), config, OptimizerRecipe{lr}) {}
+    : LanguageModel(make_gpt(config), LanguageModelOptions().lr(lr)) {}
 
 at::Tensor GptModel::loss(const Batch& batch) {
   const auto logits = forward(batch.data);  // [B, T, V]
@@ -237,17 +237,17 @@ OptimizerConfig GptModel::configure_optimizers() {
   // tokens, which makes the squared-gradient average noisy.
   std::vector<at::Tensor> matrices, others;
   for (const auto& p : parameters()) (p.dim() >= 2 ? matrices : others).push_back(p);
-  const auto options = torch::optim::AdamWOptions(lr()).betas(std::make_tuple(0.9, 0.99));
+  const auto adamw = torch::optim::AdamWOptions(options.lr()).betas(std::make_tuple(0.9, 0.99));
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!matrices.empty()) {
     groups.emplace_back(matrices, std::make_unique<torch::optim::AdamWOptions>(
-                                      torch::optim::AdamWOptions(options).weight_decay(0.1)));
+                                      torch::optim::AdamWOptions(adamw).weight_decay(0.1)));
   }
   if (!others.empty()) {
     groups.emplace_back(others, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(options).weight_decay(0.0)));
+                                    torch::optim::AdamWOptions(adamw).weight_decay(0.0)));
   }
-  return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), adamw);
 }
 
 std::string generate(torch::nn::Sequential gpt, const CharVocabulary& vocab,

@@ -8,9 +8,7 @@
 #include <string>
 
 #include <pipetrain/data.h>
-#include <pipetrain/module.h>
-
-#include "models/language_model.h"
+#include <pipetrain/language_model.h>
 
 namespace pipetrain::cli {
 
@@ -71,14 +69,16 @@ TensorDataset make_char_windows(const at::Tensor& tokens, int64_t block_size, in
 // Draws its initial weights (LibTorch's defaults) from the default generator.
 torch::nn::Sequential make_gpt(const GptConfig& config);
 
-// Next-character prediction: cross-entropy of every position, AdamW.
-class GptModel : public LanguageModel<GptConfig> {
+// Next-character prediction: LanguageModel's steps over torch's cross-entropy of every position
+// (not the chunked one, whose rounding differs) and an AdamW of its own (nanoGPT's for few tokens a
+// step), so that its runs keep their numbers.
+class GptModel : public LanguageModel {
  public:
   explicit GptModel(const GptConfig& config, double lr = 3e-3);
 
   OptimizerConfig configure_optimizers() override;
 
- private:
+ protected:
   at::Tensor loss(const Batch& batch) override;
 };
 

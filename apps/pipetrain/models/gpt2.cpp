@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
-#include <pipetrain/cross_entropy.h>
 #include <pipetrain/trainer.h>
 
 #include "models/hf_gpt2.h"
@@ -25,17 +25,11 @@ std::vector<LayerSpec> layers_of(const nn::Gpt2Config& config, const std::string
 }  // namespace
 
 Gpt2Model::Gpt2Model(const nn::Gpt2Config& config, double lr)
-    : Gpt2Model(config, OptimizerRecipe{lr}) {}
+    : Gpt2Model(config, LanguageModelOptions().lr(lr)) {}
 
-Gpt2Model::Gpt2Model(const nn::Gpt2Config& config, const OptimizerRecipe& recipe,
+Gpt2Model::Gpt2Model(const nn::Gpt2Config& config, LanguageModelOptions options,
                      const std::string& init_from)
-    : LanguageModel(layers_of(config, init_from), config, recipe) {}
-
-at::Tensor Gpt2Model::loss(const Batch& batch) {
-  // Never holds fp32 logits (3.3 GB at B=16, T=1024 under bf16-mixed), and their gradient goes
-  // over them (nothing reads them after the loss).
-  return next_token_loss(forward(batch.data), batch.target);
-}
+    : LanguageModel(layers_of(config, init_from), std::move(options)) {}
 
 void PerplexityLogger::on_validation_end(Trainer& trainer, Module&) {
   const auto loss = trainer.callback_metrics().find("val_loss");
@@ -44,10 +38,6 @@ void PerplexityLogger::on_validation_end(Trainer& trainer, Module&) {
   trainer.log_metrics({{"val_ppl", std::exp(loss->second)},
                        {"epoch", static_cast<double>(trainer.current_epoch())}},
                       std::max<int64_t>(trainer.global_step() - 1, 0));
-}
-
-OptimizerConfig Gpt2Model::configure_optimizers() {
-  return adamw_with_recipe(parameters(), recipe());
 }
 
 }  // namespace pipetrain::cli

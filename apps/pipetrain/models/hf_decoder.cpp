@@ -17,6 +17,7 @@
 
 #include <pipetrain/safetensors.h>
 #include "io/file_writer.h"
+#include "models/hf_layers.h"
 
 namespace pipetrain::cli {
 namespace {
@@ -654,6 +655,15 @@ std::map<std::string, at::Tensor> read_hf_decoder_weights(
     }
   }
   return weights;
+}
+
+std::vector<LayerSpec> hf_decoder_layers(const nn::DecoderConfig& config,
+                                         const std::string& init_from) {
+  if (init_from.empty()) return nn::decoder_layers(config);
+  return layers_read_from(nn::decoder_layers(config), init_from,
+                          [config, init_from](const auto& wanted) {
+                            return read_hf_decoder_weights(init_from, config, wanted);
+                          });
 }
 
 WeightSource WeightSource::of(const std::map<std::string, at::Tensor>& weights) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <pipetrain/checkpoint_io.h>
+#include <pipetrain/layer_spec.h>
 #include <pipetrain/nn/decoder.h>
 #include <pipetrain/safetensors.h>
 
@@ -64,6 +65,11 @@ std::map<std::string, SafetensorsEntry> read_weights_header(const std::string& p
 // does not describe its weights (a vocabulary of 1e12) is refused naming the tensor, not met by
 // the allocator.
 void check_hf_decoder_weights(const std::string& dir, const nn::DecoderConfig& config);
+
+// nn::decoder_layers(config), each layer, where `init_from` names a Hugging Face folder, given
+// that layer's tensors of it as it is built: each process reads only its own layers'.
+std::vector<LayerSpec> hf_decoder_layers(const nn::DecoderConfig& config,
+                                         const std::string& init_from);
 
 // Writes `weights` (pipetrain's names, as in a checkpoint's model.safetensors; a tied head's second
 // name may be there or not) of a decoder of shape `config` into `dir` (created if missing), as

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <cstdint>
 
 #include <functional>
 #include <map>
@@ -12,6 +15,14 @@
 #include <pipetrain/layer_spec.h>
 
 namespace pipetrain::cli {
+
+// Copies into `layer`, layer `index` of a model built per rank, the tensors of `weights` (global
+// names, "3.attn.c_attn.weight"), checked as load_weights checks a model: every parameter and
+// buffer there with its shape, nothing unknown, and every value finite. `source` names the file
+// in messages.
+void load_layer_weights(torch::nn::AnyModule& layer, int64_t index,
+                        const std::map<std::string, at::Tensor>& weights,
+                        const std::string& source);
 
 // A folder's tensors under pipetrain's names ("3.attn.c_attn.weight"), those `wanted` accepts.
 using LayerWeightsReader = std::function<std::map<std::string, at::Tensor>(

@@ -289,15 +289,14 @@ std::vector<std::string> model_names() {
   return {"boring", "mlp", "gpt", "gpt2", "llama", "qwen3"};
 }
 
-OptimizerRecipe optimizer_recipe(const ModelOptions& options) {
-  OptimizerRecipe recipe;
-  recipe.lr = options.lr;
-  recipe.weight_decay = options.weight_decay;
-  recipe.lr_schedule = options.lr_schedule;
-  recipe.warmup_steps = options.warmup_steps;
-  recipe.min_lr = options.min_lr;
-  recipe.decay_steps = options.decay_steps;
-  return recipe;
+LanguageModelOptions language_model_options(const ModelOptions& options) {
+  return LanguageModelOptions()
+      .lr(options.lr)
+      .weight_decay(options.weight_decay)
+      .lr_schedule(options.lr_schedule)
+      .warmup_steps(options.warmup_steps)
+      .min_lr(options.min_lr)
+      .decay_steps(options.decay_steps);
 }
 
 nn::DecoderConfig decoder_config(const ModelOptions& options) {
@@ -481,8 +480,9 @@ BuiltInModel make_model(const ModelOptions& options) {
     }
     const nn::Gpt2Config config = gpt2_config(options);
     // Built per rank: each process reads its own layers' tensors of --init-from.
-    auto model = std::make_unique<Gpt2Model>(config, optimizer_recipe(options), options.init_from);
-    model->set_masked_targets(
+    auto model =
+        std::make_unique<Gpt2Model>(config, language_model_options(options), options.init_from);
+    model->options.masked_targets(
         read_token_files(options, config.block_size, config.vocab_size, built));
     built.module = std::move(model);
   } else if (is_decoder(options.name)) {
@@ -496,10 +496,9 @@ BuiltInModel make_model(const ModelOptions& options) {
                                 config.vocab_size, options.document_masking);
     config.document_separator = data.document_separator;
     // Built per rank: each process reads its own layers' tensors of --init-from.
-    auto model =
-        std::make_unique<DecoderModel>(config, optimizer_recipe(options), options.init_from);
-    model->set_masked_targets(data.masked);
-    built.module = std::move(model);
+    built.module = std::make_unique<LanguageModel>(
+        hf_decoder_layers(config, options.init_from),
+        language_model_options(options).masked_targets(data.masked));
     built.train = std::move(data.train);
     built.val = std::move(data.val);
   } else if (options.name == "gpt" && !options.train_data.empty()) {

@@ -8,10 +8,11 @@
 #include <vector>
 
 #include <pipetrain/data.h>
+#include <pipetrain/language_model.h>
 #include <pipetrain/module.h>
+#include <pipetrain/nn/decoder.h>
 #include <pipetrain/throughput_monitor.h>
 
-#include "models/decoder_model.h"
 #include "models/gpt.h"
 #include "models/gpt2.h"
 
@@ -86,8 +87,9 @@ nn::DecoderConfig decoder_config(const ModelOptions& options);
 // Whether `options` say which model they mean (--init-from, --model-size, a shape or size flag)
 // rather than leaving it to the default preset.
 bool names_a_shape(const ModelOptions& options);
-// The optimizer recipe of the flags (lr, weight decay, the schedule).
-OptimizerRecipe optimizer_recipe(const ModelOptions& options);
+// The language models' optimizer and schedule as the flags give them (lr, weight decay, the
+// schedule).
+LanguageModelOptions language_model_options(const ModelOptions& options);
 // What a language model's ThroughputMonitor counts: tokens per sample (its block), and for gpt2,
 // llama and qwen3 the model FLOPs.
 ThroughputMonitorOptions throughput_options(const ModelOptions& options);
