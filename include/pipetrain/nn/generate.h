@@ -16,6 +16,10 @@
 #include <functional>
 #include <vector>
 
+namespace pipetrain {
+class World;
+}
+
 namespace pipetrain::nn {
 
 struct GenerationOptions {
@@ -59,6 +63,19 @@ using TokenCallback = std::function<void(size_t prompt, int64_t token)>;
 // empty prompt, an id outside the vocabulary, more positions than GPT-2's block size, or options
 // out of range.
 std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& model,
+                                           const std::vector<std::vector<int64_t>>& prompts,
+                                           const GenerationOptions& options = {},
+                                           const TokenCallback& on_token = nullptr);
+
+// The same by a model whose layers are spread over the processes of `world` (a pipeline, as
+// `pipe` places them: so that a model too big for one device can still be asked): each process
+// passes `stage`, its run of consecutive layers, in rank order (rank 0's begins with the
+// embedding, the last rank's ends with the final norm and the LM head), on its own device. Each
+// decode step's activations pass from stage to stage and the last stage's choice comes back to
+// all, so every process returns (and calls `on_token` with) the tokens one process would make.
+// Every process calls it with the same prompts and options. A stage whose layers do not fit its
+// place is refused on every process, naming the rank.
+std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& stage, const World& world,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options = {},
                                            const TokenCallback& on_token = nullptr);
