@@ -1,5 +1,6 @@
-// Generation speed of pipetrain::nn::generate on one GPU: a decoder of a preset's shape (weights
-// drawn at random: the time does not depend on them) in bf16, greedy, a batch of prompts of
+// Generation speed of pipetrain::nn::generate on one GPU (else the CPU): a decoder of a preset's
+// shape (weights drawn at random: the time does not depend on them) in bf16 (fp32 on the CPU),
+// greedy, a batch of prompts of
 // `prompt` random tokens each, `new` tokens made per prompt (no EOS, so every row makes them all).
 // Per batch size, one JSON line: time to first token (the prompt's forward and the first choice),
 // then milliseconds per decode step and tokens per second after it; and the weight-read bound, the
@@ -27,16 +28,20 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
 // Bytes per second a device-to-device copy of 1 GiB moves (read and written, each counted once).
 double copy_bandwidth(const torch::Device& device) {
-  const auto from = torch::empty({int64_t{1} << 30}, torch::dtype(torch::kUInt8).device(device));
+  const auto from = torch::ones({int64_t{1} << 30}, torch::dtype(torch::kUInt8).device(device));
   auto to = torch::empty_like(from);
   to.copy_(from);
-  torch::cuda::synchronize();
+  synchronize(device);
   const auto start = Clock::now();
   constexpr int kCopies = 10;
   for (int i = 0; i < kCopies; ++i) to.copy_(from);
-  torch::cuda::synchronize();
+  synchronize(device);
   return 2.0 * kCopies * static_cast<double>(from.numel()) / seconds_since(start);
 }
 
@@ -47,22 +52,18 @@ int main(int argc, char** argv) {
   const std::string batches = argc > 2 ? argv[2] : "1,8,32";
   const int64_t prompt = argc > 3 ? std::stoll(argv[3]) : 128;
   const int64_t made = argc > 4 ? std::stoll(argv[4]) : 256;
-  if (!torch::cuda::is_available()) {
-    std::printf("generate_bench needs a GPU\n");
-    return 1;
-  }
-  const torch::Device device(torch::kCUDA);
+  const torch::Device device(torch::cuda::is_available() ? torch::kCUDA : torch::kCPU);
   torch::manual_seed(0);
   auto config = pipetrain::nn::decoder_preset(preset);
   auto model = pipetrain::nn::decoder(config);
-  model->to(device, torch::kBFloat16);
+  model->to(device, device.is_cuda() ? torch::kBFloat16 : torch::kFloat);
   double weight_bytes = 0;
   for (const auto& p : model->parameters()) weight_bytes += static_cast<double>(p.nbytes());
   const double bound_ms = 1e3 * weight_bytes / copy_bandwidth(device);
   std::printf(
-      "{\"bench\": \"generate\", \"impl\": \"pipetrain\", \"preset\": \"%s\", \"weight_bytes\": "
-      "%.0f, \"weight_read_bound_ms\": %.3f}\n",
-      preset.c_str(), weight_bytes, bound_ms);
+      "{\"bench\": \"generate\", \"impl\": \"pipetrain\", \"device\": \"%s\", \"preset\": "
+      "\"%s\", \"weight_bytes\": %.0f, \"weight_read_bound_ms\": %.3f}\n",
+      device.str().c_str(), preset.c_str(), weight_bytes, bound_ms);
 
   std::stringstream sizes(batches);
   for (std::string size; std::getline(sizes, size, ',');) {

@@ -36,6 +36,21 @@ at::Tensor explicit_attention(const at::Tensor& q, const at::Tensor& k, const at
   return torch::matmul(weights, v);
 }
 
+// masked_attention without dropout, with each key/value head read once by the `groups` query heads
+// that share it: they attend as one head over groups x T query rows (row g T + t is head g's query
+// t, under mask row t), where repeating the keys and values per query head would copy a whole
+// cache per layer and step while generating.
+at::Tensor grouped_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& allowed, AttentionKernel kernel) {
+  const int64_t batch = q.size(0), heads = q.size(1), time = q.size(2), width = q.size(3);
+  const int64_t kv_heads = k.size(1), groups = heads / kv_heads;
+  if (groups == 1) return masked_attention(q, k, v, allowed, /*dropout=*/0.0, kernel);
+  const auto rows = q.reshape({batch, kv_heads, groups * time, width});
+  const auto mask = allowed.expand({batch, 1, time, k.size(2)}).repeat({1, 1, groups, 1});
+  return masked_attention(rows, k, v, mask, /*dropout=*/0.0, kernel)
+      .reshape({batch, heads, time, width});
+}
+
 at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
   return pipetrain::linear(x, layer->weight, layer->bias);
 }
@@ -216,8 +231,9 @@ at::Tensor CausalSelfAttentionImpl::forward_cached(const at::Tensor& x, KVCache:
   }
   cache.keys.narrow(2, step.start, time).copy_(k);
   cache.values.narrow(2, step.start, time).copy_(v);
-  return merge(masked_attention(q, cache.keys.narrow(2, 0, end), cache.values.narrow(2, 0, end),
-                                step.allowed, /*dropout=*/0.0, options.kernel()));
+  return merge(grouped_masked_attention(q, cache.keys.narrow(2, 0, end),
+                                        cache.values.narrow(2, 0, end), step.allowed,
+                                        options.kernel()));
 }
 
 }  // namespace pipetrain::nn
