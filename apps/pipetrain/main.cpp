@@ -28,6 +28,8 @@
 #include <pipetrain/cluster_environment.h>
 #include <pipetrain/early_stopping.h>
 #include <pipetrain/error.h>
+#include <pipetrain/hf_decoder.h>
+#include <pipetrain/hf_gpt2.h>
 #include <pipetrain/launcher.h>
 #include <pipetrain/lr_monitor.h>
 #include <pipetrain/lr_scheduler.h>
@@ -40,8 +42,6 @@
 #include "models/byte_size.h"
 #include "models/export_command.h"
 #include "models/generate_command.h"
-#include "models/hf_decoder.h"
-#include "models/hf_gpt2.h"
 #include "models/models.h"
 #include "models/plan_command.h"
 #include "models/prepare_data.h"
@@ -150,9 +150,7 @@ std::string env_name(const std::string& flag) {
 
 // The built-in models trained with the language models' optimizer recipe (AdamW with weight decay
 // on matrices, the learning-rate schedule flags).
-bool has_optimizer_recipe(const std::string& model) {
-  return model == "gpt2" || pipetrain::cli::is_decoder(model);
-}
+bool has_optimizer_recipe(const std::string& model) { return pipetrain::cli::is_hub_model(model); }
 
 // A flag of `app` writing `value`, also read from its environment variable.
 template <typename Value>
@@ -626,16 +624,16 @@ int run(const std::string& command, Args given) {
   };
   if (command == "fit") {
     const bool gpt2 = a.model.name == "gpt2";
-    if ((gpt2 || pipetrain::cli::is_decoder(a.model.name)) && trainer.is_global_zero()) {
+    if (pipetrain::cli::is_hub_model(a.model.name) && trainer.is_global_zero()) {
       // Beside the checkpoints (in the run's folder, or the root's without a logger), what their
       // weights do not say (GPT-2's heads, a decoder's RoPE and norms), for export.
       const auto& dir = trainer.options().loggers().empty() ? trainer.options().default_root_dir()
                                                             : trainer.log_dir();
       if (gpt2) {
-        pipetrain::cli::write_hf_gpt2_config(pipetrain::cli::gpt2_config(a.model), dir);
+        pipetrain::write_hf_gpt2_config(pipetrain::cli::gpt2_config(a.model), dir);
       } else {
         // The bos and eos ids of the folder fit started from, kept across resumes.
-        pipetrain::cli::write_hf_decoder_config(
+        pipetrain::write_hf_decoder_config(
             pipetrain::cli::decoder_config(a.model), a.model.name, dir,
             a.model.init_from.empty() ? a.model.shape_from : a.model.init_from);
       }

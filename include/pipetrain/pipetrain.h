@@ -51,6 +51,13 @@
 // A decoder language model's Module: next-token loss, AdamW with decay on matrices, a schedule.
 #include "pipetrain/language_model.h"
 
+// Hugging Face Hub models (GPT-2, Llama 3, Qwen3): a folder opened as a model to fine-tune, its
+// weights read per rank and written back; each family's names and config.json.
+#include "pipetrain/hf_decoder.h"
+#include "pipetrain/hf_folder.h"
+#include "pipetrain/hf_gpt2.h"
+#include "pipetrain/hub_model.h"
+
 // Building blocks a model calls: Linear and LayerNorm the pipe can fuse, chunked cross-entropy,
 // and pipetrain::nn's transformer modules (Llama 3 and Qwen3 are decoder() configurations, GPT-2
 // is gpt2()).

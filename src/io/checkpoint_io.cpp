@@ -8,13 +8,13 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
 #include "io/file_writer.h"
 #include "pipetrain/error.h"
+#include "pipetrain/hf_folder.h"
 #include "pipetrain/safetensors.h"
 
 namespace pipetrain {
@@ -31,10 +31,7 @@ std::string state_path(const std::string& checkpoint) { return checkpoint + "/tr
 // Hugging Face's names for the files of a sharded model: model-00001-of-00004.safetensors.
 std::string weights_file_name(int64_t index, int64_t count) {
   if (count == 1) return kSingleWeightsFile;
-  char name[64];
-  std::snprintf(name, sizeof(name), "model-%05lld-of-%05lld.safetensors",
-                static_cast<long long>(index + 1), static_cast<long long>(count));
-  return name;
+  return shard_name(static_cast<size_t>(index), static_cast<size_t>(count));
 }
 
 // The index of `count` shards written into `folder`, from their headers (which tensors, how many

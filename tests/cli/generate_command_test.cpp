@@ -15,14 +15,14 @@
 #include <fstream>
 
 #include <pipetrain/checkpoint_io.h>
+#include <pipetrain/hf_decoder.h>
+#include <pipetrain/hf_gpt2.h>
 #include <pipetrain/nn/decoder.h>
 #include <pipetrain/nn/generate.h>
 #include <pipetrain/nn/gpt2.h>
 #include <pipetrain/tokenizer.h>
 
 #include "models/generate_command.h"
-#include "models/hf_decoder.h"
-#include "models/hf_gpt2.h"
 #include "support/command.h"
 #include "support/real_tokenizers.h"
 #include "support/small_models.h"
@@ -53,8 +53,8 @@ class GenerateCommand : public ::testing::Test {
     model = nn::decoder(config);
     std::map<std::string, at::Tensor> weights;
     for (const auto& item : model->named_parameters()) weights[item.key()] = item.value();
-    cli::export_hf_decoder(weights, config, "qwen3", folder, cli::kHfDefaultMaxShardBytes,
-                           at::kFloat, kQwen3);
+    export_hf_decoder(weights, config, "qwen3", folder, kHfDefaultMaxShardBytes, at::kFloat,
+                      kQwen3);
   }
   void TearDown() override { fs::remove_all(folder); }
 
@@ -293,7 +293,7 @@ TEST(GenerateGpt2, AFolderContinuesAsTheLibraryWithinTheTokenizersIds) {
   }
   std::map<std::string, at::Tensor> weights;
   for (const auto& item : model->named_parameters()) weights[item.key()] = item.value();
-  cli::export_hf_gpt2(weights, config, folder);
+  export_hf_gpt2(weights, config, folder);
   for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
     fs::copy_file(fs::path(kGpt2) / file, fs::path(folder) / file);
   }

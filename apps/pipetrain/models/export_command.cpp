@@ -7,10 +7,10 @@
 
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/checkpoint_path.h>
+#include <pipetrain/hf_decoder.h>
+#include <pipetrain/hf_gpt2.h>
 
 #include "models/byte_size.h"
-#include "models/hf_decoder.h"
-#include "models/hf_gpt2.h"
 #include "models/run_config.h"
 
 namespace pipetrain::cli {
@@ -70,7 +70,7 @@ void export_checkpoint(const ExportOptions& e) {
     throw std::invalid_argument("--format " + format + ": use hf" +
                                 (gpt2 ? " (or hf-gpt2, its old name)" : ""));
   }
-  if (!gpt2 && !is_decoder(model.name)) {
+  if (!is_hub_model(model.name)) {
     throw std::invalid_argument("--model " + model.name +
                                 ": export writes gpt2, llama and qwen3 checkpoints");
   }

@@ -11,10 +11,10 @@
 #include <stdexcept>
 
 #include <pipetrain/checkpoint_io.h>
+#include <pipetrain/hf_decoder.h>
+#include <pipetrain/hf_gpt2.h>
 
 #include "models/gpt2.h"
-#include "models/hf_decoder.h"
-#include "models/hf_gpt2.h"
 #include "models/token_data.h"
 
 namespace pipetrain::cli {
@@ -135,8 +135,8 @@ std::string all_bytes() {
 // The presets of one family ("llama", "qwen3"), for an error message.
 std::string presets_of(const std::string& family) {
   std::string names;
-  for (const auto& name : nn::decoder_preset_names()) {
-    if (name.rfind(family, 0) == 0) names += (names.empty() ? "" : ", ") + name;
+  for (const auto& name : find_hub_family(family)->presets) {
+    names += (names.empty() ? "" : ", ") + name;
   }
   return names;
 }
@@ -283,10 +283,17 @@ void check_folder_shape(const ModelOptions& options, const Shape& stored, const 
 
 }  // namespace
 
-bool is_decoder(const std::string& name) { return name == "llama" || name == "qwen3"; }
+bool is_hub_model(const std::string& name) { return find_hub_family(name) != nullptr; }
+
+bool is_decoder(const std::string& name) {
+  const HubFamily* family = find_hub_family(name);
+  return family != nullptr && family->architecture == HubArchitecture::kDecoder;
+}
 
 std::vector<std::string> model_names() {
-  return {"boring", "mlp", "gpt", "gpt2", "llama", "qwen3"};
+  std::vector<std::string> names{"boring", "mlp", "gpt"};
+  for (const auto& family : hub_families()) names.push_back(family.model_type);
+  return names;
 }
 
 LanguageModelOptions language_model_options(const ModelOptions& options) {
@@ -317,9 +324,9 @@ nn::DecoderConfig decoder_config(const ModelOptions& options) {
         [](const std::string& dir) { return decoder_shape(read_hf_decoder_config(dir)); });
     if (!options.init_from.empty()) check_hf_decoder_weights(options.init_from, config);
   } else {
-    const std::string size = !options.model_size.empty() ? options.model_size
-                             : options.name == "llama"   ? "llama-150m"
-                                                         : "qwen3-0.6b";
+    const std::string size = !options.model_size.empty()
+                                 ? options.model_size
+                                 : find_hub_family(options.name)->presets.front();
     if (size.rfind(options.name, 0) != 0) {
       throw std::invalid_argument("--model-size " + size + " is not a " + options.name +
                                   " preset: use " + presets_of(options.name));
@@ -370,7 +377,8 @@ nn::Gpt2Config gpt2_config(const ModelOptions& options) {
     stored.dropout = options.dropout;
     return stored;
   }
-  nn::Gpt2Config config = nn::gpt2_preset(options.model_size.empty() ? "124M" : options.model_size);
+  nn::Gpt2Config config = nn::gpt2_preset(
+      options.model_size.empty() ? find_hub_family("gpt2")->presets.front() : options.model_size);
   if (options.n_layer > 0) config.n_layer = options.n_layer;
   if (options.n_head > 0) config.n_head = options.n_head;
   if (options.n_embd > 0) config.n_embd = options.n_embd;
@@ -422,7 +430,7 @@ void check_flags_apply(const ModelOptions& options) {
   unless(!decoder, options.dropout != defaults.dropout, "--dropout");
   unless(decoder || gpt2, !options.init_from.empty(), "--init-from");
   unless(decoder || gpt2, !options.model_size.empty(), "--model-size");
-  const bool recipe = decoder || gpt2;
+  const bool recipe = is_hub_model(options.name);
   unless(recipe, options.lr_schedule != defaults.lr_schedule, "--lr-schedule");
   unless(recipe, options.warmup_steps != defaults.warmup_steps, "--warmup-steps");
   unless(recipe, options.min_lr != defaults.min_lr, "--min-lr");
@@ -448,8 +456,7 @@ void check_flags_apply(const ModelOptions& options) {
 BuiltInModel make_model(const ModelOptions& options) {
   check_flags_apply(options);
   torch::NoGradGuard no_grad;
-  const bool language_model =
-      options.name == "gpt" || options.name == "gpt2" || is_decoder(options.name);
+  const bool language_model = options.name == "gpt" || is_hub_model(options.name);
   if (!language_model && !options.train_data.empty()) {
     throw std::invalid_argument(
         "--train-data " + options.train_data +

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <pipetrain/data.h>
+#include <pipetrain/hub_model.h>
 #include <pipetrain/language_model.h>
 #include <pipetrain/module.h>
 #include <pipetrain/nn/decoder.h>
@@ -73,7 +74,10 @@ struct BuiltInModel {
 };
 
 std::vector<std::string> model_names();
-// llama and qwen3: the models nn::decoder() builds (Hugging Face's model_type is the name).
+// gpt2, llama and qwen3: the Hugging Face families of the library's registry (hub_model.h), whose
+// model_type is the name; the command reads their folders and exports their checkpoints.
+bool is_hub_model(const std::string& name);
+// llama and qwen3: the families nn::decoder() builds.
 bool is_decoder(const std::string& name);
 // Builds the model (its initial weights come from the default generator) and its data (the same
 // on every rank and every run).

@@ -96,7 +96,7 @@ std::string find_tokenizer(const ModelOptions& model) {
 
 std::shared_ptr<Callback> sample_callback(const ModelOptions& model,
                                           const std::string& prompts_file, int64_t new_tokens) {
-  if (!is_decoder(model.name) && model.name != "gpt2") {
+  if (!is_hub_model(model.name)) {
     throw std::invalid_argument("--sample-prompts: --model " + model.name +
                                 " is not generated from; gpt2, llama and qwen3 are");
   }

@@ -14,7 +14,7 @@
 
 #include <pipetrain/layer_spec.h>
 
-namespace pipetrain::cli {
+namespace pipetrain {
 
 // Copies into `layer`, layer `index` of a model built per rank, the tensors of `weights` (global
 // names, "3.attn.c_attn.weight"), checked as load_weights checks a model: every parameter and
@@ -34,4 +34,4 @@ using LayerWeightsReader = std::function<std::map<std::string, at::Tensor>(
 std::vector<LayerSpec> layers_read_from(std::vector<LayerSpec> layers, const std::string& source,
                                         const LayerWeightsReader& read);
 
-}  // namespace pipetrain::cli
+}  // namespace pipetrain

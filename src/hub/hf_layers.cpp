@@ -1,4 +1,4 @@
-#include "models/hf_layers.h"
+#include "hub/hf_layers.h"
 
 #include <torch/torch.h>
 
@@ -7,7 +7,7 @@
 
 #include <pipetrain/checkpoint_io.h>
 
-namespace pipetrain::cli {
+namespace pipetrain {
 
 void load_layer_weights(torch::nn::AnyModule& layer, int64_t index,
                         const std::map<std::string, at::Tensor>& weights,
@@ -45,4 +45,4 @@ std::vector<LayerSpec> layers_read_from(std::vector<LayerSpec> layers, const std
   return layers;
 }
 
-}  // namespace pipetrain::cli
+}  // namespace pipetrain

@@ -1,4 +1,4 @@
-// Llama 3 and Qwen3 to and from Hugging Face's layout (models/hf_decoder.h). A decoder pipetrain
+// Llama 3 and Qwen3 to and from Hugging Face's layout (hf_decoder.h). A decoder pipetrain
 // exports gives, read by a PyTorch re-implementation of transformers' forward that shares no code
 // with pipetrain (tests/io/llama_reference.py, skipped where no Python has torch), the logits
 // pipetrain computes; a folder that script writes (transformers 4's and 5's RoPE spellings, in
@@ -17,8 +17,8 @@
 #include <functional>
 #include <set>
 
-#include "models/hf_decoder.h"
 #include "pipetrain/checkpoint_io.h"
+#include "pipetrain/hf_decoder.h"
 #include "pipetrain/nn/decoder.h"
 #include "pipetrain/safetensors.h"
 #include "support/command.h"
@@ -31,10 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using Weights = std::map<std::string, at::Tensor>;
-using cli::export_hf_decoder;
-using cli::kHfDefaultMaxShardBytes;
-using cli::read_hf_decoder_config;
-using cli::read_hf_decoder_weights;
 
 const std::string kScript = std::string(PIPETRAIN_SOURCE_DIR) + "/tests/io/llama_reference.py";
 constexpr double kRelativeTolerance = 1e-5;

@@ -1,4 +1,4 @@
-#include "models/hf_gpt2.h"
+#include "pipetrain/hf_gpt2.h"
 
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
@@ -6,36 +6,60 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <set>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
-#include <pipetrain/safetensors.h>
+#include "hub/hf_layers.h"
 #include "io/file_writer.h"
-#include "models/hf_decoder.h"
 
-namespace pipetrain::cli {
+namespace pipetrain {
 namespace {
 
 namespace fs = std::filesystem;
 
-// One tensor of a GPT-2 in Hugging Face's layout: its name there, whether it is stored transposed
-// (Conv1D keeps [in, out]), and its shape under pipetrain's name.
-struct HfTensor {
-  std::string name;
-  bool transposed;
-  std::vector<int64_t> shape;
-};
+std::string shape_of(at::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
+}
 
-// pipetrain's name -> the tensor in Hugging Face's layout, for a GPT-2 of shape `config`.
-std::map<std::string, HfTensor> name_map(const nn::Gpt2Config& config) {
+// The tensors of a GPT-2 of shape `config` as `folder` names them (Hub files of the base model
+// leave out the "transformer." prefix), every one there with its shape: checked from the headers,
+// no tensor read. Throws std::invalid_argument naming the file and the tensor.
+std::vector<HfTensor> stored_tensors(const HfFolder& folder, const nn::Gpt2Config& config) {
+  const std::string& weights_path = folder.listing();
+  std::vector<HfTensor> tensors = hf_gpt2_tensors(config);
+  for (auto& tensor : tensors) {
+    std::string name = tensor.hf_name;
+    if (!folder.contains(name)) name = name.substr(std::string("transformer.").size());
+    if (!folder.contains(name)) {
+      throw std::invalid_argument(weights_path + " has no " + tensor.hf_name + " (GPT-2 of " +
+                                  std::to_string(config.n_layer) + " blocks, config.json)");
+    }
+    std::vector<int64_t> shape = tensor.shape;
+    if (tensor.transposed) std::reverse(shape.begin(), shape.end());
+    const std::vector<int64_t> stored = folder.entry(name).shape;
+    if (stored != shape) {
+      throw std::invalid_argument(
+          weights_path + ": tensor " + name + " has shape " + shape_of(stored) + ", not the " +
+          shape_of(shape) + " of the GPT-2 its config.json describes (vocab_size " +
+          std::to_string(config.vocab_size) + ", n_positions " + std::to_string(config.block_size) +
+          ", n_embd " + std::to_string(config.n_embd) +
+          "): use the config.json written with these weights");
+    }
+    tensor.hf_name = name;
+  }
+  return tensors;
+}
+
+}  // namespace
+
+std::vector<HfTensor> hf_gpt2_tensors(const nn::Gpt2Config& config) {
   const int64_t c = config.n_embd;
   const std::string final_norm = std::to_string(config.n_layer + 1);
-  std::map<std::string, HfTensor> names{
-      {"0.wte.weight", {"transformer.wte.weight", false, {config.vocab_size, c}}},
-      {"0.wpe.weight", {"transformer.wpe.weight", false, {config.block_size, c}}},
-      {final_norm + ".weight", {"transformer.ln_f.weight", false, {c}}},
-      {final_norm + ".bias", {"transformer.ln_f.bias", false, {c}}}};
+  std::vector<HfTensor> tensors{{"0.wte.weight", "transformer.wte.weight", {config.vocab_size, c}},
+                                {"0.wpe.weight", "transformer.wpe.weight", {config.block_size, c}}};
   // Linear layers as [out, in]: c_attn C -> 3C, attn.c_proj C -> C, c_fc C -> 4C, mlp.c_proj 4C ->
   // C.
   const std::vector<std::pair<const char*, std::pair<int64_t, int64_t>>> linears{
@@ -48,55 +72,21 @@ std::map<std::string, HfTensor> name_map(const nn::Gpt2Config& config) {
                       theirs = "transformer.h." + std::to_string(i) + ".";
     for (const char* norm : {"ln_1", "ln_2"}) {
       for (const char* part : {".weight", ".bias"}) {
-        names[ours + norm + part] = {theirs + norm + part, false, {c}};
+        tensors.push_back({ours + norm + part, theirs + norm + part, {c}});
       }
     }
     for (const auto& [linear, out_in] : linears) {
-      names[ours + linear + ".weight"] = {
-          theirs + linear + ".weight", true, {out_in.first, out_in.second}};
-      names[ours + linear + ".bias"] = {theirs + linear + ".bias", false, {out_in.first}};
+      tensors.push_back({ours + linear + ".weight",
+                         theirs + linear + ".weight",
+                         {out_in.first, out_in.second},
+                         true});
+      tensors.push_back({ours + linear + ".bias", theirs + linear + ".bias", {out_in.first}});
     }
   }
-  return names;
+  tensors.push_back({final_norm + ".weight", "transformer.ln_f.weight", {c}});
+  tensors.push_back({final_norm + ".bias", "transformer.ln_f.bias", {c}});
+  return tensors;
 }
-
-std::string shape_of(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << sizes;
-  return out.str();
-}
-
-// Each tensor of a GPT-2 of shape `config` (pipetrain's name) under its name in `weights_path`
-// (Hub files of the base model leave out the "transformer." prefix), every one there with its
-// shape: checked from the header, no tensor read. Throws std::invalid_argument naming the file
-// and the tensor.
-std::map<std::string, std::string> stored_names(const std::string& weights_path,
-                                                const nn::Gpt2Config& config) {
-  const auto listed = read_weights_header(weights_path);
-  std::map<std::string, std::string> stored_name;
-  for (const auto& [ours, theirs] : name_map(config)) {
-    std::string name = theirs.name;
-    if (listed.count(name) == 0) name = name.substr(std::string("transformer.").size());
-    if (listed.count(name) == 0) {
-      throw std::invalid_argument(weights_path + " has no " + theirs.name + " (GPT-2 of " +
-                                  std::to_string(config.n_layer) + " blocks, config.json)");
-    }
-    std::vector<int64_t> shape = theirs.shape;
-    if (theirs.transposed) std::reverse(shape.begin(), shape.end());
-    if (listed.at(name).shape != shape) {
-      throw std::invalid_argument(
-          weights_path + ": tensor " + name + " has shape " + shape_of(listed.at(name).shape) +
-          ", not the " + shape_of(shape) + " of the GPT-2 its config.json describes (vocab_size " +
-          std::to_string(config.vocab_size) + ", n_positions " + std::to_string(config.block_size) +
-          ", n_embd " + std::to_string(config.n_embd) +
-          "): use the config.json written with these weights");
-    }
-    stored_name[ours] = name;
-  }
-  return stored_name;
-}
-
-}  // namespace
 
 nn::Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, int64_t n_head) {
   const auto wte = weights.find("0.wte.weight"), wpe = weights.find("0.wpe.weight");
@@ -126,25 +116,25 @@ nn::Gpt2Config gpt2_config_of(const std::map<std::string, at::Tensor>& weights, 
 
 void export_hf_gpt2(const std::map<std::string, at::Tensor>& weights, const nn::Gpt2Config& config,
                     const std::string& dir) {
-  TensorMap out;
-  for (const auto& [ours, theirs] : name_map(config)) {
-    const auto found = weights.find(ours);
+  const auto tensors = hf_gpt2_tensors(config);
+  for (const auto& tensor : tensors) {
+    const auto found = weights.find(tensor.name);
     if (found == weights.end()) {
-      throw std::invalid_argument("the checkpoint has no " + ours + ", which GPT-2 of " +
+      throw std::invalid_argument("the checkpoint has no " + tensor.name + ", which GPT-2 of " +
                                   std::to_string(config.n_layer) + " blocks needs");
     }
-    if (found->second.sizes() != at::IntArrayRef(theirs.shape)) {
-      throw std::invalid_argument(ours + " has shape " + shape_of(found->second.sizes()) +
-                                  ", not " + shape_of(theirs.shape) +
+    if (found->second.sizes() != at::IntArrayRef(tensor.shape)) {
+      throw std::invalid_argument(tensor.name + " has shape " + shape_of(found->second.sizes()) +
+                                  ", not " + shape_of(tensor.shape) +
                                   " as this GPT-2's shape says");
     }
-    const auto tensor = found->second.to(torch::kFloat32);
-    out[theirs.name] = (theirs.transposed ? tensor.t() : tensor).contiguous();
   }
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) throw std::runtime_error("cannot create " + dir + ": " + error.message());
-  save_safetensors((fs::path(dir) / "model.safetensors").string(), out, {{"format", "pt"}});
+  // One fp32 file, whatever its size, as GPT-2's own releases are.
+  write_hf_weights(WeightSource::of(weights), tensors, dir, std::numeric_limits<int64_t>::max(),
+                   at::kFloat);
   write_hf_gpt2_config(config, dir);
 }
 
@@ -221,26 +211,42 @@ nn::Gpt2Config read_hf_gpt2_config(const std::string& dir) {
 std::map<std::string, at::Tensor> read_hf_gpt2_weights(
     const std::string& dir, const nn::Gpt2Config& config,
     const std::function<bool(const std::string& pipetrain_name)>& wanted) {
-  const auto weights_path = (fs::path(dir) / "model.safetensors").string();
+  return read_hf_gpt2_weights(HfFolder(dir), config, wanted);
+}
+
+std::map<std::string, at::Tensor> read_hf_gpt2_weights(
+    const HfFolder& folder, const nn::Gpt2Config& config,
+    const std::function<bool(const std::string& pipetrain_name)>& wanted) {
   // Only the wanted tensors read.
-  std::map<std::string, std::string> stored_name;
-  for (const auto& [ours, name] : stored_names(weights_path, config)) {
-    if (!wanted || wanted(ours)) stored_name[ours] = name;
-  }
+  std::vector<HfTensor> tensors;
   std::set<std::string> names;
-  for (const auto& [ours, name] : stored_name) names.insert(name);
-  const TensorMap stored = load_safetensors(weights_path, names);
-  const auto map = name_map(config);
-  std::map<std::string, at::Tensor> weights;
-  for (const auto& [ours, name] : stored_name) {
-    const at::Tensor& tensor = stored.at(name);
-    weights[ours] = map.at(ours).transposed ? tensor.t().contiguous() : tensor;
+  for (const auto& tensor : stored_tensors(folder, config)) {
+    if (wanted && !wanted(tensor.name)) continue;
+    tensors.push_back(tensor);
+    names.insert(tensor.hf_name);
   }
-  return weights;
+  return from_hf_names(folder.read(names), tensors);
+}
+
+std::vector<LayerSpec> hf_gpt2_layers(const nn::Gpt2Config& config, const std::string& init_from) {
+  if (init_from.empty()) return nn::gpt2_layers(config);
+  return hf_gpt2_layers(config, std::make_shared<const HfFolder>(init_from));
+}
+
+std::vector<LayerSpec> hf_gpt2_layers(const nn::Gpt2Config& config,
+                                      std::shared_ptr<const HfFolder> folder) {
+  return layers_read_from(nn::gpt2_layers(config), folder->listing(),
+                          [config, folder](const auto& wanted) {
+                            return read_hf_gpt2_weights(*folder, config, wanted);
+                          });
 }
 
 void check_hf_gpt2_weights(const std::string& dir, const nn::Gpt2Config& config) {
-  stored_names((fs::path(dir) / "model.safetensors").string(), config);
+  check_hf_gpt2_weights(HfFolder(dir), config);
 }
 
-}  // namespace pipetrain::cli
+void check_hf_gpt2_weights(const HfFolder& folder, const nn::Gpt2Config& config) {
+  stored_tensors(folder, config);
+}
+
+}  // namespace pipetrain
