@@ -780,6 +780,11 @@ int main(int argc, char** argv) {
   generate_command->add_option("--seed", generation.seed, "seeds the sampling");
   generate_command->add_option("--accelerator", generation.accelerator,
                                "cpu, cuda or auto (cuda when a GPU is visible)");
+  generate_command->add_option("--strategy", generation.strategy,
+                               "single, or pipe: the model's layers spread over --devices "
+                               "processes, for a model too big for one device");
+  generate_command->add_option("--devices", generation.devices,
+                               "pipe: processes (one per GPU) the model's layers are spread over");
   generate_command->add_option("--dtype", generation.dtype,
                                "the weights' and activations' dtype: bf16 or fp32 (default: bf16 "
                                "on a GPU, fp32 on the CPU)");
@@ -864,8 +869,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (generate_command->parsed()) {
-      pipetrain::cli::generate_text(generation, std::cout);
-      return 0;
+      return pipetrain::cli::generate_text(generation, std::cout);
     }
     if (prepare_command->parsed()) {
       // Each kind of token files has flags of its own: given to the other, they are refused

@@ -122,6 +122,21 @@ TEST_F(GenerateCommand, PromptIdsPrintTheNewIds) {
   }
   EXPECT_EQ(result.output, expected);
   EXPECT_EQ(generate({"--prompt-ids", "1,x"}).exit_code, 2);
+
+  // Over a pipeline of 2 processes, each reading its own layers (the tied head its embedding's
+  // values): the same ids, printed once.
+  const auto piped = generate({"--prompt-ids", "9707,1052", "--prompt-ids", "17",
+                               "--max-new-tokens", "5", "--strategy", "pipe", "--devices", "2"});
+  ASSERT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_EQ(piped.output, expected);
+  // 2 blocks spread over 3 processes, and a strategy generation has not.
+  const auto too_many = generate({"--prompt-ids", "17", "--strategy", "pipe", "--devices", "3"});
+  EXPECT_NE(too_many.exit_code, 0);
+  EXPECT_NE(too_many.output.find("generates over 2 processes at most"), std::string::npos)
+      << too_many.output;
+  const auto ddp = generate({"--prompt-ids", "17", "--strategy", "ddp"});
+  EXPECT_EQ(ddp.exit_code, 2);
+  EXPECT_NE(ddp.output.find("--strategy ddp: use single or pipe"), std::string::npos) << ddp.output;
 }
 
 TEST_F(GenerateCommand, ACheckpointOfFitGeneratesAsItsExport) {
@@ -342,6 +357,12 @@ TEST(GenerateGpt2, ACheckpointOfFitGeneratesAsTheLibraryFromItsWeights) {
       nn::generate(model, {{72, 101, 108}}, nn::GenerationOptions().max_new_tokens(5)).front();
   for (size_t i = 0; i < made.size(); ++i) expected += (i ? "," : "") + std::to_string(made[i]);
   EXPECT_EQ(result.output, expected + "\n");
+  // Its stages over 2 processes, the head on the second taking the embedding's trained values.
+  const auto piped = run_command(pipetrain_command(
+      {"generate", "--ckpt-path", "last", "--default-root-dir", run, "--prompt-ids", "72,101,108",
+       "--max-new-tokens", "5", "--accelerator", "cpu", "--strategy", "pipe", "--devices", "2"}));
+  ASSERT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_EQ(piped.output, expected + "\n");
   fs::remove_all(run);
 }
 

@@ -13,11 +13,15 @@
 
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/checkpoint_path.h>
+#include <pipetrain/cluster_environment.h>
+#include <pipetrain/hub_model.h>
 #include <pipetrain/nn/decoder.h>
 #include <pipetrain/nn/embedding.h>
 #include <pipetrain/nn/generate.h>
 #include <pipetrain/nn/gpt2.h>
 #include <pipetrain/tokenizer.h>
+#include <pipetrain/trainer.h>
+#include <pipetrain/world.h>
 
 #include "models/hf_decoder.h"
 #include "models/hf_gpt2.h"
@@ -169,6 +173,102 @@ torch::nn::Sequential read_model(const GenerateRequest& request) {
   return model_of(run, checkpoint, weights, weights);
 }
 
+// Layers per process of a pipeline over `stages` processes for a model of `layers` layers (an
+// embedding, blocks, a final norm, a head): the blocks spread evenly, rank 0 with the embedding
+// before its blocks and the last rank with the norm and head after its own.
+std::vector<int64_t> stage_sizes(int64_t layers, int64_t stages) {
+  const int64_t blocks = layers - 3;
+  if (stages > blocks) {
+    throw std::invalid_argument("--devices " + std::to_string(stages) + ": a model of " +
+                                std::to_string(blocks) + " blocks generates over " +
+                                std::to_string(blocks) + " processes at most");
+  }
+  std::vector<int64_t> sizes(static_cast<size_t>(stages), blocks / stages);
+  for (int64_t r = 0; r < blocks % stages; ++r) ++sizes[static_cast<size_t>(r)];
+  sizes.front() += 1;
+  sizes.back() += 2;
+  return sizes;
+}
+
+// Layer `index` of a checkpoint's model given its tensors of `stored` (a layer of one's own, as
+// "0.", for load_weights' checks).
+void load_stored_layer(torch::nn::AnyModule& layer, int64_t index, const StoredWeights& stored) {
+  const std::string prefix = std::to_string(index) + ".";
+  std::set<std::string> names;
+  for (const auto& [name, shape] : stored.shapes()) {
+    if (name.rfind(prefix, 0) == 0) names.insert(name);
+  }
+  std::map<std::string, at::Tensor> own;
+  for (const auto& [name, tensor] : stored.read(names)) {
+    own["0." + name.substr(prefix.size())] = tensor;
+  }
+  torch::nn::Sequential holder;
+  holder->push_back(layer);
+  load_weights(holder, own, stored.source());
+}
+
+// The layers of `request`'s model described one by one, each reading its own tensors as it is
+// built (a tied head none: its values are its tie's); `vocab_size` the model's.
+std::vector<LayerSpec> layer_specs(const GenerateRequest& request, int64_t& vocab_size) {
+  if (!request.init_from.empty()) {
+    const auto hub = HubModel::open(request.init_from);
+    vocab_size = hub.vocab_size();
+    return hub.layers();
+  }
+  const std::string checkpoint =
+      resolve_checkpoint_path(request.ckpt_path, request.default_root_dir);
+  const std::string run = run_config_dir(checkpoint);
+  const HubFamily* family = run.empty() ? nullptr : find_hub_family(read_model_type(run));
+  if (family == nullptr) {
+    throw std::invalid_argument("--ckpt-path " + checkpoint +
+                                ": no config.json of a gpt2, llama or qwen3 run beside it (fit "
+                                "keeps one in the run's folder, above checkpoints/)");
+  }
+  std::vector<LayerSpec> specs;
+  if (family->architecture == HubArchitecture::kGpt2) {
+    const auto config = read_hf_gpt2_config(run);
+    vocab_size = config.vocab_size;
+    specs = nn::gpt2_layers(config);
+  } else {
+    const auto config = read_hf_decoder_config(run);
+    vocab_size = config.vocab_size;
+    specs = nn::decoder_layers(config);
+  }
+  const auto stored = std::make_shared<const StoredWeights>(checkpoint);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!specs[i].tied_to.empty()) continue;
+    specs[i].build = [stored, i, build = std::move(specs[i].build)] {
+      auto layer = build();
+      load_stored_layer(layer, static_cast<int64_t>(i), *stored);
+      return layer;
+    };
+  }
+  return specs;
+}
+
+// This rank's run of the model's layers in a pipeline over `world` (stage_sizes), each layer built
+// here alone; a tied copy (the head tied to the embedding) takes its tie's values.
+torch::nn::Sequential read_stage(const GenerateRequest& request, const World& world,
+                                 int64_t& vocab_size) {
+  const auto specs = layer_specs(request, vocab_size);
+  const auto sizes = stage_sizes(static_cast<int64_t>(specs.size()), world.size());
+  size_t first = 0;
+  for (int64_t r = 0; r < world.rank(); ++r) first += static_cast<size_t>(sizes[r]);
+  torch::nn::Sequential stage;
+  torch::NoGradGuard no_grad;
+  for (size_t i = first; i < first + static_cast<size_t>(sizes[world.rank()]); ++i) {
+    auto layer = specs[i].build();
+    for (const auto& [own, global] : specs[i].tied_to) {
+      const size_t dot = global.find('.');
+      const auto source = specs[std::stoul(global.substr(0, dot))].build();
+      layer.ptr()->named_parameters()[own].copy_(
+          source.ptr()->named_parameters()[global.substr(dot + 1)]);
+    }
+    stage->push_back(layer);
+  }
+  return stage;
+}
+
 }  // namespace
 
 std::string decode_generated(const Tokenizer& tokenizer, const std::vector<int64_t>& ids) {
@@ -212,7 +312,31 @@ std::vector<std::string> read_prompts_file(const std::string& path, const std::s
   return prompts;
 }
 
-void generate_text(const GenerateRequest& request, std::ostream& out) {
+int generate_text(const GenerateRequest& request, std::ostream& out) {
+  const bool pipe = request.strategy == "pipe";
+  if (!pipe && request.strategy != "single") {
+    throw std::invalid_argument("--strategy " + request.strategy + ": use single or pipe");
+  }
+  if (request.devices < 1 || (!pipe && request.devices != 1)) {
+    throw std::invalid_argument("--devices " + std::to_string(request.devices) +
+                                ": give 1, or with --strategy pipe the processes the model's "
+                                "layers are spread over");
+  }
+  if (pipe && request.prompts_file == "-") {
+    throw std::invalid_argument(
+        "--prompts-file -: under --strategy pipe every process reads the prompts: give a file");
+  }
+  // A pipeline's processes: this one launches them and waits (each then runs what follows), unless
+  // torchrun or SLURM did.
+  if (pipe) {
+    const auto launch = TrainerOptions()
+                            .strategy("pipe")
+                            .devices(request.devices)
+                            .accelerator(request.accelerator == "auto"  ? "auto"
+                                         : request.accelerator == "cpu" ? "cpu"
+                                                                        : "cuda");
+    if (const auto status = launch_ranks(launch)) return *status;
+  }
   if (!request.ckpt_path.empty() && request.tokenizer.empty() && request.prompt_ids.empty()) {
     throw std::invalid_argument(
         "--ckpt-path: pass --tokenizer (the tokenizer.json, or the folder, of the model fit "
@@ -245,9 +369,28 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
     }
   }
 
-  auto model = read_model(request);
-  const auto device = device_for(request.accelerator);
+  // The whole model here, or this rank's stage of it.
+  torch::nn::Sequential model;
+  std::shared_ptr<World> world;
+  int64_t vocab_size = 0;
+  auto device = device_for(request.accelerator);
+  if (pipe) {
+    world = World::connect(*select_cluster_environment(), World::kDefaultTimeout, device.type());
+    device = world->device();
+    model = read_stage(request, *world, vocab_size);
+  } else {
+    model = read_model(request);
+    vocab_size = model->ptr(model->size() - 1)->as<nn::LMHeadImpl>()->weight.size(0);
+  }
   model->to(device, dtype_for(request.dtype, device));
+  const auto generate = [&](const nn::GenerationOptions& options,
+                            const nn::TokenCallback& on_token = nullptr) {
+    return world ? nn::generate(model, *world, ids, options, on_token)
+                 : nn::generate(model, ids, options, on_token);
+  };
+  // Every rank generates; rank 0 alone writes.
+  std::ostream nowhere(nullptr);
+  std::ostream& shown = world && world->rank() != 0 ? nowhere : out;
 
   const auto options =
       nn::GenerationOptions()
@@ -261,43 +404,45 @@ void generate_text(const GenerateRequest& request, std::ostream& out) {
                                                                        : "",
                                  tokenizer))
           .pad_token_id(tokenizer ? tokenizer->pad_token_id().value_or(0) : 0)
-          .vocab_limit(tokenizer ? tokenizer_vocab_limit(model, *tokenizer) : 0);
+          .vocab_limit(tokenizer && tokenizer->vocab_size() < vocab_size ? tokenizer->vocab_size()
+                                                                         : 0);
   if (given_ids) {
-    for (const auto& made : nn::generate(model, ids, options)) {
-      for (size_t i = 0; i < made.size(); ++i) out << (i ? "," : "") << made[i];
-      out << "\n";
+    for (const auto& made : generate(options)) {
+      for (size_t i = 0; i < made.size(); ++i) shown << (i ? "," : "") << made[i];
+      shown << "\n";
     }
-    out << std::flush;
-    return;
+    shown << std::flush;
+    return 0;
   }
   if (prompts.size() == 1) {
     // The text as it is made: each token's decoding of all made so far, less what is printed
     // (a character of several tokens appears once whole).
-    out << prompts.front() << std::flush;
+    shown << prompts.front() << std::flush;
     std::vector<int64_t> made;
     std::string printed;
-    nn::generate(model, ids, options, [&](size_t, int64_t token) {
+    generate(options, [&](size_t, int64_t token) {
       made.push_back(token);
       const std::string text = decode_generated(*tokenizer, made);
       const bool partial_character =  // U+FFFD: bytes a later token completes
           text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0;
       if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0 &&
           !partial_character) {
-        out << text.substr(printed.size()) << std::flush;
+        shown << text.substr(printed.size()) << std::flush;
         printed = text;
       }
     });
     const std::string text = decode_generated(*tokenizer, made);
-    if (text.compare(0, printed.size(), printed) == 0) out << text.substr(printed.size());
-    out << std::endl;
-    return;
+    if (text.compare(0, printed.size(), printed) == 0) shown << text.substr(printed.size());
+    shown << std::endl;
+    return 0;
   }
-  const auto made = nn::generate(model, ids, options);
+  const auto made = generate(options);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    if (i > 0) out << "---------------\n";
-    out << prompts[i] << decode_generated(*tokenizer, made[i]) << "\n";
+    if (i > 0) shown << "---------------\n";
+    shown << prompts[i] << decode_generated(*tokenizer, made[i]) << "\n";
   }
-  out << std::flush;
+  shown << std::flush;
+  return 0;
 }
 
 }  // namespace pipetrain::cli

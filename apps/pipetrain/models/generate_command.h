@@ -38,7 +38,12 @@ struct GenerateRequest {
   double top_p = 1.0;
   uint64_t seed = 0;
   std::string accelerator = "auto";  // cpu, cuda, auto
-  std::string dtype;                 // bf16 or fp32; empty: bf16 on a GPU, fp32 on the CPU
+  // "pipe": the model's layers spread over `devices` processes (launched here, or by torchrun or
+  // SLURM), each building and reading only its own, so that a model too big for one device
+  // generates.
+  std::string strategy = "single";
+  int64_t devices = 1;
+  std::string dtype;  // bf16 or fp32; empty: bf16 on a GPU, fp32 on the CPU
 };
 
 // The prompts of a file (`flag`'s, for messages): a JSONL line's "prompt", any other non-empty
@@ -57,9 +62,12 @@ std::string decode_generated(const Tokenizer& tokenizer, const std::vector<int64
 int64_t tokenizer_vocab_limit(const torch::nn::Sequential& model, const Tokenizer& tokenizer);
 
 // Writes to `out` each prompt's text and what the model makes after it (one prompt's as it is
-// made; several, each when the batch ends, separated by lines of dashes). Throws
+// made; several, each when the batch ends, separated by lines of dashes; under --strategy pipe
+// rank 0 writes). Throws
 // std::invalid_argument for a folder of another model, no prompts, an empty prompt (naming it) or
 // options nn::generate refuses.
-void generate_text(const GenerateRequest& request, std::ostream& out);
+// Returns the exit status: 0, or under --strategy pipe in the process that launched the others,
+// theirs.
+int generate_text(const GenerateRequest& request, std::ostream& out);
 
 }  // namespace pipetrain::cli
