@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,6 +15,8 @@
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/checkpoint_path.h>
 #include <pipetrain/cluster_environment.h>
+#include <pipetrain/hf_decoder.h>
+#include <pipetrain/hf_gpt2.h>
 #include <pipetrain/hub_model.h>
 #include <pipetrain/nn/decoder.h>
 #include <pipetrain/nn/embedding.h>
@@ -23,8 +26,6 @@
 #include <pipetrain/trainer.h>
 #include <pipetrain/world.h>
 
-#include "models/hf_decoder.h"
-#include "models/hf_gpt2.h"
 #include "models/models.h"
 #include "models/run_config.h"
 
@@ -108,71 +109,6 @@ at::ScalarType dtype_for(const std::string& dtype, const torch::Device& device) 
   throw std::invalid_argument("--dtype " + dtype + ": use bf16 or fp32");
 }
 
-// Whether `dir`/config.json says GPT-2; a folder without a readable one is left to the decoder's
-// reader, whose message names what is missing.
-bool is_gpt2(const std::string& dir) {
-  const Json config = Json::parse(std::ifstream(fs::path(dir) / "config.json"), nullptr,
-                                  /*allow_exceptions=*/false);
-  const auto type = config.is_object() ? config.find("model_type") : config.end();
-  return type != config.end() && type->is_string() && type->get<std::string>() == "gpt2";
-}
-
-// The model of a Hugging Face folder, or of a checkpoint (`weights`, read) whose run's
-// config.json is in `dir`: a GPT-2 or a decoder, as its model_type says. `source` names the
-// weights in messages.
-torch::nn::Sequential model_of(
-    const std::string& dir, const std::string& source,
-    const std::function<std::map<std::string, at::Tensor>(const nn::Gpt2Config&)>& gpt2_weights,
-    const std::function<std::map<std::string, at::Tensor>(const nn::DecoderConfig&)>&
-        decoder_weights) {
-  if (is_gpt2(dir)) {
-    const nn::Gpt2Config config = read_hf_gpt2_config(dir);
-    auto model = nn::gpt2(config);
-    load_weights(model, gpt2_weights(config), source);
-    return model;
-  }
-  const nn::DecoderConfig config = read_hf_decoder_config(dir);
-  auto model = nn::decoder(config);
-  load_weights(model, decoder_weights(config), source);
-  return model;
-}
-
-// The model of `request`: a Hugging Face folder's, or a checkpoint's in the shape of its run's
-// config.json.
-torch::nn::Sequential read_model(const GenerateRequest& request) {
-  if (request.init_from.empty() == request.ckpt_path.empty()) {
-    throw std::invalid_argument(
-        "generate: pass --init-from DIR (a GPT-2, Llama or Qwen3 Hugging Face folder) or "
-        "--ckpt-path (a checkpoint of fit's), one of them");
-  }
-  if (!request.init_from.empty()) {
-    const std::string& folder = request.init_from;
-    return model_of(
-        folder, folder,
-        [&](const nn::Gpt2Config& config) {
-          check_hf_gpt2_weights(folder, config);
-          return read_hf_gpt2_weights(folder, config);
-        },
-        [&](const nn::DecoderConfig& config) {
-          check_hf_decoder_weights(folder, config);
-          return read_hf_decoder_weights(folder, config);
-        });
-  }
-  const std::string checkpoint =
-      resolve_checkpoint_path(request.ckpt_path, request.default_root_dir);
-  const std::string run = run_config_dir(checkpoint);
-  const std::string type = run.empty() ? "" : read_model_type(run);
-  if (type != "gpt2" && !is_decoder(type)) {
-    throw std::invalid_argument(
-        "--ckpt-path " + checkpoint +
-        ": no config.json of a gpt2, llama or qwen3 run beside it (fit keeps one in the run's "
-        "folder, above checkpoints/); generate reads those checkpoints, or a Hugging Face folder "
-        "(--init-from)");
-  }
-  const auto weights = [&](const auto&) { return read_checkpoint_weights(checkpoint); };
-  return model_of(run, checkpoint, weights, weights);
-}
-
 // Layers per process of a pipeline over `stages` processes for a model of `layers` layers (an
 // embedding, blocks, a final norm, a head): the blocks spread evenly, rank 0 with the embedding
 // before its blocks and the last rank with the norm and head after its own.
@@ -210,6 +146,11 @@ void load_stored_layer(torch::nn::AnyModule& layer, int64_t index, const StoredW
 // The layers of `request`'s model described one by one, each reading its own tensors as it is
 // built (a tied head none: its values are its tie's); `vocab_size` the model's.
 std::vector<LayerSpec> layer_specs(const GenerateRequest& request, int64_t& vocab_size) {
+  if (request.init_from.empty() == request.ckpt_path.empty()) {
+    throw std::invalid_argument(
+        "generate: pass --init-from DIR (a GPT-2, Llama or Qwen3 Hugging Face folder) or "
+        "--ckpt-path (a checkpoint of fit's), one of them");
+  }
   if (!request.init_from.empty()) {
     const auto hub = HubModel::open(request.init_from);
     vocab_size = hub.vocab_size();
@@ -220,9 +161,11 @@ std::vector<LayerSpec> layer_specs(const GenerateRequest& request, int64_t& voca
   const std::string run = run_config_dir(checkpoint);
   const HubFamily* family = run.empty() ? nullptr : find_hub_family(read_model_type(run));
   if (family == nullptr) {
-    throw std::invalid_argument("--ckpt-path " + checkpoint +
-                                ": no config.json of a gpt2, llama or qwen3 run beside it (fit "
-                                "keeps one in the run's folder, above checkpoints/)");
+    throw std::invalid_argument(
+        "--ckpt-path " + checkpoint +
+        ": no config.json of a gpt2, llama or qwen3 run beside it (fit keeps one in the run's "
+        "folder, above checkpoints/); generate reads those checkpoints, or a Hugging Face folder "
+        "(--init-from)");
   }
   std::vector<LayerSpec> specs;
   if (family->architecture == HubArchitecture::kGpt2) {
@@ -246,21 +189,35 @@ std::vector<LayerSpec> layer_specs(const GenerateRequest& request, int64_t& voca
   return specs;
 }
 
-// This rank's run of the model's layers in a pipeline over `world` (stage_sizes), each layer built
-// here alone; a tied copy (the head tied to the embedding) takes its tie's values.
-torch::nn::Sequential read_stage(const GenerateRequest& request, const World& world,
+// This process's run of the model's layers: all of them (`world` nullptr), or its stage of a
+// pipeline over `world` (stage_sizes), each layer built here alone. A tied layer (the head tied to
+// the embedding) shares its tie's tensor where this process holds both, else takes its values.
+torch::nn::Sequential read_stage(const GenerateRequest& request, const World* world,
                                  int64_t& vocab_size) {
   const auto specs = layer_specs(request, vocab_size);
-  const auto sizes = stage_sizes(static_cast<int64_t>(specs.size()), world.size());
+  const int64_t rank = world ? world->rank() : 0;
+  const auto sizes = stage_sizes(static_cast<int64_t>(specs.size()), world ? world->size() : 1);
   size_t first = 0;
-  for (int64_t r = 0; r < world.rank(); ++r) first += static_cast<size_t>(sizes[r]);
+  for (int64_t r = 0; r < rank; ++r) first += static_cast<size_t>(sizes[r]);
   torch::nn::Sequential stage;
   torch::NoGradGuard no_grad;
-  for (size_t i = first; i < first + static_cast<size_t>(sizes[world.rank()]); ++i) {
+  // "0.weight": layer 0, its "weight".
+  const auto layer_of = [](const std::string& global) {
+    return std::stoul(global.substr(0, global.find('.')));
+  };
+  for (size_t i = first; i < first + static_cast<size_t>(sizes[rank]); ++i) {
+    const bool holds_ties =
+        !specs[i].tied_to.empty() &&
+        std::all_of(specs[i].tied_to.begin(), specs[i].tied_to.end(),
+                    [&](const auto& tie) { return layer_of(tie.second) >= first; });
+    if (holds_ties && specs[i].build_sharing) {
+      stage->push_back(specs[i].build_sharing(stage));
+      continue;
+    }
     auto layer = specs[i].build();
     for (const auto& [own, global] : specs[i].tied_to) {
       const size_t dot = global.find('.');
-      const auto source = specs[std::stoul(global.substr(0, dot))].build();
+      const auto source = specs[layer_of(global)].build();
       layer.ptr()->named_parameters()[own].copy_(
           source.ptr()->named_parameters()[global.substr(dot + 1)]);
     }
@@ -377,11 +334,8 @@ int generate_text(const GenerateRequest& request, std::ostream& out) {
   if (pipe) {
     world = World::connect(*select_cluster_environment(), World::kDefaultTimeout, device.type());
     device = world->device();
-    model = read_stage(request, *world, vocab_size);
-  } else {
-    model = read_model(request);
-    vocab_size = model->ptr(model->size() - 1)->as<nn::LMHeadImpl>()->weight.size(0);
   }
+  model = read_stage(request, world.get(), vocab_size);
   model->to(device, dtype_for(request.dtype, device));
   const auto generate = [&](const nn::GenerationOptions& options,
                             const nn::TokenCallback& on_token = nullptr) {
