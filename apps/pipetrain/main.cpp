@@ -43,6 +43,7 @@
 #include "models/export_command.h"
 #include "models/generate_command.h"
 #include "models/models.h"
+#include "models/perplexity_logger.h"
 #include "models/plan_command.h"
 #include "models/prepare_data.h"
 #include "models/run_config.h"

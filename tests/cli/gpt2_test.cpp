@@ -5,7 +5,8 @@
 // including a resume across layouts.
 // Tolerance: fp32 on CPU, relative 1e-5 on per-step losses and absolute 1e-5 on the final
 // weights, where only the order of sums differs (micro-batches, the tied gradient's two halves).
-#include "models/gpt2.h"
+#include <pipetrain/hf_gpt2.h>
+#include <pipetrain/language_model.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -33,7 +34,7 @@ nn::Gpt2Config small_config() {
 // Its optimizer is LanguageModel's (tests/train/language_model_test.cpp); its tie, as one process
 // holding every layer builds it, is the token embedding's own tensor, trained once.
 TEST(Gpt2, BuiltPerRankInOneProcessTheHeadIsTheTokenEmbedding) {
-  cli::Gpt2Model model(small_config());
+  LanguageModel model(nn::gpt2_layers(small_config()));
   model.build_layers(std::vector<bool>(model.layer_specs().size(), true), 0);
   EXPECT_TRUE(model.layers()->named_parameters()["0.wte.weight"].is_same(
       model.layers()
@@ -55,7 +56,7 @@ using Gpt2Run = PipeLayoutRun;
 void train(const Gpt2Run& run) {
   Trainer trainer(run.trainer_options().max_epochs(2).gradient_clip_val(1.0));
   torch::manual_seed(5);
-  cli::Gpt2Model model(small_config(), 3e-3);
+  LanguageModel model(nn::gpt2_layers(small_config()), LanguageModelOptions().lr(3e-3));
   const DataLoader loader(token_windows(), DataLoaderOptions().batch_size(8).shuffle(true).seed(2));
   trainer.fit(model, loader, nullptr, run.resume);
 }

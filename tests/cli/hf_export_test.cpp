@@ -14,7 +14,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "models/gpt2.h"
+#include <pipetrain/hf_gpt2.h>
+#include <pipetrain/language_model.h>
 #include "pipetrain/checkpoint_io.h"
 #include "pipetrain/safetensors.h"
 #include "support/command.h"

@@ -13,8 +13,8 @@
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/hf_decoder.h>
 #include <pipetrain/hf_gpt2.h>
+#include <pipetrain/language_model.h>
 
-#include "models/gpt2.h"
 #include "models/token_data.h"
 
 namespace pipetrain::cli {
@@ -487,8 +487,8 @@ BuiltInModel make_model(const ModelOptions& options) {
     }
     const nn::Gpt2Config config = gpt2_config(options);
     // Built per rank: each process reads its own layers' tensors of --init-from.
-    auto model =
-        std::make_unique<Gpt2Model>(config, language_model_options(options), options.init_from);
+    auto model = std::make_unique<LanguageModel>(hf_gpt2_layers(config, options.init_from),
+                                                 language_model_options(options));
     model->options.masked_targets(
         read_token_files(options, config.block_size, config.vocab_size, built));
     built.module = std::move(model);

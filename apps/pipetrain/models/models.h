@@ -12,10 +12,10 @@
 #include <pipetrain/language_model.h>
 #include <pipetrain/module.h>
 #include <pipetrain/nn/decoder.h>
+#include <pipetrain/nn/gpt2.h>
 #include <pipetrain/throughput_monitor.h>
 
 #include "models/gpt.h"
-#include "models/gpt2.h"
 
 namespace pipetrain::cli {
 

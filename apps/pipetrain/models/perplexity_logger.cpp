@@ -1,20 +1,11 @@
-#include "models/gpt2.h"
+#include "models/perplexity_logger.h"
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
 
-#include <pipetrain/hf_gpt2.h>
 #include <pipetrain/trainer.h>
 
 namespace pipetrain::cli {
-
-Gpt2Model::Gpt2Model(const nn::Gpt2Config& config, double lr)
-    : Gpt2Model(config, LanguageModelOptions().lr(lr)) {}
-
-Gpt2Model::Gpt2Model(const nn::Gpt2Config& config, LanguageModelOptions options,
-                     const std::string& init_from)
-    : LanguageModel(hf_gpt2_layers(config, init_from), std::move(options)) {}
 
 void PerplexityLogger::on_validation_end(Trainer& trainer, Module&) {
   const auto loss = trainer.callback_metrics().find("val_loss");
