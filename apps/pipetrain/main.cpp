@@ -786,6 +786,11 @@ int main(int argc, char** argv) {
                                "processes, for a model too big for one device");
   generate_command->add_option("--devices", generation.devices,
                                "pipe: processes (one per GPU) the model's layers are spread over");
+  generate_command
+      ->add_option("--balance", generation.balance,
+                   "pipe: layers per process, e.g. 2,3 (default: the blocks spread evenly, the "
+                   "embedding with the first, the final norm and head with the last)")
+      ->delimiter(',');
   generate_command->add_option("--dtype", generation.dtype,
                                "the weights' and activations' dtype: bf16 or fp32 (default: bf16 "
                                "on a GPU, fp32 on the CPU)");

@@ -129,6 +129,19 @@ TEST_F(GenerateCommand, PromptIdsPrintTheNewIds) {
                                "--max-new-tokens", "5", "--strategy", "pipe", "--devices", "2"});
   ASSERT_EQ(piped.exit_code, 0) << piped.output;
   EXPECT_EQ(piped.output, expected);
+  // A balance of one's own; one that does not add up, or leaves the head without its norm.
+  const auto balanced =
+      generate({"--prompt-ids", "9707,1052", "--prompt-ids", "17", "--max-new-tokens", "5",
+                "--strategy", "pipe", "--devices", "2", "--balance", "3,2"});
+  ASSERT_EQ(balanced.exit_code, 0) << balanced.output;
+  EXPECT_EQ(balanced.output, expected);
+  for (const auto& [balance, says] : std::vector<std::pair<std::string, std::string>>{
+           {"2,2", "balance 2,2 sums to 4"}, {"4,1", "final norm"}}) {
+    const auto refused = generate(
+        {"--prompt-ids", "17", "--strategy", "pipe", "--devices", "2", "--balance", balance});
+    EXPECT_NE(refused.exit_code, 0) << balance;
+    EXPECT_NE(refused.output.find(says), std::string::npos) << refused.output;
+  }
   // 2 blocks spread over 3 processes, and a strategy generation has not.
   const auto too_many = generate({"--prompt-ids", "17", "--strategy", "pipe", "--devices", "3"});
   EXPECT_NE(too_many.exit_code, 0);

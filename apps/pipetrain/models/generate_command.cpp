@@ -12,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include <pipetrain/balance.h>
 #include <pipetrain/checkpoint_io.h>
 #include <pipetrain/checkpoint_path.h>
 #include <pipetrain/cluster_environment.h>
@@ -190,13 +191,24 @@ std::vector<LayerSpec> layer_specs(const GenerateRequest& request, int64_t& voca
 }
 
 // This process's run of the model's layers: all of them (`world` nullptr), or its stage of a
-// pipeline over `world` (stage_sizes), each layer built here alone. A tied layer (the head tied to
-// the embedding) shares its tie's tensor where this process holds both, else takes its values.
+// pipeline over `world` (--balance, else stage_sizes), each layer built here alone. A tied layer
+// (the head tied to the embedding) shares its tie's tensor where this process holds both, else
+// takes its values.
 torch::nn::Sequential read_stage(const GenerateRequest& request, const World* world,
                                  int64_t& vocab_size) {
   const auto specs = layer_specs(request, vocab_size);
   const int64_t rank = world ? world->rank() : 0;
-  const auto sizes = stage_sizes(static_cast<int64_t>(specs.size()), world ? world->size() : 1);
+  const int64_t layers = static_cast<int64_t>(specs.size()), stages = world ? world->size() : 1;
+  auto sizes = request.balance;
+  if (sizes.empty()) {
+    sizes = stage_sizes(layers, stages);
+  } else if (static_cast<int64_t>(sizes.size()) != stages) {
+    throw std::invalid_argument("--balance " + format_balance(sizes) + " names " +
+                                std::to_string(sizes.size()) + " stages for --devices " +
+                                std::to_string(stages) + ": give one count per process");
+  } else {
+    validate_balance(sizes, layers);
+  }
   size_t first = 0;
   for (int64_t r = 0; r < rank; ++r) first += static_cast<size_t>(sizes[r]);
   torch::nn::Sequential stage;

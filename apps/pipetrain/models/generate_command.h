@@ -43,6 +43,9 @@ struct GenerateRequest {
   // generates.
   std::string strategy = "single";
   int64_t devices = 1;
+  // pipe: layers per process ({} : the blocks spread evenly, the embedding with the first, the
+  // final norm and head with the last).
+  std::vector<int64_t> balance;
   std::string dtype;  // bf16 or fp32; empty: bf16 on a GPU, fp32 on the CPU
 };
 
