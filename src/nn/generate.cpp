@@ -32,6 +32,11 @@ struct StageLayers {
   int64_t vocab_size = 0, positions = 0, width = 0;
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
+  // What this stage's own layers are: their family (an int of Family), their parameters' dtype,
+  // the head's rows (0: no head here).
+  int64_t family = 0;
+  at::ScalarType own_dtype = at::kFloat;
+  int64_t head_rows = 0;
 };
 
 constexpr const char* kModels =
@@ -137,7 +142,12 @@ StageLayers stage_layers(const torch::nn::Sequential& model, bool first, bool la
     }
   }
   const auto parameters = model->parameters();
-  if (!parameters.empty()) layers.device = parameters.front().device();
+  if (!parameters.empty()) {
+    layers.device = parameters.front().device();
+    layers.own_dtype = parameters.front().scalar_type();
+  }
+  layers.family = static_cast<int64_t>(family);
+  if (layers.head != nullptr) layers.head_rows = layers.head->weight.size(0);
   return layers;
 }
 
@@ -187,9 +197,20 @@ namespace {
 // before any of them starts: one that refuses its own throws its reason, the others that another
 // refused, so no process waits for a partner that has stopped. Then the first stage's facts
 // (vocabulary, positions, width, dtype) are every stage's.
+// Throws on every rank of `world` where any rank has a `reason` (its own reason, or that another
+// rank refused), so that no rank goes on to wait for one that has stopped.
+void refuse_together(const World& world, const std::string& reason) {
+  if (world.any(!reason.empty())) {
+    throw std::invalid_argument(!reason.empty() ? reason
+                                                : "generate: another rank refused its stage (its "
+                                                  "message says why)");
+  }
+}
+
 StageLayers agreed_layers(const torch::nn::Sequential& model, const World* world) {
   if (world == nullptr || world->size() == 1) return stage_layers(model, true, true, "model");
   const int64_t rank = world->rank(), last = world->size() - 1;
+  const std::string where = "generate: the stage of rank " + std::to_string(rank);
   StageLayers layers;
   std::string refused;
   try {
@@ -197,21 +218,29 @@ StageLayers agreed_layers(const torch::nn::Sequential& model, const World* world
   } catch (const std::invalid_argument& e) {
     refused = e.what();
   }
-  if (world->any(!refused.empty())) {
-    throw std::invalid_argument(!refused.empty()
-                                    ? refused
-                                    : "generate: the layers of another rank were refused (its "
-                                      "message says why)");
-  }
-  auto facts = torch::tensor(
-      {layers.vocab_size, layers.positions, layers.width, static_cast<int64_t>(layers.dtype)},
-      torch::dtype(torch::kInt64).device(world->device()));
+  refuse_together(*world, refused);
+  auto facts = torch::tensor({layers.vocab_size, layers.positions, layers.width,
+                              static_cast<int64_t>(layers.dtype), layers.family},
+                             torch::dtype(torch::kInt64).device(world->device()));
   world->broadcast_into(facts, 0);
   facts = facts.cpu();
   layers.vocab_size = facts[0].item<int64_t>();
   layers.positions = facts[1].item<int64_t>();
   layers.width = facts[2].item<int64_t>();
   layers.dtype = static_cast<at::ScalarType>(facts[3].item<int64_t>());
+  // The stages of one model: one family, one dtype (the activations passed on are rank 0's), a
+  // head with a row for every id of the embedding.
+  if (layers.family != facts[4].item<int64_t>()) {
+    refused = where + " is of another model family than rank 0's: " + kModels;
+  } else if (layers.own_dtype != layers.dtype) {
+    refused = where + " holds " + std::string(c10::toString(layers.own_dtype)) +
+              " parameters, rank 0's " + c10::toString(layers.dtype) +
+              ": give every stage one dtype";
+  } else if (layers.head != nullptr && layers.head_rows != layers.vocab_size) {
+    refused = where + " has an LM head of " + std::to_string(layers.head_rows) +
+              " rows for an embedding of " + std::to_string(layers.vocab_size) + " ids";
+  }
+  refuse_together(*world, refused);
   return layers;
 }
 
@@ -396,7 +425,13 @@ std::vector<std::vector<int64_t>> generate(const torch::nn::Sequential& stage, c
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            const GenerationOptions& options,
                                            const TokenCallback& on_token) {
-  return generate_on(stage, &world, prompts, options, on_token);
+  try {
+    return generate_on(stage, &world, prompts, options, on_token);
+  } catch (const std::exception& e) {
+    // The other ranks, waiting for this one in a step's broadcast, then report why it stopped.
+    world.publish_error(e.what());
+    throw;
+  }
 }
 
 }  // namespace pipetrain::nn

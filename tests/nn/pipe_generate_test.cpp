@@ -2,7 +2,8 @@
 // `pipe` places them) and the ranks make, token for token, what one process holding the whole
 // model makes: a small Llama on 2 ranks and a Qwen3 on 3, greedy; GPT-2 on 2 ranks, sampled with a
 // seed, top_k and top_p, and an EOS that stops one row. A stage that cannot be one (a last rank
-// without the final norm) is refused on every rank, naming the rank, and none waits.
+// without the final norm, a dtype other than rank 0's) is refused on every rank, naming the rank,
+// and none waits.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -110,30 +111,39 @@ TEST(PipeGenerate, Gpt2SampledOnTwoRanksMakesWhatOneProcessMakes) {
             0);
 }
 
-// Rank 1 holds the last blocks and the head without the final norm between them.
-PIPETRAIN_WORKER(misplaced_stage_worker) {
+// Rank 1's stage out of place: its last blocks and the head without the final norm between them
+// (GENERATE_FAULT=no-norm), or in fp32 beside rank 0's fp64, which the activations passed on would
+// not fit (dtype). Rank 1 says why, rank 0 that another rank refused; neither waits.
+PIPETRAIN_WORKER(refused_stage_worker) {
   const auto world = World::connect(*select_cluster_environment());
-  const auto model = model_named("llama");
-  auto stage = stage_of(model, "2,4", world->rank());
-  if (world->rank() == 1) {
+  const bool no_norm = env_or("GENERATE_FAULT", "") == "no-norm";
+  auto stage = stage_of(model_named("llama"), "2,4", world->rank());
+  if (world->rank() == 1 && no_norm) {
     const std::vector<torch::nn::AnyModule> layers(stage->begin(), stage->end());
     stage = torch::nn::Sequential();
     for (size_t i : {0, 1, 3}) stage->push_back(layers[i]);
   }
+  if (world->rank() == 1 && !no_norm) stage->to(torch::kFloat);
+  const std::string expected = world->rank() == 0 ? "another rank"
+                               : no_norm ? "layer 1 of the stage of rank 1 is not a final norm"
+                                         : "holds Float parameters, rank 0's Double";
   try {
     nn::generate(stage, *world, kPrompts);
   } catch (const std::invalid_argument& e) {
     const std::string message = e.what();
-    require(message.find(world->rank() == 1 ? "layer 1 of the stage of rank 1 is not a final norm"
-                                            : "another rank") != std::string::npos,
+    require(message.find(expected) != std::string::npos,
             "rank " + std::to_string(world->rank()) + " said: " + message);
     return;
   }
-  throw std::runtime_error("a last stage without the final norm generated");
+  throw std::runtime_error("a stage out of place generated");
 }
 
 TEST(PipeGenerate, AStageOutOfPlaceIsRefusedOnEveryRank) {
-  EXPECT_EQ(run_ranks(2, "misplaced_stage_worker"), 0);
+  EXPECT_EQ(run_ranks(2, "refused_stage_worker", {{"GENERATE_FAULT", "no-norm"}}), 0);
+}
+
+TEST(PipeGenerate, StagesOfTwoDtypesAreRefusedOnEveryRank) {
+  EXPECT_EQ(run_ranks(2, "refused_stage_worker", {{"GENERATE_FAULT", "dtype"}}), 0);
 }
 
 }  // namespace

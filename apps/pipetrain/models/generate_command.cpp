@@ -27,6 +27,7 @@
 #include <pipetrain/trainer.h>
 #include <pipetrain/world.h>
 
+#include "hub/hf_layers.h"
 #include "models/models.h"
 #include "models/run_config.h"
 
@@ -127,23 +128,6 @@ std::vector<int64_t> stage_sizes(int64_t layers, int64_t stages) {
   return sizes;
 }
 
-// Layer `index` of a checkpoint's model given its tensors of `stored` (a layer of one's own, as
-// "0.", for load_weights' checks).
-void load_stored_layer(torch::nn::AnyModule& layer, int64_t index, const StoredWeights& stored) {
-  const std::string prefix = std::to_string(index) + ".";
-  std::set<std::string> names;
-  for (const auto& [name, shape] : stored.shapes()) {
-    if (name.rfind(prefix, 0) == 0) names.insert(name);
-  }
-  std::map<std::string, at::Tensor> own;
-  for (const auto& [name, tensor] : stored.read(names)) {
-    own["0." + name.substr(prefix.size())] = tensor;
-  }
-  torch::nn::Sequential holder;
-  holder->push_back(layer);
-  load_weights(holder, own, stored.source());
-}
-
 // The layers of `request`'s model described one by one, each reading its own tensors as it is
 // built (a tied head none: its values are its tie's); `vocab_size` the model's.
 std::vector<LayerSpec> layer_specs(const GenerateRequest& request, int64_t& vocab_size) {
@@ -183,7 +167,12 @@ std::vector<LayerSpec> layer_specs(const GenerateRequest& request, int64_t& voca
     if (!specs[i].tied_to.empty()) continue;
     specs[i].build = [stored, i, build = std::move(specs[i].build)] {
       auto layer = build();
-      load_stored_layer(layer, static_cast<int64_t>(i), *stored);
+      const std::string prefix = std::to_string(i) + ".";
+      std::set<std::string> names;
+      for (const auto& [name, shape] : stored->shapes()) {
+        if (name.rfind(prefix, 0) == 0) names.insert(name);
+      }
+      load_layer_weights(layer, static_cast<int64_t>(i), stored->read(names), stored->source());
       return layer;
     };
   }
@@ -295,6 +284,16 @@ int generate_text(const GenerateRequest& request, std::ostream& out) {
     throw std::invalid_argument(
         "--prompts-file -: under --strategy pipe every process reads the prompts: give a file");
   }
+  if (!request.ckpt_path.empty() && request.tokenizer.empty() && request.prompt_ids.empty()) {
+    throw std::invalid_argument(
+        "--ckpt-path: pass --tokenizer (the tokenizer.json, or the folder, of the model fit "
+        "started from), or --prompt-ids");
+  }
+  const bool given_ids = !request.prompt_ids.empty();
+  if (given_ids && (!request.prompts.empty() || !request.prompts_file.empty() || request.chat)) {
+    throw std::invalid_argument(
+        "--prompt-ids are tokens already: leave out --prompt, --prompts-file and --chat");
+  }
   // A pipeline's processes: this one launches them and waits (each then runs what follows), unless
   // torchrun or SLURM did.
   if (pipe) {
@@ -305,16 +304,6 @@ int generate_text(const GenerateRequest& request, std::ostream& out) {
                                          : request.accelerator == "cpu" ? "cpu"
                                                                         : "cuda");
     if (const auto status = launch_ranks(launch)) return *status;
-  }
-  if (!request.ckpt_path.empty() && request.tokenizer.empty() && request.prompt_ids.empty()) {
-    throw std::invalid_argument(
-        "--ckpt-path: pass --tokenizer (the tokenizer.json, or the folder, of the model fit "
-        "started from), or --prompt-ids");
-  }
-  const bool given_ids = !request.prompt_ids.empty();
-  if (given_ids && (!request.prompts.empty() || !request.prompts_file.empty() || request.chat)) {
-    throw std::invalid_argument(
-        "--prompt-ids are tokens already: leave out --prompt, --prompts-file and --chat");
   }
   std::vector<std::string> prompts;
   std::optional<Tokenizer> tokenizer;
@@ -345,6 +334,11 @@ int generate_text(const GenerateRequest& request, std::ostream& out) {
   auto device = device_for(request.accelerator);
   if (pipe) {
     world = World::connect(*select_cluster_environment(), World::kDefaultTimeout, device.type());
+    if (world->size() != request.devices) {
+      throw std::invalid_argument("--devices " + std::to_string(request.devices) +
+                                  ": the run has " + std::to_string(world->size()) +
+                                  " processes (torchrun's or SLURM's): make --devices match");
+    }
     device = world->device();
   }
   model = read_stage(request, world.get(), vocab_size);
